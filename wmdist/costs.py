@@ -1,0 +1,130 @@
+"""Closed-form cost models from the source text, as pure functions.
+
+No torch here: these formulas drive widgets and predict what the ledger must
+measure, so they have to be importable and testable without processes.
+Sizes are in bytes or elements as each name says; times in seconds.
+"""
+from __future__ import annotations
+
+import math
+
+
+def _int_at_least(name: str, value: int, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _real_at_least(name: str, value: float, low: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+        raise ValueError(f"{name} must be a finite number >= {low}, got {value!r}")
+    return float(value)
+
+
+# --- ring collectives -------------------------------------------------------
+
+def ring_chunk_sizes(numel: int, world_size: int) -> list[int]:
+    """Element counts of the N ring chunks of a flat tensor of `numel` elements.
+
+    The first numel % N chunks hold one extra element (torch.tensor_split's
+    layout), so lengths that N does not divide are handled exactly.
+    """
+    _int_at_least("numel", numel, 0)
+    _int_at_least("world_size", world_size, 1)
+    base, extra = divmod(numel, world_size)
+    return [base + (1 if i < extra else 0) for i in range(world_size)]
+
+
+def ring_reduce_scatter_bytes(numel: int, world_size: int, rank: int, elem_size: int = 4) -> int:
+    """Bytes rank `rank` sends in a ring reduce-scatter that leaves chunk r on rank r.
+
+    In each of the N-1 rounds a rank forwards one partial chunk; over the
+    rounds it sends every chunk except its own, i.e. G - |chunk_r|.
+    """
+    sizes = ring_chunk_sizes(numel, world_size)
+    if world_size == 1:
+        return 0
+    return (numel - sizes[rank]) * elem_size
+
+
+def ring_all_gather_bytes(numel: int, world_size: int, rank: int, elem_size: int = 4) -> int:
+    """Bytes rank `rank` sends in a ring all-gather starting from chunk r on rank r.
+
+    It forwards every chunk except the one its right neighbour owns:
+    G - |chunk_{r+1}|.
+    """
+    sizes = ring_chunk_sizes(numel, world_size)
+    if world_size == 1:
+        return 0
+    return (numel - sizes[(rank + 1) % world_size]) * elem_size
+
+
+def ring_allreduce_bytes(numel: int, world_size: int, rank: int, elem_size: int = 4) -> int:
+    """Exact bytes one rank sends in a ring all-reduce (reduce-scatter + all-gather).
+
+    Equals 2(N-1)G/N when N divides the length; otherwise the true chunk sizes
+    decide, and ranks differ by at most a few elements.
+    """
+    return (ring_reduce_scatter_bytes(numel, world_size, rank, elem_size)
+            + ring_all_gather_bytes(numel, world_size, rank, elem_size))
+
+
+def ring_allreduce_ideal_bytes(payload_bytes: float, world_size: int) -> float:
+    """The text's per-rank volume 2(N-1)G/N for a payload of G bytes."""
+    _real_at_least("payload_bytes", payload_bytes)
+    n = _int_at_least("world_size", world_size, 1)
+    return 2 * (n - 1) * payload_bytes / n
+
+
+def ring_allreduce_rounds(world_size: int) -> int:
+    """Communication rounds of a ring all-reduce: N-1 per phase, two phases."""
+    return 2 * (_int_at_least("world_size", world_size, 1) - 1)
+
+
+def allreduce_time(world_size: int, alpha: float, beta: float, payload_bytes: float) -> float:
+    """T(N) = 2(N-1)a + 2(N-1)/N bG: rounds times latency plus bytes times cost.
+
+    T(1) = 0: a single worker has nothing to synchronize. Ignores reduction
+    arithmetic, contention and overlap with compute, as the text says.
+    """
+    n = _int_at_least("world_size", world_size, 1)
+    a = _real_at_least("alpha", alpha)
+    b = _real_at_least("beta", beta)
+    g = _real_at_least("payload_bytes", payload_bytes)
+    return 2 * (n - 1) * a + 2 * (n - 1) / n * b * g
+
+
+def allreduce_terms(world_size: int, alpha: float, beta: float, payload_bytes: float) -> tuple[float, float]:
+    """The latency term 2(N-1)a and the byte term 2(N-1)/N bG of T(N), separately."""
+    n = _int_at_least("world_size", world_size, 1)
+    latency = 2 * (n - 1) * _real_at_least("alpha", alpha)
+    return latency, allreduce_time(n, 0.0, beta, payload_bytes)
+
+
+# --- scaling ----------------------------------------------------------------
+
+def speedup(t_one: float, t_n: float) -> float:
+    """How many times faster N workers finish than one: T_1 / T_N."""
+    t1 = _real_at_least("t_one", t_one)
+    tn = _real_at_least("t_n", t_n)
+    if tn == 0:
+        raise ValueError("t_n must be > 0")
+    return t1 / tn
+
+
+def efficiency(t_one: float, t_n: float, workers: int) -> float:
+    """Speedup per worker: 24 h -> 1 h on 32 workers is 24x, i.e. 0.75."""
+    return speedup(t_one, t_n) / _int_at_least("workers", workers, 1)
+
+
+# --- pipelines ----------------------------------------------------------------
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """Idle fraction (P-1)/(M+P-1) of an ideal, balanced forward pipeline.
+
+    Each stage is busy for M of the M+P-1 slots. Holds only for the slot
+    accounting the text assumes: equal stage times, no communication cost.
+    """
+    p = _int_at_least("stages", stages, 1)
+    m = _int_at_least("microbatches", microbatches, 1)
+    return (p - 1) / (m + p - 1)

@@ -1,0 +1,372 @@
+"""Run one function on N ranks and get back each rank's result.
+
+Locally, `run` starts N processes on gloo (127.0.0.1, a file rendezvous, no
+fixed port) and keeps them warm: the processes for a world size are started
+once, from a forkserver that has torch preloaded, and reused, so a repeated
+call from a notebook costs milliseconds. Functions defined in a notebook cell
+or a test body are shipped by value with cloudpickle.
+
+Under torchrun (RANK, WORLD_SIZE and MASTER_ADDR set) the same call runs the
+function in the already-launched process instead, on gloo or NCCL, any
+number of nodes: scaling out is torch.distributed's job, not ours.
+
+Any failure (a rank raises, exits, is killed, or outlives the timeout) ends the
+call with one RankFailure naming the rank, its traceback or signal and the
+last communication it entered; the pool is torn down, so the next call starts
+clean.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import inspect
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections import OrderedDict
+from datetime import timedelta
+from multiprocessing.connection import wait
+from typing import Any, Callable
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from wmdist.comm import COMPLETED, Context, Ledger
+
+DEFAULT_TIMEOUT_S = 300.0      # generous: Binder CPUs are slow and shared
+START_TIMEOUT_S = 120.0
+MAX_LOCAL_WORLD = 32
+MAX_WARM_RANKS = 16            # warm pools kept, least recently used dropped first
+_STATUS_BYTES = 512            # shared buffer per rank: the last communication entered
+_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "wmdist.comm", "wmdist.launch"]
+
+
+class RankFailure(RuntimeError):
+    """A rank raised, died or hung. `reason` is raised|exited|signal|timeout|start."""
+
+    def __init__(self, rank: int, reason: str, detail: str, last_comm: str = "", ranks: tuple[int, ...] = ()):
+        self.rank, self.reason, self.detail, self.last_comm = rank, reason, detail, last_comm
+        self.ranks = ranks or (rank,)
+        where = f"\nlast communication entered by rank {rank}: {last_comm}" if last_comm else \
+            f"\nrank {rank} had not entered any communication"
+        super().__init__(f"rank {rank} {detail}{where}")
+
+
+# --- rank side --------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank if its parent goes away (PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def _worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: Any) -> None:
+    """Rank process: join the group, then serve calls until told to close.
+
+    Ends with os._exit: with torch 2.13 on CPU, interpreter teardown after
+    destroy_process_group() can SIGABRT now and then, which would look like a
+    failure although the work finished.
+    """
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the parent handles Ctrl-C by killing us
+    torch.set_num_threads(1)
+
+    def publish(text: str) -> None:
+        status.value = text.encode()[: _STATUS_BYTES - 1]
+
+    try:
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(hours=2))
+        conn.send_bytes(cloudpickle.dumps(("ready", os.getpid())))
+    except BaseException:
+        conn.send_bytes(cloudpickle.dumps(("error", traceback.format_exc(), "")))
+        os._exit(1)
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
+            os._exit(0)
+        if message == b"close":
+            os._exit(0)
+        ledger = Ledger(rank, on_enter=publish)
+        publish("")
+        try:
+            fn, args, kwargs = cloudpickle.loads(message)
+            result = fn(Context(rank, world_size, ledger), *args, **kwargs)
+            reply = cloudpickle.dumps(("ok", result))
+        except BaseException:
+            reply = cloudpickle.dumps(("error", traceback.format_exc(), ledger.last_entered))
+        conn.send_bytes(reply)
+
+
+# --- parent side ------------------------------------------------------------------
+
+def _mp_context() -> mp.context.BaseContext:
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _signal_name(code: int) -> str:
+    with contextlib.suppress(ValueError):
+        return signal.Signals(code).name
+    return f"signal {code}"
+
+
+class Pool:
+    """N warm gloo ranks serving calls over pipes. Use via `run`, or directly.
+
+    Not thread-safe: one call at a time, from the process that created it.
+    """
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._status: list[Any] = []
+        self._tmpdir: str | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> Pool:
+        ctx = _mp_context()
+        self._tmpdir = tempfile.mkdtemp(prefix="wmdist-")
+        store = os.path.join(self._tmpdir, "rendezvous")
+        try:
+            for rank in range(self.world_size):
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                status = ctx.RawArray(ctypes.c_char, _STATUS_BYTES)
+                proc = ctx.Process(target=_worker_main, name=f"wmdist-rank{rank}", daemon=True,
+                                   args=(rank, self.world_size, store, child_end, status))
+                proc.start()
+                child_end.close()
+                self._procs.append(proc)
+                self._conns.append(parent_end)
+                self._status.append(status)
+            self._collect(time.monotonic() + timeout, starting=True)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
+            timeout: float = DEFAULT_TIMEOUT_S) -> list[Any]:
+        """Run fn(ctx, *args, **kwargs) on every rank; results in rank order."""
+        payload = cloudpickle.dumps((fn, args, kwargs or {}))
+        try:
+            for conn in self._conns:
+                conn.send_bytes(payload)
+            return self._collect(time.monotonic() + timeout)
+        except BaseException:
+            self.close(grace=0.2)   # ranks may be stuck in a collective: do not wait long
+            raise
+
+    def _last_comm(self, rank: int) -> str:
+        return self._status[rank].value.decode(errors="replace")
+
+    def _timeout_failure(self, pending: list[int], starting: bool) -> RankFailure:
+        """Name the likeliest culprit: a pending rank that is not waiting inside a communication.
+
+        Ranks blocked in a collective are usually waiting for the one that is
+        still computing (or stuck in user code), so that one is named first.
+        """
+        def waiting(r: int) -> bool:
+            last = self._last_comm(r)
+            return bool(last) and not last.endswith(COMPLETED)
+        culprit = next((r for r in pending if not waiting(r)), pending[0])
+        lines = [f"  rank {r}: " + (f"waiting in {self._last_comm(r)}" if waiting(r) else
+                                    f"not in a communication (last: {self._last_comm(r) or 'none'})")
+                 for r in pending]
+        what = "did not finish starting" if starting else "did not finish"
+        return RankFailure(culprit, "start" if starting else "timeout",
+                           f"{what} within the timeout; pending ranks:\n" + "\n".join(lines),
+                           self._last_comm(culprit), tuple(pending))
+
+    def _collect(self, deadline: float, starting: bool = False) -> list[Any]:
+        """Wait for one reply per rank; turn the first failure into RankFailure."""
+        results: list[Any] = [None] * self.world_size
+        pending = set(range(self.world_size))
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._timeout_failure(sorted(pending), starting)
+            waitables = {self._conns[r]: r for r in pending}
+            waitables.update({self._procs[r].sentinel: r for r in pending})
+            ready = wait(list(waitables), timeout=remaining)
+            # Replies first: a rank may send its result and exit in the same instant.
+            for rank in sorted({waitables[w] for w in ready}):
+                conn = self._conns[rank]
+                if conn.poll():
+                    try:
+                        reply = cloudpickle.loads(conn.recv_bytes())
+                    except (EOFError, OSError):
+                        reply = None
+                    if reply is not None:
+                        if reply[0] == "error":
+                            raise RankFailure(rank, "start" if starting else "raised",
+                                              f"raised an exception:\n{reply[1]}", reply[2])
+                        results[rank] = reply[1]
+                        pending.discard(rank)
+                        continue
+                proc = self._procs[rank]
+                proc.join(timeout=1.0)
+                code = proc.exitcode
+                if code is not None and code < 0:
+                    raise RankFailure(rank, "signal", f"was killed by {_signal_name(-code)}", self._last_comm(rank))
+                raise RankFailure(rank, "exited", f"exited with code {code} before replying", self._last_comm(rank))
+        return results
+
+    def close(self, grace: float = 2.0) -> None:
+        """Stop every rank (politely, then by force) and remove the rendezvous files."""
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                conn.send_bytes(b"close")
+        deadline = time.monotonic() + grace
+        for proc in self._procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5.0)
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+        for proc in self._procs:
+            with contextlib.suppress(Exception):
+                proc.close()
+        self._procs, self._conns, self._status = [], [], []
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+
+# Warm pools by world size. This is a cache of OS resources owned by this
+# interpreter (like a connection pool), not shared state between demos: each
+# call gets a fresh Context and Ledger.
+_pools: OrderedDict[int, Pool] = OrderedDict()
+
+
+def _warm_pool(world_size: int) -> Pool:
+    pool = _pools.pop(world_size, None)
+    if pool is None or not pool.alive:
+        if pool is not None:
+            pool.close()
+        while _pools and sum(_pools) + world_size > MAX_WARM_RANKS:
+            _pools.popitem(last=False)[1].close()
+        pool = Pool(world_size).start()
+    _pools[world_size] = pool
+    return pool
+
+
+def shutdown() -> None:
+    """Stop every warm pool (also done automatically when the interpreter exits)."""
+    while _pools:
+        _pools.popitem()[1].close()
+
+
+atexit.register(shutdown)
+
+
+def warm_pids() -> dict[int, list[int]]:
+    """Process ids of the warm pools, by world size (for tests and benchmarks)."""
+    return {n: p.pids for n, p in _pools.items()}
+
+
+# --- validation and torchrun ------------------------------------------------------------
+
+def under_torchrun() -> bool:
+    """True inside a process launched by torchrun (or any launcher setting its variables)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def _validate(fn: Any, world_size: Any, args: tuple, kwargs: dict, timeout: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable taking (ctx, ...), got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not under_torchrun() and world_size > MAX_LOCAL_WORLD:
+        raise ValueError(f"world_size={world_size} is more local ranks than wmdist starts "
+                         f"(at most {MAX_LOCAL_WORLD}); use torchrun for larger jobs")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    try:
+        inspect.signature(fn).bind(None, *args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"fn {getattr(fn, '__qualname__', fn)!r} cannot be called as fn(ctx, *args, **kwargs) "
+                        f"with these arguments: {err}") from None
+    except ValueError:
+        pass   # builtins without a signature: let the call decide
+
+
+def _register_by_value(fn: Callable[..., Any]) -> None:
+    """Ship fn's module by value unless it is an installed package the ranks can import.
+
+    Test modules and scripts are not importable in a rank (their directory is
+    not on the rank's path), so their functions travel as code.
+    """
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    if module is None or module.__name__ == "__main__":
+        return   # cloudpickle already ships __main__ by value
+    top = module.__name__.split(".")[0]
+    if top in ("wmdist", "torch", "numpy", "builtins") or top in sys.stdlib_module_names:
+        return
+    with contextlib.suppress(Exception):
+        cloudpickle.register_pickle_by_value(module)
+
+
+def _run_torchrun(fn: Callable[..., Any], world_size: int, args: tuple, kwargs: dict) -> list[Any]:
+    env_world = int(os.environ["WORLD_SIZE"])
+    if world_size != env_world:
+        raise ValueError(f"world_size={world_size} but torchrun started WORLD_SIZE={env_world}")
+    if not dist.is_initialized():
+        backend = os.environ.get("WMDIST_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend)
+    backend = dist.get_backend()
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    rank = dist.get_rank()
+    result = fn(Context(rank, env_world, Ledger(rank), device=device, backend=backend), *args, **kwargs)
+    gathered: list[Any] = [None] * env_world
+    dist.all_gather_object(gathered, result)
+    return gathered
+
+
+def run(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT_S,
+        **kwargs: Any) -> list[Any]:
+    """Run fn(ctx, *args, **kwargs) on `world_size` ranks; return results in rank order.
+
+    `timeout` (seconds, per call) is the launcher's own option; every other
+    keyword goes to fn. Bad arguments are rejected before any process starts.
+    """
+    _validate(fn, world_size, args, kwargs, timeout)
+    if under_torchrun():
+        return _run_torchrun(fn, world_size, args, kwargs)
+    _register_by_value(fn)
+    try:
+        cloudpickle.dumps((fn, args, kwargs))
+    except Exception as err:
+        raise TypeError(f"fn or its arguments cannot be sent to the ranks: {err}") from None
+    pool = _warm_pool(world_size)
+    try:
+        return pool.run(fn, args, kwargs, timeout=float(timeout))
+    except BaseException:
+        _pools.pop(world_size, None)
+        raise
