@@ -1,0 +1,1 @@
+"""matplotlib figures from formulas and Reports: functions returning a Figure, no widgets."""
