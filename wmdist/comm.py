@@ -45,19 +45,27 @@ class Ledger:
     rank: int
     records: list[Record] = field(default_factory=list)
     last_entered: str = ""
+    in_progress: bool = False
     on_enter: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     def enter(self, description: str) -> None:
         """Note the op about to start, so a hang can be reported with it."""
-        self.last_entered = description
+        self.last_entered, self.in_progress = description, True
         if self.on_enter is not None:
             self.on_enter(description)
 
     def add(self, record: Record) -> None:
         """Count a finished op (and mark the last entered op as completed)."""
         self.records.append(record)
+        self.in_progress = False
         if self.on_enter is not None:
-            self.on_enter(f"{self.last_entered} {COMPLETED}")
+            self.on_enter(self.last_status())
+
+    def last_status(self) -> str:
+        """The last op entered, marked '(completed)' if it returned; '' if none."""
+        if not self.last_entered or self.in_progress:
+            return self.last_entered
+        return f"{self.last_entered} {COMPLETED}"
 
     def totals(self, phase: str | None = None, kind: str = "p2p") -> dict[str, int]:
         """Summed bytes, messages and rounds, optionally for one phase."""

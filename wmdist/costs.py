@@ -128,3 +128,38 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     p = _int_at_least("stages", stages, 1)
     m = _int_at_least("microbatches", microbatches, 1)
     return (p - 1) / (m + p - 1)
+
+
+# --- sharded data parallelism (ZeRO) -------------------------------------------
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def zero_step_bytes(numel: int, world_size: int, rank: int, stage: int, elem_size: int = 4) -> dict[str, int]:
+    """Bytes rank `rank` sends in one ZeRO training step, by phase, with ring collectives.
+
+    The schedule wmdist.zero runs (the whole model is one flat unit):
+    stage 0 (replicated data parallelism) all-reduces the gradient;
+    stages 1 and 2 reduce-scatter the gradient and all-gather the updated
+    parameters, which is the all-reduce's volume split in two;
+    stage 3 all-gathers the parameters before forward, again before backward
+    (they were freed in between) and reduce-scatters the gradient: 1.5x.
+    Chunk sizes are the true tensor_split sizes, so ranks can differ slightly.
+    """
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise ValueError(f"stage must be one of {ZERO_STAGES}, got {stage!r}")
+    scatter = ring_reduce_scatter_bytes(numel, world_size, rank, elem_size)
+    gather = ring_all_gather_bytes(numel, world_size, rank, elem_size)
+    if stage == 0:
+        return {"gradient all-reduce/reduce-scatter": scatter, "gradient all-reduce/all-gather": gather}
+    if stage in (1, 2):
+        return {"gradient reduce-scatter": scatter, "parameter all-gather": gather}
+    return {"forward all-gather": gather, "backward all-gather": gather, "gradient reduce-scatter": scatter}
+
+
+def zero_step_rounds(world_size: int, stage: int) -> int:
+    """Ring rounds per ZeRO step: N-1 per collective; two collectives (three for stage 3)."""
+    n = _int_at_least("world_size", world_size, 1)
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise ValueError(f"stage must be one of {ZERO_STAGES}, got {stage!r}")
+    return (3 if stage == 3 else 2) * (n - 1)

@@ -10,8 +10,28 @@ from wmdist.report import Demo
 
 def registry() -> dict[str, Demo]:
     """All demos, in course order."""
-    from wmdist import allreduce
+    from wmdist import allreduce, latents, buckets, data_parallel, dp_pitfalls
+    from wmdist import checkpoint, checkpointing, zero
 
-    modules = [allreduce]
+    modules = [allreduce, latents, data_parallel, dp_pitfalls, buckets, zero, checkpointing, checkpoint]
     demos = [d for m in modules for d in m.DEMOS]
     return {d.name: d for d in sorted(demos, key=lambda d: d.chapter)}
+
+
+def verify(names: list[str] | None = None, world_size: int | None = None) -> list:
+    """Run demos (all, or those named) at their world sizes (or only at `world_size`).
+
+    Unknown names raise ValueError listing the known ones, before anything runs.
+    """
+    demos = registry()
+    unknown = [n for n in names or [] if n not in demos]
+    if unknown:
+        raise ValueError(f"unknown demo(s) {', '.join(unknown)}; known: {', '.join(demos)}")
+    if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1):
+        raise ValueError(f"world size must be a positive integer, got {world_size!r}")
+    reports = []
+    for name in names or list(demos):
+        demo = demos[name]
+        for n in (world_size,) if world_size is not None else demo.world_sizes:
+            reports.append(demo.run(n))
+    return reports

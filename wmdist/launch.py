@@ -103,7 +103,7 @@ def _worker_main(rank: int, world_size: int, store_path: str, conn: Any, status:
             result = fn(Context(rank, world_size, ledger), *args, **kwargs)
             reply = cloudpickle.dumps(("ok", result))
         except BaseException:
-            reply = cloudpickle.dumps(("error", traceback.format_exc(), ledger.last_entered))
+            reply = cloudpickle.dumps(("error", traceback.format_exc(), ledger.last_status()))
         conn.send_bytes(reply)
 
 
@@ -232,8 +232,11 @@ class Pool:
                 raise RankFailure(rank, "exited", f"exited with code {code} before replying", self._last_comm(rank))
         return results
 
-    def close(self, grace: float = 2.0) -> None:
-        """Stop every rank (politely, then by force) and remove the rendezvous files."""
+    def close(self, grace: float = 2.0) -> list[int | None]:
+        """Stop every rank (politely, then by force), remove the rendezvous files.
+
+        Returns the ranks' exit codes: 0 for a clean exit, -signal if it had to be killed.
+        """
         for conn in self._conns:
             with contextlib.suppress(Exception):
                 conn.send_bytes(b"close")
@@ -244,6 +247,7 @@ class Pool:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5.0)
+        codes = [proc.exitcode for proc in self._procs]
         for conn in self._conns:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -254,6 +258,7 @@ class Pool:
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+        return codes
 
 
 # Warm pools by world size. This is a cache of OS resources owned by this

@@ -1,0 +1,40 @@
+"""Benchmarks run end to end at small sizes. Their ratios are reported, not asserted here:
+wall times on a shared machine are noise for a test; what is asserted is what must hold."""
+from __future__ import annotations
+
+import json
+
+from wmdist import bench, costs
+from wmdist.cli import main
+
+
+def test_ring_vs_gloo_counts_bytes_at_the_bound():
+    result = bench.bench_ring_vs_gloo(world_size=3, mib=1, repeats=2)
+    numel = 2 ** 20 // 4
+    assert result.measured["ring_bytes_sent_per_rank"] == [costs.ring_allreduce_bytes(numel, 3, r) for r in range(3)]
+    assert result.measured["ring_median_s"] > 0 and result.measured["gloo_median_s"] > 0
+    assert result.unit == "x" and result.met == (result.value >= 0.9)
+
+
+def test_warm_vs_spawn_reports_both_paths():
+    result = bench.bench_warm_vs_spawn(world_size=2, warm_calls=3, spawn_calls=1)
+    assert result.measured["warm_median_ms"] > 0 and result.measured["spawn_median_ms"] > 0
+    # The ratio is computed from unrounded medians; the printed ones are rounded to 0.01 ms / 0.1 ms.
+    ratio = result.measured["spawn_median_ms"] / result.measured["warm_median_ms"]
+    assert abs(result.value - ratio) <= 0.05 * ratio
+    assert result.met == (result.value >= 30)
+
+
+def test_pool_memory_is_measured_for_each_size():
+    result = bench.bench_memory((1, 2))
+    assert set(result.measured) == {"1_ranks_MB", "2_ranks_MB"}
+    # Each rank is a real process with its own pages: a bigger pool cannot cost less.
+    assert 0 < result.measured["1_ranks_MB"] < result.measured["2_ranks_MB"]
+    assert result.unit == "MB" and result.met == (result.value < 600)
+
+
+def test_bench_cli_json(monkeypatch, capsys):
+    fake = bench.BenchResult("fake", {"n": 1}, {"t": 2.0}, 3.0, "x", ">= 1x", True)
+    monkeypatch.setattr(bench, "benchmarks", lambda: {"fake": lambda: fake})
+    assert main(["bench", "fake", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [fake.to_dict()]

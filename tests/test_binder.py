@@ -1,0 +1,56 @@
+"""Binder: a fresh virtual environment built from binder/ alone executes the start notebook.
+
+repo2docker runs `pip install -r binder/requirements.txt`, then `binder/postBuild`, and
+launches through `binder/start`; this test does the same steps in a new venv. The one
+difference: the `--extra-index-url` line (download.pytorch.org) is dropped, because this
+machine reaches only the package registries; the pinned `torch==…+cpu` then resolves to the
+local CPU wheel, the same build Binder gets from that index.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BINDER = ROOT / "binder"
+
+
+def _sh(cmd: list[str], env_bin: Path, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{env_bin}:/usr/bin:/bin", "HOME": str(Path.home()), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_fresh_binder_environment_runs_the_start_notebook(tmp_path):
+    lines = (BINDER / "requirements.txt").read_text().splitlines()
+    reqs = [ln for ln in lines if ln.strip() and not ln.startswith(("#", "--extra-index-url"))]
+    assert any(ln.startswith("torch==") and ln.endswith("+cpu") for ln in reqs), "Binder must pin a CPU torch"
+    (tmp_path / "requirements.txt").write_text("\n".join(reqs) + "\n")
+
+    venv.create(tmp_path / "env", with_pip=True)
+    bin_ = tmp_path / "env" / "bin"
+    done = _sh([str(bin_ / "python"), "-m", "pip", "install", "-q", "-r", str(tmp_path / "requirements.txt")],
+               bin_, ROOT, 900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = _sh([str(BINDER / "postBuild")], bin_, ROOT, 300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    listed = _sh([str(bin_ / "python"), "-m", "pip", "list", "--format", "json"], bin_, ROOT, 120)
+    packages = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
+    assert packages["torch"].endswith("+cpu")
+    assert not [name for name in packages if name.startswith("nvidia")], "a CUDA dependency slipped in"
+    assert "wmdist" in packages and "pytest" not in packages   # the course, not the test tools
+
+    out = tmp_path / "executed.ipynb"
+    done = _sh([str(BINDER / "start"), "jupyter", "nbconvert", "--to", "notebook", "--execute",
+                "--ExecutePreprocessor.timeout=300", "--output", str(out),
+                str(ROOT / "notebooks" / "00_start_here.ipynb")], bin_, ROOT, 600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = json.loads(out.read_text())["cells"]
+    errors = [o for c in cells if c["cell_type"] == "code" for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert errors == []
+    texts = "".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", []))
+    assert "ring pass: passed on 2, 3, 4 ranks." in "".join(
+        "".join(o.get("data", {}).get("text/plain", "")) for c in cells for o in c.get("outputs", [])) + texts

@@ -1,0 +1,121 @@
+"""Ring collectives: equal to gloo and to one process for every N in 1..8 and awkward lengths;
+the ledger's bytes equal the formula exactly."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from wmdist import costs
+from wmdist.allreduce import rank_vector, reference_sum, ring_allreduce_demo, tolerance
+from wmdist.comm import Ledger, Record, all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from wmdist.launch import run
+
+LENGTHS = [1, 2, 7, 64, 1000, 4097]   # shorter than N, not divisible by N, divisible
+
+
+def collectives(ctx, lengths):
+    """For each length: ring all-reduce, gloo all-reduce, reduce-scatter and all-gather on this rank."""
+    out = []
+    for numel in lengths:
+        x = rank_vector(ctx.rank, numel, seed=numel)
+        before = ctx.ledger.totals()
+        ours = ring_all_reduce(ctx, x, phase=f"ar{numel}")
+        sent = ctx.ledger.totals()["bytes_sent"] - before["bytes_sent"]
+        theirs = x.clone()
+        all_reduce(ctx, theirs)
+        mine = ring_reduce_scatter(ctx, x, phase=f"rs{numel}")
+        sizes = costs.ring_chunk_sizes(numel, ctx.world_size)
+        gathered = ring_all_gather(ctx, x[sum(sizes[:ctx.rank]):sum(sizes[:ctx.rank + 1])].clone(), sizes,
+                                   phase=f"ag{numel}")
+        out.append({"ours": ours, "theirs": theirs, "mine": mine, "gathered": gathered, "sent": sent,
+                    "rs": ctx.ledger.totals(f"rs{numel}"), "ag": ctx.ledger.totals(f"ag{numel}")})
+    return out
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_ring_collectives_match_gloo_and_single_process(n):
+    results = run(collectives, n, LENGTHS)
+    for i, numel in enumerate(LENGTHS):
+        expected = reference_sum(n, numel, seed=numel)
+        sizes = costs.ring_chunk_sizes(numel, n)
+        bounds = [sum(sizes[:r]) for r in range(n + 1)]
+        # Rank r contributes chunk r of its own vector.
+        gathered = torch.cat([rank_vector(r, numel, seed=numel)[bounds[r]:bounds[r + 1]] for r in range(n)])
+        for rank, res in enumerate(results):
+            got = res[i]
+            # Different summation orders of float32: bound derived in allreduce.tolerance.
+            torch.testing.assert_close(got["ours"], expected, rtol=0, atol=tolerance(n))
+            torch.testing.assert_close(got["ours"], got["theirs"], rtol=0, atol=tolerance(n))
+            assert torch.equal(got["ours"], results[0][i]["ours"])          # every rank identical
+            chunk = expected[bounds[rank]:bounds[rank + 1]]
+            torch.testing.assert_close(got["mine"], chunk, rtol=0, atol=tolerance(n))
+            # All-gather only copies: exact.
+            assert torch.equal(got["gathered"], gathered)
+            # Ledger: exact bytes and rounds.
+            assert got["sent"] == costs.ring_allreduce_bytes(numel, n, rank)
+            assert got["rs"]["bytes_sent"] == costs.ring_reduce_scatter_bytes(numel, n, rank)
+            assert got["ag"]["bytes_sent"] == costs.ring_all_gather_bytes(numel, n, rank)
+            assert got["rs"]["rounds"] == got["ag"]["rounds"] == n - 1
+            assert got["rs"]["messages"] == n - 1
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_divisible_length_hits_the_ideal_bound(n):
+    numel = 1024 * n
+    res = run(collectives, n, [numel])
+    ideal = costs.ring_allreduce_ideal_bytes(numel * 4, n)
+    assert [r[0]["sent"] for r in res] == [ideal] * n
+
+
+def test_ring_demo_report_passes_and_counts_exactly():
+    report = ring_allreduce_demo(5, numel=1003)
+    assert report.passed, report.failures
+    assert [r.measured for r in report.comm if r.quantity == "bytes sent"] == \
+        [costs.ring_allreduce_bytes(1003, 5, r) for r in range(5)]
+
+
+def test_tolerance_is_not_vacuous():
+    # The reference is float64 summed; a float32 sum in rank order differs from it by more than 0
+    # (so the test above compares something real) and less than the bound.
+    n, numel = 8, 100_003
+    f32 = sum(rank_vector(r, numel) for r in range(n))
+    err = float((f32 - reference_sum(n, numel)).abs().max())
+    assert 0 < err <= tolerance(n)
+    assert max(float(rank_vector(r, numel).abs().max()) for r in range(n)) < 8   # the bound's premise
+
+
+def test_all_gather_rejects_a_wrong_chunk():
+    def bad(ctx):
+        return ring_all_gather(ctx, torch.ones(3), [2, 2])
+    from wmdist.launch import RankFailure
+    with pytest.raises(RankFailure, match="does not match sizes"):
+        run(bad, 2, timeout=30)
+
+
+def test_ledger_totals_by_phase_and_pickling_drops_callback():
+    import pickle
+    seen = []
+    led = Ledger(0, on_enter=seen.append)
+    led.enter("x")
+    led.add(Record("send", "a", "p2p", 10, 0, 1, 1))
+    led.add(Record("recv", "b", "p2p", 0, 6, 0, 1))
+    led.add(Record("all_reduce", "a", "collective", 4, 4, 1))
+    assert led.totals() == {"bytes_sent": 10, "bytes_recv": 6, "messages": 1, "rounds": 2}
+    assert led.by_phase() == {"a": {"bytes_sent": 10, "bytes_recv": 0, "messages": 1, "rounds": 1},
+                              "b": {"bytes_sent": 0, "bytes_recv": 6, "messages": 0, "rounds": 1}}
+    assert led.totals(kind="collective")["bytes_sent"] == 4
+    assert pickle.loads(pickle.dumps(led)).on_enter is None
+    assert seen[0] == "x" and seen[1].endswith("(completed)")
+
+
+def test_subgroup_ring():
+    def sub(ctx):
+        groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        g = groups[ctx.rank % 2]
+        x = torch.tensor([float(ctx.rank)] * 5)
+        return ring_all_reduce(ctx, x, group=g), ctx.ledger.totals()["bytes_sent"]
+    res = run(sub, 4)
+    assert [float(r[0][0]) for r in res] == [2.0, 4.0, 2.0, 4.0]
+    # Ranks 0 and 1 are rank 0 of their pair, ranks 2 and 3 rank 1.
+    assert [r[1] for r in res] == [costs.ring_allreduce_bytes(5, 2, group_rank) for group_rank in (0, 0, 1, 1)]

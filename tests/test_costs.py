@@ -1,0 +1,68 @@
+"""Closed forms: the text's numbers come out, and nonsense inputs are refused."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from wmdist import costs
+
+
+def test_chunk_sizes_follow_tensor_split():
+    import torch
+    for numel in (0, 1, 5, 8, 100_003):
+        for n in range(1, 9):
+            sizes = costs.ring_chunk_sizes(numel, n)
+            assert sizes == [c.numel() for c in torch.tensor_split(torch.empty(numel), n)]
+            assert sum(sizes) == numel
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_ring_bytes_equal_the_bound_when_n_divides(n):
+    numel = 840 * 16   # divisible by 1..8
+    for r in range(n):
+        assert costs.ring_allreduce_bytes(numel, n, r) == costs.ring_allreduce_ideal_bytes(numel * 4, n)
+
+
+def test_ring_bytes_with_uneven_chunks_are_exact_per_rank():
+    # 10 elements on 4 ranks: chunks 3,3,2,2. Rank r sends G - c_r - c_{r+1} elements.
+    assert [costs.ring_allreduce_bytes(10, 4, r, elem_size=1) for r in range(4)] == \
+        [20 - 3 - 3, 20 - 3 - 2, 20 - 2 - 2, 20 - 2 - 3]
+    assert costs.ring_allreduce_rounds(4) == 6 and costs.ring_allreduce_rounds(1) == 0
+
+
+def test_allreduce_time_model():
+    assert costs.allreduce_time(1, 1.0, 1.0, 1e9) == 0.0                      # T(1) = 0
+    assert costs.allreduce_time(4, 2e-5, 1e-9, 1e8) == pytest.approx(6 * 2e-5 + 1.5 * 1e-9 * 1e8)
+    lat, byte = costs.allreduce_terms(1000, 1e-5, 1e-9, 1e8)
+    assert byte == pytest.approx(2 * 1e-9 * 1e8, rel=1e-2)                    # byte term -> 2bG
+    assert lat == pytest.approx(2 * 999 * 1e-5)                                # latency term grows
+    assert costs.allreduce_terms(64, 1e-5, 1e-9, 1e8)[1] < byte
+
+
+def test_speedup_and_efficiency_of_the_texts_example():
+    assert costs.speedup(24, 1) == 24
+    assert costs.efficiency(24, 1, 32) == 0.75
+
+
+def test_bubble_fraction():
+    assert costs.bubble_fraction(4, 8) == 3 / 11
+    assert costs.bubble_fraction(1, 5) == 0
+    assert costs.bubble_fraction(8, 10_000) < 1e-3
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: costs.bubble_fraction(0, 4), "stages must be an integer >= 1"),
+    (lambda: costs.bubble_fraction(4, 0), "microbatches must be an integer >= 1"),
+    (lambda: costs.allreduce_time(0, 1, 1, 1), "world_size must be an integer >= 1"),
+    (lambda: costs.allreduce_time(2, -1, 1, 1), "alpha must be a finite number >= 0"),
+    (lambda: costs.allreduce_time(2, 1, 1, -5), "payload_bytes must be a finite number >= 0"),
+    (lambda: costs.allreduce_time(2, 1, math.nan, 1), "beta must be a finite number"),
+    (lambda: costs.ring_chunk_sizes(-1, 2), "numel must be an integer >= 0"),
+    (lambda: costs.efficiency(1, 1, 0), "workers must be an integer >= 1"),
+    (lambda: costs.speedup(1, 0), "t_n must be > 0"),
+    (lambda: costs.bubble_fraction(2.5, 4), "stages must be an integer"),
+])
+def test_nonsense_is_refused(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -1,0 +1,210 @@
+"""The memory model against the text's figures and the ZeRO paper's formulas; CLI; panel."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from wmdist import memory as M                      # noqa: E402
+from wmdist.costs import ring_chunk_sizes           # noqa: E402
+from wmdist.memory import KINDS, MemoryConfig, per_rank_bytes  # noqa: E402
+from wmdist.report import CommRow, Report           # noqa: E402
+
+G = 10 ** 9
+
+
+def test_text_figures_decimal():
+    b = per_rank_bytes(MemoryConfig(G, "fp32", optimizer="adam"))
+    assert b["optimizer_state"] == 8 * G            # two fp32 Adam moments: 8 GB decimal
+    assert M.format_bytes(b["optimizer_state"]) == "8.00 GB"
+    assert M.format_bytes(b["optimizer_state"], binary=True) == "7.45 GiB"   # 8e9 / 2**30 = 7.4506
+    assert b["gradients"] == 4 * G                  # a billion fp32 gradients: 4 GB decimal
+    assert M.format_bytes(b["gradients"]) == "4.00 GB"
+    assert b["master_weights"] == 0 and b["total"] == sum(b[k] for k in KINDS)
+
+
+@pytest.mark.parametrize("P,N", [(7_500_000_000, 64), (10 ** 6, 8), (1200, 4)])
+def test_zero_paper_mixed_precision_adam(P, N):
+    """fp16 params+grads, K = 12 (fp32 master + 2 fp32 moments); N divides P here."""
+    def total(stage):
+        cfg = MemoryConfig(P, "fp16", optimizer="adam", master_weights=True, zero_stage=stage, dp=N)
+        return per_rank_bytes(cfg, 0)
+    b0 = total(0)
+    assert (b0["parameters"], b0["gradients"], b0["optimizer_state"] + b0["master_weights"]) == (2 * P, 2 * P, 12 * P)
+    assert b0["total"] == 16 * P
+    assert total(1)["total"] == 4 * P + 12 * P // N
+    assert total(2)["total"] == 2 * P + 14 * P // N
+    assert total(3)["total"] == 16 * P // N
+
+
+def test_uneven_shards_exact_per_rank():
+    P, N = 10, 4                                     # tensor_split layout: 3, 3, 2, 2 elements
+    cfg = MemoryConfig(P, "fp32", optimizer="adam", zero_stage=3, dp=N)
+    got = [per_rank_bytes(cfg, r) for r in range(N)]
+    assert [b["parameters"] for b in got] == [12, 12, 8, 8]
+    assert [b["optimizer_state"] for b in got] == [24, 24, 16, 16]
+    assert sum(b["parameters"] for b in got) == 4 * P   # shards cover the model exactly once
+    # tp*pp first (P=1003 over 2*3 -> 168,167,...), then dp over that piece
+    cfg = MemoryConfig(1003, "bf16", zero_stage=3, dp=3, tp=2, pp=3)
+    held = [per_rank_bytes(cfg, r)["parameters"] for r in range(cfg.world)]
+    assert sum(held) == 2 * 1003
+    for r in range(cfg.world):
+        c = M.rank_coords(cfg, r)
+        piece = ring_chunk_sizes(1003, 6)[c["pp"] * 2 + c["tp"]]
+        assert held[r] == 2 * ring_chunk_sizes(piece, 3)[r % 3]
+
+
+def test_replicated_dp_does_not_shrink_per_rank_bytes():
+    base = per_rank_bytes(MemoryConfig(G, "fp32", dp=1, zero_stage=0))
+    for dp in (2, 8, 1024):
+        assert per_rank_bytes(MemoryConfig(G, "fp32", dp=dp, zero_stage=0), dp - 1) == base
+    sharded = per_rank_bytes(MemoryConfig(G, "fp32", dp=8, zero_stage=1))
+    assert sharded["optimizer_state"] == base["optimizer_state"] // 8 and sharded["parameters"] == base["parameters"]
+    assert [r.name for r in M.REMEDIES if r.name.startswith("more replicated")] and \
+        all(not r.targets for r in M.REMEDIES if r.name.startswith("more replicated"))
+
+
+def test_activations_checkpointing_cp_pp_tp():
+    kw = dict(layers=24, act_bytes_per_token_per_layer=34 * 1024, input_bytes_per_token=2 * 1024,
+              context=4096, micro_batch=2)
+    full = per_rank_bytes(MemoryConfig(1000, **kw))["activations"]
+    assert full == 24 * 2 * 4096 * 34 * 1024
+    ck = per_rank_bytes(MemoryConfig(1000, checkpointing=True, **kw))["activations"]
+    assert ck == 24 * 2 * 4096 * 2 * 1024 + 2 * 4096 * 34 * 1024   # inputs of every layer + one layer
+    assert ck < full
+    cp = MemoryConfig(1000, cp=3, **kw)             # 4096 tokens over 3: 1366, 1365, 1365
+    assert [per_rank_bytes(cp, r)["activations"] for r in range(3)] == \
+        [24 * 2 * t * 34 * 1024 for t in (1366, 1365, 1365)]
+    pp = MemoryConfig(1000, pp=5, **kw)             # 24 layers over 5 stages: 5,5,5,5,4
+    assert per_rank_bytes(pp, 4)["activations"] == 4 * 2 * 4096 * 34 * 1024
+    tp = MemoryConfig(1000, tp=3, layers=5, act_bytes_per_token_per_layer=1.0, context=7)
+    assert per_rank_bytes(tp)["activations"] == 12      # ceil(5 layers * 7 tokens * 1 byte / 3) = ceil(11.67)
+
+
+def test_limit_and_remedies():
+    b = per_rank_bytes(MemoryConfig(G, "fp32", optimizer="adam"))
+    assert M.limiting_kind(b) == "optimizer_state"
+    names = {r.name for r in M.remedies_for("optimizer_state")}
+    assert {"ZeRO-1", "ZeRO-2", "ZeRO-3", "tensor parallel", "pipeline parallel"} <= names
+    assert "activation checkpointing" not in names and "more replicated DP workers" not in names
+    assert M.remedies_for("gradients")[0].name == "ZeRO-2"
+    assert {r.name for r in M.remedies_for("activations")} >= {"activation checkpointing", "context parallel"}
+    assert "ZeRO-3" in {r.name for r in M.remedies_for("parameters")}
+    assert "ZeRO-2" not in {r.name for r in M.remedies_for("parameters")}
+
+
+@pytest.mark.parametrize("kwargs,word", [
+    (dict(params=-1), "params"), (dict(params=10, zero_stage=4), "zero_stage"),
+    (dict(params=10, dp=0), "dp"), (dict(params=10, param_dtype="fp13"), "param_dtype"),
+    (dict(params=10, optimizer="lion"), "optimizer"), (dict(params=10, context=-5), "context"),
+    (dict(params=10, act_bytes_per_token_per_layer=float("nan")), "act_bytes"),
+])
+def test_config_validation(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        MemoryConfig(**kwargs)
+
+
+def test_rank_out_of_range():
+    with pytest.raises(ValueError, match="rank must be < world size 4"):
+        per_rank_bytes(MemoryConfig(10, dp=2, tp=2), 4)
+
+
+def _cli(argv):
+    parser = argparse.ArgumentParser(prog="wmdist")
+    M.add_memory_parser(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["memory", *argv])
+    return args.func(args)
+
+
+def test_cli_json_and_table(capsys):
+    assert _cli(["--params", str(G), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == per_rank_bytes(MemoryConfig(G)) and out["optimizer_state"] == 8 * G
+    assert _cli(["--params", "10", "--zero", "3", "--dp", "4", "--rank", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parameters"] == 8
+    assert _cli(["--params", str(G), "--dtype", "fp16", "--master-weights", "--zero", "1", "--world", "8"]) == 0
+    table = capsys.readouterr().out
+    assert "rank 0 of 8" in table and "ZeRO-1" in table and "(dp=8" in table
+    lines = {ln.split()[0]: ln.split() for ln in table.splitlines()[1:]}
+    assert lines["optimizer_state"][1:4] == [str(10 ** 9), "1.00", "GB"]   # 2 fp32 moments of P/8
+    assert lines["master_weights"][1:4] == [str(5 * 10 ** 8), "500.00", "MB"]
+    assert lines["total"][1:4] == [str(55 * 10 ** 8), "5.50", "GB"]        # 4P + 12P/8
+    assert _cli(["--params", str(G), "--binary"]) == 0
+    assert "7.45 GiB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,word", [
+    (["--params", "-5"], "--params: params"), (["--params", "10", "--zero", "4"], "--zero: zero_stage"),
+    (["--params", "10", "--dtype", "fp13"], "--dtype: param_dtype"),
+    (["--params", "10", "--tp", "3", "--world", "8"], "divisible"),
+    (["--params", "10", "--dp", "3", "--world", "8"], "--world 8 != dp"), (["--params", "10", "--rank", "2"], "--rank: rank must be < world size 1"),
+])
+def test_cli_errors(capsys, argv, word):
+    with pytest.raises(SystemExit) as exc:
+        _cli(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert word in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("wmdist memory: error:")
+
+
+def test_exercise_checker():
+    good = M.check_zero_bytes(M.zero_state_bytes)
+    assert good.passed and "passed all" in good.message
+
+    def even_only(params, stage, dp, dp_rank):   # forgets uneven shards: P // dp
+        shard = params // dp
+        return {0: 16 * params, 1: 4 * params + 12 * shard, 2: 2 * params + 14 * shard, 3: 16 * shard}[stage]
+    bad = M.check_zero_bytes(even_only)
+    assert not bad.passed and "expected" in str(bad)
+    assert not M.check_zero_bytes(lambda *a: 1 / 0).passed
+    assert not M.check_zero_bytes(42).passed
+
+
+def test_panel_updates_on_value():
+    from wmdist.widgets.memory import MemoryPanel
+    panel = MemoryPanel(params=1e9)
+    assert panel.result == per_rank_bytes(MemoryConfig(G)) and "optimizer state" in panel.summary.value
+    assert "fits in 80.00 GB" in panel.summary.value
+    panel.param_dtype.value = "fp16"
+    panel.master_weights.value = True
+    assert panel.result["total"] == 16 * G
+    panel.dp.value = 8
+    assert panel.result["total"] == 16 * G                   # replicated: nothing shrinks
+    panel.zero_stage.value = 3
+    assert panel.result["total"] == 2 * G and len(panel.groups) == 1
+    panel.capacity_gb.value = 1.0
+    assert "does not fit" in panel.summary.value
+    panel.params.value = 10.0 ** 3                           # 1000 over 8: even, one bar
+    panel.dp.value = 3                                       # 334, 333, 333: two distinct bars
+    assert [g[0] for g in panel.groups] == [[0], [1, 2]]
+    assert panel.result["parameters"] == 334 * 2
+    panel.context.value = -1
+    assert "cannot compute" in panel.summary.value and "context" in panel.error
+
+
+def test_panel_measure_button_with_fake_report():
+    from wmdist.widgets.memory import MemoryPanel
+    calls = []
+
+    def fake(world_size, stage):
+        calls.append((world_size, stage))
+        return Report("zero-memory", world_size, comm=[CommRow(r, "held parameters bytes", 10 + r, 10)
+                                                       for r in range(world_size)])
+    panel = MemoryPanel(measure=fake)
+    panel.zero_stage.value = 2
+    panel.measure_ranks.value = 3
+    panel.measure_button.click()
+    assert calls == [(3, 2)] and panel.progress.value == "done"
+    assert "FAIL" in panel.measured.value and panel.measured.value.count("MISMATCH") == 2
+
+    def broken(world_size, stage):
+        raise ModuleNotFoundError("No module named 'wmdist.zero'")
+    panel = MemoryPanel(measure=broken)
+    panel.measure_button.click()
+    assert panel.progress.value == "failed" and "wmdist.zero" in panel.measured.value
+    assert not panel.measure_button.disabled

@@ -1,0 +1,204 @@
+"""The all-reduce scaling model, the a/b fit, one real measurement, and the panel driven by .value."""
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+
+from wmdist import costs  # noqa: E402
+from wmdist.scaling import (Measurement, ScalingParams, fit_alpha_beta, measure_allreduce,  # noqa: E402
+                            scaling_curve)
+
+
+# --- the model ------------------------------------------------------------------------
+
+def test_one_worker_has_nothing_to_synchronize():
+    c = scaling_curve(ScalingParams(alpha=1e-4, beta=1e-9, payload_bytes=1e8, max_workers=8, compute_seconds=3.0))
+    assert c.allreduce[0] == 0.0 and c.latency[0] == 0.0 and c.bandwidth[0] == 0.0
+    assert c.total[0] == 3.0 and c.speedup[0] == 1.0 and c.efficiency[0] == 1.0
+
+
+def test_terms_follow_the_formula_and_add_up():
+    p = ScalingParams(alpha=3e-5, beta=2e-10, payload_bytes=5e8, max_workers=16, compute_seconds=2.0)
+    c = scaling_curve(p)
+    for n in c.workers:
+        at = c.at(n)
+        # The formula written out here independently of costs.py.
+        assert at["latency"] == pytest.approx(2 * (n - 1) * 3e-5, rel=1e-12)
+        assert at["bandwidth"] == pytest.approx(2 * (n - 1) / n * 2e-10 * 5e8, rel=1e-12)
+        assert at["allreduce"] == pytest.approx(at["latency"] + at["bandwidth"], rel=1e-12)
+        assert at["compute"] == pytest.approx(2.0 / n, rel=1e-12)
+        assert at["total"] == pytest.approx(at["compute"] + at["allreduce"], rel=1e-12)
+        assert at["speedup"] == pytest.approx(c.total[0] / at["total"], rel=1e-12)
+        assert at["efficiency"] == pytest.approx(at["speedup"] / n, rel=1e-12)
+
+
+def test_byte_term_tends_to_2bG_while_latency_term_grows():
+    p = ScalingParams(alpha=1e-5, beta=1e-10, payload_bytes=4e8, max_workers=256)
+    c = scaling_curve(p)
+    assert c.byte_limit == pytest.approx(2 * 1e-10 * 4e8)
+    assert all(b < c.byte_limit for b in c.bandwidth)
+    assert all(b2 > b1 for b1, b2 in zip(c.bandwidth, c.bandwidth[1:]))       # rises ...
+    assert c.byte_limit - c.bandwidth[-1] == pytest.approx(c.byte_limit / 256)  # ... to within 2bG/N
+    assert all(l2 - l1 == pytest.approx(2e-5) for l1, l2 in zip(c.latency, c.latency[1:]))
+
+
+def test_latency_eventually_makes_more_workers_slower():
+    c = scaling_curve(ScalingParams(alpha=1e-3, beta=1e-10, payload_bytes=4e8, max_workers=128, compute_seconds=3.0))
+    best = max(c.workers, key=lambda n: c.speedup[n - 1])
+    assert 1 < best < 128
+    assert c.speedup[-1] < c.speedup[best - 1]
+    # With C/N + 2(N-1)a dominating, the optimum is near sqrt(C / 2a) = sqrt(1500) ~ 39.
+    assert abs(best - math.sqrt(3.0 / 2e-3)) < 5
+
+
+@pytest.mark.parametrize("field,value", [("alpha", -1.0), ("beta", float("nan")), ("payload_bytes", -5),
+                                         ("max_workers", 0), ("max_workers", 2.5), ("compute_seconds", 0.0)])
+def test_bad_params_are_rejected_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        ScalingParams(**{field: value})
+
+
+# --- the fit --------------------------------------------------------------------------
+
+def _synthetic(alpha, beta, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in (2, 4, 8):
+        for g in (256 * 1024, 1 << 20, 4 << 20, 16 << 20):
+            t = costs.allreduce_time(n, alpha, beta, g) * (1 + noise * rng.standard_normal())
+            out.append(Measurement(n, g, t))
+    return out
+
+
+def test_fit_recovers_alpha_beta_from_noiseless_data():
+    fit = fit_alpha_beta(_synthetic(2.5e-4, 3e-9))
+    # Exact data, a 2-parameter linear model: only float64 rounding of the solve remains.
+    assert fit.alpha == pytest.approx(2.5e-4, rel=1e-9)
+    assert fit.beta == pytest.approx(3e-9, rel=1e-9)
+    assert fit.median_rel_error < 1e-9 and fit.max_rel_error < 1e-9
+
+
+def test_fit_recovers_alpha_beta_from_noisy_data():
+    fit = fit_alpha_beta(_synthetic(2.5e-4, 3e-9, noise=0.05, seed=1))
+    # 12 points with 5 % multiplicative noise: each coefficient's standard error is a few
+    # percent; 20 % is several standard errors yet far from a wrong model (2x off).
+    assert fit.alpha == pytest.approx(2.5e-4, rel=0.2)
+    assert fit.beta == pytest.approx(3e-9, rel=0.2)
+    assert 0.005 < fit.median_rel_error < 0.1
+
+
+def test_fit_never_returns_a_negative_time_per_round():
+    # Pure bandwidth data with noise can pull the unconstrained a below zero.
+    fit = fit_alpha_beta(_synthetic(0.0, 1e-9, noise=0.05, seed=3))
+    assert fit.alpha >= 0 and fit.beta > 0
+
+
+def test_fit_needs_points_that_separate_alpha_from_beta():
+    with pytest.raises(ValueError, match="separate"):
+        fit_alpha_beta([Measurement(4, 1 << 20, 0.01)])
+    with pytest.raises(ValueError, match="world_size"):
+        fit_alpha_beta([Measurement(1, 1 << 20, 0.01), Measurement(2, 1 << 20, 0.01)])
+
+
+def test_measure_rejects_a_bad_plan_before_starting_processes():
+    with pytest.raises(ValueError, match="world_sizes"):
+        measure_allreduce([1], [1024], 1)
+    with pytest.raises(ValueError, match="sizes_bytes"):
+        measure_allreduce([2], [1023], 1)
+    with pytest.raises(ValueError, match="repeats"):
+        measure_allreduce([2], [1024], 0)
+
+
+# --- one real measurement ----------------------------------------------------------------
+
+def test_real_measurement_gives_positive_times_and_exact_ledger_bytes():
+    seen = []
+    ms = measure_allreduce([2], [64 * 1024], repeats=3, progress=lambda d, t, w: seen.append((d, t)))
+    (m,) = ms
+    assert m.world_size == 2 and m.payload_bytes == 64 * 1024
+    assert len(m.samples) == 3 and all(s > 0 for s in m.samples) and m.seconds in m.samples
+    assert list(m.bytes_sent) == [costs.ring_allreduce_bytes(16 * 1024, 2, r) for r in range(2)]
+    assert seen == [(0, 1), (1, 1)]
+
+
+# --- the panel ------------------------------------------------------------------------------
+
+@pytest.fixture
+def panel():
+    from wmdist.widgets.allreduce import AllReducePanel
+    return AllReducePanel()
+
+
+def test_panel_defaults_and_summary(panel):
+    assert panel.result.params == ScalingParams()
+    assert f"At N = {ScalingParams().max_workers}" in panel.summary.value
+
+
+def test_panel_recomputes_when_a_slider_value_is_set(panel):
+    before = panel.result
+    panel.beta.value = 1e-9
+    assert panel.result.params.beta == pytest.approx(1e-9)
+    assert panel.result.byte_limit == pytest.approx(2 * 1e-9 * panel.payload.value)
+    assert panel.result.byte_limit > before.byte_limit
+    panel.max_workers.value = 8
+    assert panel.result.workers == tuple(range(1, 9))
+    at = panel.result.at(8)
+    assert f"speedup {at['speedup']:.3g}x" in panel.summary.value
+    assert "At N = 8" in panel.summary.value
+
+
+def test_panel_reports_bad_measure_input_without_starting_processes(panel):
+    from wmdist import launch
+    pools_before = dict(launch.warm_pids())
+    panel.measure_sizes.value = "two, 4"
+    assert panel.measure() is None
+    assert panel.status.value.startswith("measurement failed: ValueError")
+    assert launch.warm_pids() == pools_before
+    assert not panel.measure_button.disabled and panel.fit is None
+
+
+def test_panel_measures_fits_and_applies(monkeypatch):
+    from wmdist.widgets.allreduce import AllReducePanel
+    p = AllReducePanel(measure_world_sizes=(2, 3), measure_sizes_bytes=(16 * 1024, 256 * 1024), repeats=1)
+    fit = p.measure()
+    assert fit is not None and p.fit is fit and len(p.measurements) == 4
+    assert p.progress.value == p.progress.max == 4
+    assert "median relative error" in p.status.value and not p.apply_button.disabled
+    p.apply_fit()
+    lo, hi = 10 ** p.alpha.min, 10 ** p.alpha.max
+    assert p.alpha.value == pytest.approx(min(max(fit.alpha, lo), hi), rel=1e-6)
+    assert p.result.params.alpha == p.alpha.value
+
+
+def test_plot_module_makes_figures_without_widgets():
+    from wmdist.plots.allreduce import allreduce_figure
+    fig = allreduce_figure(scaling_curve(ScalingParams(max_workers=4)))
+    assert len(fig.axes) == 4
+    fit = fit_alpha_beta(_synthetic(1e-4, 1e-9))
+    assert len(allreduce_figure(scaling_curve(ScalingParams()), fit).axes) == 6
+
+
+def _top_level_imports(module) -> set[str]:
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(module))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add((node.module or "").split(".")[0])
+    return names
+
+
+def test_pure_modules_do_not_import_torch_or_widgets_at_module_level():
+    # (the wmdist package itself imports torch for the launcher; these modules must not add to it)
+    import wmdist.plots.allreduce
+    import wmdist.scaling
+    assert not _top_level_imports(wmdist.scaling) & {"torch", "ipywidgets", "matplotlib"}
+    assert not _top_level_imports(wmdist.plots.allreduce) & {"torch", "ipywidgets"}

@@ -1,0 +1,163 @@
+"""Benchmarks: ratios measured in one run, printed with their inputs.
+
+Machines here are shared and noisy, so each benchmark compares two things
+measured back to back in the same run (and reports medians), and the target
+is stated next to the measured ratio instead of being asserted in tests.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from wmdist import costs, launch
+from wmdist.comm import Context, all_reduce, barrier, ring_all_reduce
+
+
+@dataclass
+class BenchResult:
+    """One benchmark's inputs, measurements, its headline figure (a ratio, or MB) and target."""
+    name: str
+    inputs: dict[str, Any]
+    measured: dict[str, Any]
+    value: float
+    unit: str           # "x" for a ratio, "MB" for memory
+    target: str
+    met: bool
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        lines = [f"{self.name}: {self.value:.3g}{self.unit} (target {self.target}) -> {'met' if self.met else 'NOT met'}",
+                 f"  inputs:   {self.inputs}", f"  measured: {self.measured}"]
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+# --- warm pool vs a fresh spawn per call -------------------------------------------
+
+def _tiny_all_reduce(ctx: Context) -> float:
+    x = torch.ones(4)
+    all_reduce(ctx, x)
+    return float(x[0])
+
+
+def _spawn_target(rank: int, world_size: int, store_path: str) -> None:
+    """What a one-shot mp.spawn job does: import, join, one all-reduce, leave."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    os._exit(0)   # skip the teardown that can abort with gloo on torch 2.13 (see launch.py)
+
+
+def bench_warm_vs_spawn(world_size: int = 4, warm_calls: int = 20, spawn_calls: int = 2) -> BenchResult:
+    """Seconds per call: a warm wmdist pool vs torch.multiprocessing.spawn from scratch."""
+    launch.run(_tiny_all_reduce, world_size)           # make sure the pool is warm
+    warm = []
+    for _ in range(warm_calls):
+        t = time.perf_counter()
+        launch.run(_tiny_all_reduce, world_size)
+        warm.append(time.perf_counter() - t)
+    cold = []
+    for _ in range(spawn_calls):
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            torch.multiprocessing.spawn(_spawn_target, args=(world_size, os.path.join(tmp, "store")),
+                                        nprocs=world_size, join=True)
+            cold.append(time.perf_counter() - t)
+    ratio = statistics.median(cold) / statistics.median(warm)
+    return BenchResult("warm-vs-spawn", {"world_size": world_size, "warm_calls": warm_calls,
+                                         "spawn_calls": spawn_calls, "work": "one 4-element all_reduce"},
+                       {"warm_median_ms": round(1e3 * statistics.median(warm), 2),
+                        "spawn_median_ms": round(1e3 * statistics.median(cold), 1)},
+                       ratio, "x", ">= 30x faster", ratio >= 30)
+
+
+# --- hand-written ring vs gloo's all_reduce -----------------------------------------------
+
+def _time_both(ctx: Context, numel: int, repeats: int) -> dict[str, Any]:
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank))
+    ring_times, gloo_times = [], []
+    for _ in range(repeats):
+        barrier(ctx)
+        t = time.perf_counter()
+        ring_all_reduce(ctx, x, phase="ring")
+        ring_times.append(time.perf_counter() - t)
+        y = x.clone()
+        barrier(ctx)
+        t = time.perf_counter()
+        all_reduce(ctx, y, phase="gloo")
+        gloo_times.append(time.perf_counter() - t)
+    return {"ring": ring_times, "gloo": gloo_times, "bytes": ctx.ledger.totals("ring/reduce-scatter")["bytes_sent"]
+            + ctx.ledger.totals("ring/all-gather")["bytes_sent"]}
+
+
+def bench_ring_vs_gloo(world_size: int = 4, mib: int = 16, repeats: int = 5) -> BenchResult:
+    """Throughput of comm.ring_all_reduce relative to gloo's built-in all_reduce."""
+    numel = mib * 2 ** 20 // 4
+    out = launch.run(_time_both, world_size, numel, repeats)
+    # A collective is as slow as its slowest rank: take the max over ranks per repeat.
+    ring = statistics.median(max(o["ring"][i] for o in out) for i in range(repeats))
+    gloo = statistics.median(max(o["gloo"][i] for o in out) for i in range(repeats))
+    per_rank_bytes = [o["bytes"] // repeats for o in out]
+    predicted = [costs.ring_allreduce_bytes(numel, world_size, r) for r in range(world_size)]
+    ratio = gloo / ring
+    result = BenchResult("ring-vs-gloo", {"world_size": world_size, "payload_MiB": mib, "dtype": "float32",
+                                          "repeats": repeats},
+                         {"ring_median_s": round(ring, 4), "gloo_median_s": round(gloo, 4),
+                          "ring_bytes_sent_per_rank": per_rank_bytes,
+                          "bound_2(N-1)G/N": costs.ring_allreduce_ideal_bytes(numel * 4, world_size)},
+                         ratio, "x", ">= 0.9x gloo's throughput, bytes at the bound",
+                         ratio >= 0.9 and per_rank_bytes == predicted)
+    result.notes.append("throughput ratio = gloo time / ring time for the same payload")
+    return result
+
+
+# --- memory of a warm pool ------------------------------------------------------------
+
+def tree_pss_mb(pid: int | None = None) -> float:
+    """Proportional set size of a process and all its descendants, in MB (10^6 bytes).
+
+    PSS splits each shared page among the processes mapping it, so the sum
+    is what the tree really costs (forked ranks share the preloaded torch).
+    """
+    root = psutil.Process(pid)
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total / 1e6
+
+
+def bench_memory(world_sizes: tuple[int, ...] = (4, 8)) -> BenchResult:
+    """Summed PSS of this process plus a warm pool of each size (started alone)."""
+    measured = {}
+    for n in world_sizes:
+        launch.shutdown()
+        launch.run(_tiny_all_reduce, n)
+        measured[f"{n}_ranks_MB"] = round(tree_pss_mb(), 1)
+    launch.shutdown()
+    top = measured[f"{max(world_sizes)}_ranks_MB"]
+    return BenchResult("pool-memory", {"world_sizes": list(world_sizes), "measure": "PSS of parent + forkserver + ranks"},
+                       measured, top, "MB", f"{max(world_sizes)} ranks + parent < 600 MB", top < 600)
+
+
+def benchmarks() -> dict[str, Callable[[], BenchResult]]:
+    """Every benchmark by name, in the order `wmdist bench` runs them."""
+    table: dict[str, Callable[[], BenchResult]] = {
+        "warm-vs-spawn": bench_warm_vs_spawn,
+        "ring-vs-gloo": bench_ring_vs_gloo,
+        "pool-memory": bench_memory,
+    }
+    return table

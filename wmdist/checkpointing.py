@@ -1,0 +1,185 @@
+"""Activation checkpointing on the recurrent dynamics: activation bytes kept vs work recomputed.
+
+(Not to be confused with wmdist.checkpoint, which saves training state to disk.)
+
+Backward needs some tensors from forward: for each step of the DynamicsCell
+unroll, the Linear's input [h, z, a] and the tanh's output. Kept for all T
+steps, they grow linearly with the rollout. torch.utils.checkpoint instead
+keeps only each segment's input state and runs the segment's forward again
+during backward: fewer bytes resident, one more forward of compute.
+
+We count bytes exactly with torch.autograd.graph.saved_tensors_hooks: every
+tensor autograd saves passes through our pack hook, and we add up distinct
+storages, leaving out the parameters and the rollout's inputs (which exist
+whatever we do). We use the reentrant variant on purpose: it saves the
+segment inputs through save_for_backward, so the hook sees them; the
+non-reentrant variant keeps the same inputs alive in a closure the hook
+cannot see, which would make the count look better than it is.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from wmdist.costs import _int_at_least
+from wmdist.models import DynamicsCell, WorldModelConfig
+from wmdist.report import Check, Demo, Report, close_check, comm_rows, exact_check
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """A DynamicsCell unrolled over T steps for B sequences; `segment` steps per checkpoint (0 = none)."""
+    batch: int = 32
+    steps: int = 64
+    segment: int = 8
+    seed: int = 0
+    model: WorldModelConfig = field(default_factory=WorldModelConfig)
+
+    def __post_init__(self) -> None:
+        _int_at_least("batch", self.batch, 1)
+        _int_at_least("steps", self.steps, 1)
+        _int_at_least("segment", self.segment, 0)
+        _int_at_least("seed", self.seed, 0)
+
+
+def activation_bytes(cfg: RolloutConfig, elem_size: int = 4) -> dict[str, int]:
+    """Predicted saved-for-backward bytes (pure arithmetic).
+
+    per step: Linear input B(2Z+A) plus tanh output BZ. Without checkpoints all
+    T steps stay resident. With segments of k steps only the S-1 inner segment
+    input states (BZ each) stay resident (the first is an input), every step is
+    recomputed once in backward, and at most one segment's steps are held at once.
+    """
+    m = cfg.model
+    per_step = cfg.batch * (3 * m.latent_dim + m.action_dim) * elem_size
+    if cfg.segment == 0:
+        return {"resident": cfg.steps * per_step, "recomputed": 0, "largest segment": 0}
+    segments = math.ceil(cfg.steps / cfg.segment)
+    return {"resident": (segments - 1) * cfg.batch * m.latent_dim * elem_size,
+            "recomputed": cfg.steps * per_step,
+            "largest segment": min(cfg.segment, cfg.steps) * per_step}
+
+
+def _segment(cell: DynamicsCell, h: torch.Tensor, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Run the cell over the segment's k steps: h (B, Z), z (B, k, Z), a (B, k, A) -> states (B, k, Z)."""
+    states = []
+    for t in range(z.shape[1]):
+        h = cell(h, z[:, t], a[:, t])
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+def rollout(cell: DynamicsCell, h0: torch.Tensor, z: torch.Tensor, a: torch.Tensor, segment: int,
+            on_segment: list | None = None) -> torch.Tensor:
+    """All states (B, T, Z), checkpointed every `segment` steps (0: plain autograd)."""
+    if segment == 0:
+        return _segment(cell, h0, z, a)
+    pieces, h = [], h0
+    for s in range(0, z.shape[1], segment):
+        def run(h_: torch.Tensor, z_: torch.Tensor, a_: torch.Tensor) -> torch.Tensor:
+            if on_segment is not None and torch.is_grad_enabled():
+                on_segment.append(0)              # recomputation of a segment starts (in backward)
+            return _segment(cell, h_, z_, a_)
+        states = checkpoint(run, h, z[:, s:s + segment], a[:, s:s + segment], use_reentrant=True)
+        pieces.append(states)
+        h = states[:, -1].clone()   # a view would keep the whole segment's states alive
+    return torch.cat(pieces, dim=1)
+
+
+def measure(cfg: RolloutConfig) -> dict:
+    """Run forward and backward once with counting hooks; return bytes, gradients and seconds."""
+    torch.manual_seed(cfg.seed)
+    cell, m = DynamicsCell(cfg.model), cfg.model
+    z = torch.randn(cfg.batch, cfg.steps, m.latent_dim, requires_grad=True)   # (B, T, Z) encoder output
+    a = torch.randn(cfg.batch, cfg.steps, m.action_dim)                       # (B, T, A)
+    h0 = torch.zeros(cfg.batch, m.latent_dim)                                 # (B, Z)
+    weight = torch.linspace(-1, 1, cfg.steps)[None, :, None]                  # (1, T, 1) a fixed readout
+    skip = {t.untyped_storage().data_ptr() for t in (z, a, h0, weight, *cell.parameters())}
+    counted: dict[int, torch.Tensor] = {}       # storage address -> a tensor on it (kept so no address is reused)
+    bytes_by_phase = {"forward": 0, "backward": 0}
+    phase, segments = ["forward"], []           # segments: bytes saved by each recomputed segment
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip and ptr not in counted:
+            counted[ptr] = t
+            bytes_by_phase[phase[0]] += t.untyped_storage().nbytes()
+            if phase[0] == "backward" and segments:
+                segments[-1] += t.untyped_storage().nbytes()
+        return t
+
+    start = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        hs = rollout(cell, h0, z, a, cfg.segment, segments)                   # (B, T, Z)
+        phase[0] = "backward"
+        (hs * weight).sum().backward()
+    seconds = time.perf_counter() - start
+    grads = [p.grad.clone() for p in cell.parameters()] + [z.grad.clone()]
+    return {"resident": bytes_by_phase["forward"], "recomputed": bytes_by_phase["backward"],
+            "largest segment": max(segments, default=0), "grads": grads, "seconds": seconds}
+
+
+def step_contributions(cfg: RolloutConfig) -> list[torch.Tensor]:
+    """Sum over steps of |each step's contribution| to the cell's weight and bias gradients.
+
+    Gives each step its own copy of the parameters, so backward returns the T
+    contributions separately instead of adding them: (T, *shape) -> summed |.|.
+    """
+    torch.manual_seed(cfg.seed)
+    cell, m = DynamicsCell(cfg.model), cfg.model
+    z = torch.randn(cfg.batch, cfg.steps, m.latent_dim)
+    a = torch.randn(cfg.batch, cfg.steps, m.action_dim)
+    weight = torch.linspace(-1, 1, cfg.steps)[None, :, None]
+    copies = [p.detach().expand(cfg.steps, *p.shape).clone().requires_grad_() for p in cell.parameters()]
+    h, states = torch.zeros(cfg.batch, m.latent_dim), []
+    for t in range(cfg.steps):
+        h = torch.tanh(torch.nn.functional.linear(torch.cat([h, z[:, t], a[:, t]], -1), copies[0][t], copies[1][t]))
+        states.append(h)
+    (torch.stack(states, 1) * weight).sum().backward()
+    return [c.grad.abs().sum(0) for c in copies]
+
+
+def _relative_to_bound(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> float:
+    """max |got - expected| / bound elementwise (0/0 counts as 0, x/0 as infinity)."""
+    diff = (got.double() - expected.double()).abs()
+    ratio = torch.where(bound > 0, diff / bound.double().clamp_min(1e-300), diff * math.inf)
+    return float(torch.nan_to_num(ratio, nan=0.0).max())
+
+
+def checkpointing_report(world_size: int = 1, segment: int = 8, steps: int = 64, repeats: int = 3) -> Report:
+    """Bytes saved for backward with and without checkpointing (exact), gradients, and the time ratio."""
+    if world_size != 1:
+        raise ValueError(f"activation checkpointing runs on one process; world_size must be 1, got {world_size!r}")
+    cfg, plain_cfg = RolloutConfig(steps=steps, segment=segment), RolloutConfig(steps=steps, segment=0)
+    _int_at_least("segment", segment, 1)
+    _int_at_least("repeats", repeats, 1)
+    start = time.perf_counter()
+    plain = [measure(plain_cfg) for _ in range(repeats)]
+    ckpt = [measure(cfg) for _ in range(repeats)]
+    seconds = time.perf_counter() - start
+    u, T = 2.0 ** -24, cfg.steps
+    bounds = [2 * (T - 1) * u * s for s in step_contributions(cfg)]
+    checks = [exact_check("z gradient with checkpoints == without", ckpt[0]["grads"][-1], plain[0]["grads"][-1],
+                          "recomputed forward repeats the same operations: bitwise equal"),
+              Check("cell gradients with checkpoints == without (in units of the rounding bound)",
+                    max(_relative_to_bound(g, e, b) for g, e, b in zip(ckpt[0]["grads"], plain[0]["grads"], bounds)),
+                    1.0, "per-step terms are bitwise equal; their sum over T steps is grouped by segment: "
+                         "at most 2(T-1) 2^-24 sum_t |term_t|")]
+    predicted, measured = activation_bytes(cfg), ckpt[0]
+    comm = comm_rows("saved bytes without checkpoints", [plain[0]["resident"]], [activation_bytes(plain_cfg)["resident"]])
+    for key in ("resident", "recomputed", "largest segment"):
+        comm += comm_rows(f"saved bytes with checkpoints: {key}", [measured[key]], [predicted[key]])
+    median = lambda runs: sorted(r["seconds"] for r in runs)[len(runs) // 2]   # noqa: E731
+    extra = {"seconds_plain": median(plain), "seconds_checkpointed": median(ckpt),
+             "time_ratio": median(ckpt) / median(plain),
+             "memory_ratio": measured["resident"] / plain[0]["resident"]}
+    return Report("activation-checkpointing", 1, checks, comm, seconds,
+                  {"steps": steps, "segment": segment, "batch": cfg.batch}, extra)
+
+
+DEMOS = [Demo("activation-checkpointing", "Checkpointed dynamics unroll: saved bytes vs formula, gradients, time",
+              checkpointing_report, world_sizes=(1,), chapter="03")]

@@ -1,0 +1,119 @@
+"""The `wmdist` command: list, verify, bench, memory.
+
+Usage errors exit with status 2 and a one-line message; `verify` exits 1 if
+any check fails. Under torchrun, `verify` runs in every launched process and
+rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from wmdist import launch
+from wmdist.demos import registry, verify
+from wmdist.memory import add_memory_parser, memory_main
+from wmdist.report import format_table, to_json
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wmdist", description="Distributed training of world models, run for real.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="name the registered demos")
+    v = sub.add_parser("verify", help="run demos and check them against single-device references")
+    v.add_argument("names", nargs="*", help="demo names (default: all)")
+    v.add_argument("-n", "--world-size", type=_positive_int, help="run only at this world size")
+    v.add_argument("--json", action="store_true", help="print a JSON list of Report dicts")
+    b = sub.add_parser("bench", help="measure speed and memory ratios in one run")
+    b.add_argument("names", nargs="*", help="benchmark names (default: all)")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    add_memory_parser(sub)
+    return parser
+
+
+def _cmd_list() -> int:
+    for demo in registry().values():
+        sizes = ",".join(map(str, demo.world_sizes))
+        print(f"{demo.name:28s} ch{demo.chapter}  N={sizes:16s} {demo.title}")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    known = registry()
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        parser.error(f"unknown demo(s): {', '.join(unknown)} (see `wmdist list`)")
+    world = args.world_size
+    if launch.under_torchrun():
+        env_world = int(os.environ["WORLD_SIZE"])
+        if world not in (None, env_world):
+            parser.error(f"-n {world} disagrees with torchrun's WORLD_SIZE={env_world}")
+        world = env_world
+    reports = verify(args.names or None, world)
+    failed = any(not r.passed for r in reports)
+    if not launch.under_torchrun() or int(os.environ["RANK"]) == 0:
+        print(to_json(reports) if args.json else format_table(reports))
+        for r in reports:
+            if not r.passed and not args.json:
+                print(f"\n{r}")
+    return 1 if failed else 0
+
+
+def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from wmdist.bench import benchmarks
+
+    table = benchmarks()
+    unknown = [n for n in args.names if n not in table]
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(table)}")
+    results = []
+    for name in args.names or list(table):
+        result = table[name]()
+        results.append(result)
+        if not args.json:
+            print(result, flush=True)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        return _cmd_list()
+    if args.command == "memory":
+        return memory_main(args)
+    if args.command == "verify":
+        code = _cmd_verify(args, parser)
+    else:
+        code = _cmd_bench(args, parser)
+    if launch.under_torchrun():
+        _leave_torchrun(code)
+    return code
+
+
+def _leave_torchrun(code: int) -> None:
+    """Exit a torchrun worker without gloo's teardown abort (see launch.py)."""
+    import torch.distributed as dist
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if dist.is_initialized():
+        dist.barrier()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Gantt-like timelines: one row per rank (or stage), one bar per Span, coloured by kind.
+
+Generic on purpose: data-parallel buckets (compute / launch / comm) and
+pipeline schedules (forward / backward / send) draw with the same function.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from wmdist.spans import Span
+
+DEFAULT_COLORS = {"compute": "tab:green", "comm": "tab:blue", "launch": "tab:orange",
+                  "forward": "tab:green", "backward": "tab:purple", "send": "tab:blue", "idle": "0.85"}
+# Within a row, kinds listed here draw as thin bars on the upper or lower half so that overlap stays visible.
+LANES = {"comm": (0.05, 0.4), "send": (0.05, 0.4)}
+
+
+def timeline_figure(spans: Iterable[Span], title: str = "", row_label: str = "rank",
+                    colors: Mapping[str, str] | None = None, unit: str = "ms",
+                    ax: plt.Axes | None = None) -> Figure:
+    """Draw `spans` as horizontal bars, row 0 at the top; comm-like kinds on their own lane.
+
+    `unit` is "s" or "ms" (spans are in seconds). Pass `ax` to draw into an
+    existing axes (e.g. two timelines side by side); the figure is returned.
+    """
+    spans = list(spans)
+    if unit not in ("s", "ms"):
+        raise ValueError(f"unit must be 's' or 'ms', got {unit!r}")
+    scale = 1000.0 if unit == "ms" else 1.0
+    palette = {**DEFAULT_COLORS, **(colors or {})}
+    rows = sorted({s.row for s in spans})
+    if ax is None:
+        with plt.ioff():
+            fig, ax = plt.subplots(figsize=(8, 0.6 + 0.55 * max(1, len(rows))), layout="constrained")
+    else:
+        fig = ax.figure
+    kinds: dict[str, None] = {}
+    for s in spans:
+        kinds[s.kind] = None
+        low, height = LANES.get(s.kind, (0.5, 0.45))
+        ax.broken_barh([(s.start * scale, max(s.duration * scale, 1e-9))], (s.row + low - 0.5, height),
+                       facecolors=palette.get(s.kind, "0.5"), edgecolor="k", linewidth=0.3)
+    ax.set_yticks(rows, [f"{row_label} {r}" for r in rows])
+    ax.set_ylim(max(rows, default=0) + 0.6, min(rows, default=0) - 0.6)
+    ax.set_xlabel(f"time ({unit})")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(handles=[Patch(color=palette.get(k, "0.5"), label=k) for k in kinds], fontsize=7,
+              loc="upper right", ncol=len(kinds))
+    return fig
+
+
+def timelines_figure(timelines: Mapping[str, Iterable[Span]], row_label: str = "rank",
+                     unit: str = "ms") -> Figure:
+    """Several timelines stacked (one axes each, shared time axis), titled by their keys."""
+    items = [(name, list(spans)) for name, spans in timelines.items()]
+    if not items:
+        raise ValueError("timelines must hold at least one timeline")
+    heights = [max(1, len({s.row for s in spans})) for _, spans in items]
+    with plt.ioff():
+        fig, axes = plt.subplots(len(items), 1, sharex=True, figsize=(8, 0.8 + 0.55 * sum(heights) + 0.4 * len(items)),
+                                 height_ratios=heights, layout="constrained", squeeze=False)
+    for ax, (name, spans) in zip(axes[:, 0], items):
+        timeline_figure(spans, title=name, row_label=row_label, unit=unit, ax=ax)
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
+    return fig
