@@ -50,6 +50,8 @@ def test_ring_collectives_match_gloo_and_single_process(n):
             assert torch.equal(got["ours"], results[0][i]["ours"])          # every rank identical
             chunk = expected[bounds[rank]:bounds[rank + 1]]
             torch.testing.assert_close(got["mine"], chunk, rtol=0, atol=tolerance(n))
+            # The shard owns its memory: a ZeRO rank must not keep the full buffer alive through a view.
+            assert got["mine"].untyped_storage().nbytes() == got["mine"].numel() * 4
             # All-gather only copies: exact.
             assert torch.equal(got["gathered"], gathered)
             # Ledger: exact bytes and rounds.

@@ -8,6 +8,7 @@ from wmdist import costs, data_parallel as dp, dp_pitfalls
 from wmdist.demos import registry
 from wmdist.exercises import check
 from wmdist.models import make_batch, make_model, shard_batch
+from wmdist.report import differ_check
 
 
 # --- pure parts, no processes ------------------------------------------------------
@@ -159,11 +160,14 @@ def test_pitfalls_fail_as_the_text_says():
     assert "skewed momentum: parameters differ between ranks after 3 steps" in by_name
 
 
-def test_gap_check_fails_when_there_is_no_gap():
-    same = dp_pitfalls.gap_check("x", torch.ones(3), torch.ones(3), 1e-3, "r")
-    small = dp_pitfalls.gap_check("x", torch.ones(3), torch.ones(3) + 1e-6, 1e-3, "r")
-    big = dp_pitfalls.gap_check("x", torch.ones(3), torch.ones(3) + 1.0, 1e-3, "r")
-    assert not same.passed and not small.passed and big.passed
+def test_differ_check_fails_when_there_is_no_gap():
+    same = differ_check("x", torch.ones(3), torch.ones(3), 1e-3, "r")
+    small = differ_check("x", torch.ones(3), torch.ones(3) + 1e-6, 1e-3, "r")
+    big = differ_check("x", torch.ones(3), torch.ones(3) + 1.0, 1e-3, "r")
+    nan = differ_check("x", torch.ones(3), torch.full((3,), float("nan")), 1e-3, "r")
+    assert not same.passed and not small.passed and big.passed and not nan.passed
+    assert big.describe().startswith("ok   x: differs by 1 >= 0.001")
+    assert small.describe().startswith("FAIL x: differs by 9.54e-07 < 0.001")   # float32 1 + 1e-6
 
 
 def test_weighted_mean_exercise():

@@ -189,3 +189,23 @@ def test_bad_fn_and_arguments_rejected_before_start():
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         run(rank_and_size, 2, timeout=0)
     assert launch.warm_pids() == {}
+
+
+def test_unguarded_script_and_stdin_programs_work(tmp_path):
+    # Ranks must not re-run the parent's main program: a script without an
+    # `if __name__ == "__main__"` guard, or a program read from stdin, would break.
+    import subprocess
+    import sys
+    program = ("import wmdist, torch\n"
+               "from wmdist.comm import all_reduce\n"
+               "def f(ctx):\n"
+               "    x = torch.ones(1) * ctx.rank\n"
+               "    all_reduce(ctx, x)\n"
+               "    return float(x)\n"
+               "print('RESULT', wmdist.run(f, 3))\n")
+    script = tmp_path / "unguarded.py"
+    script.write_text(program)
+    for cmd, stdin in (([sys.executable, str(script)], None), ([sys.executable, "-"], program)):
+        done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.count("RESULT") == 1 and "RESULT [3.0, 3.0, 3.0]" in done.stdout

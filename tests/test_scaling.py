@@ -85,10 +85,11 @@ def test_fit_recovers_alpha_beta_from_noiseless_data():
 
 def test_fit_recovers_alpha_beta_from_noisy_data():
     fit = fit_alpha_beta(_synthetic(2.5e-4, 3e-9, noise=0.05, seed=1))
-    # 12 points with 5 % multiplicative noise: each coefficient's standard error is a few
-    # percent; 20 % is several standard errors yet far from a wrong model (2x off).
+    # 12 points with 5 % multiplicative noise. Over 200 noise seeds the fitted a scattered by
+    # 5.4 % (one standard deviation) and b by 2.0 %: 20 % and 10 % are 3.7 and 5 of those,
+    # and still far from a wrong model (which is off by 2x, not by percent).
     assert fit.alpha == pytest.approx(2.5e-4, rel=0.2)
-    assert fit.beta == pytest.approx(3e-9, rel=0.2)
+    assert fit.beta == pytest.approx(3e-9, rel=0.1)
     assert 0.005 < fit.median_rel_error < 0.1
 
 
@@ -162,7 +163,7 @@ def test_panel_reports_bad_measure_input_without_starting_processes(panel):
     assert not panel.measure_button.disabled and panel.fit is None
 
 
-def test_panel_measures_fits_and_applies(monkeypatch):
+def test_panel_measures_fits_and_applies():
     from wmdist.widgets.allreduce import AllReducePanel
     p = AllReducePanel(measure_world_sizes=(2, 3), measure_sizes_bytes=(16 * 1024, 256 * 1024), repeats=1)
     fit = p.measure()

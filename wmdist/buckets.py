@@ -181,7 +181,8 @@ def buckets_demo(world_size: int, caps: tuple[int, ...] = (1 << 30, 16_384), see
         timelines[label] = [s for o in out for s in o["spans"]]
         overlaps[label] = overlap(timelines[label])
     return Report("dp-buckets", n, checks, comm, seconds,
-                  {"caps": list(caps), "numel": sum(sizes) // 4, "buckets": [len(assign_buckets(sizes, c)) for c in caps]},
+                  {"caps": list(caps), "numel": sum(sizes) // 4,
+                   "buckets": [len(assign_buckets(sizes, c)) for c in caps]},
                   {"timelines": timelines, "overlap": overlaps})
 
 

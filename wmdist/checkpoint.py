@@ -137,6 +137,12 @@ def load_checkpoint(ctx: Context, path: str | os.PathLike, cfg: ZeroConfig) -> R
     return state
 
 
+def load_latest(ctx: Context, root: str | os.PathLike, cfg: ZeroConfig) -> RankState | None:
+    """Collective: the state of the last committed checkpoint under `root`, or None if there is none."""
+    path = latest_checkpoint(root)
+    return None if path is None else load_checkpoint(ctx, path, cfg)
+
+
 def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, until: int, save_every: int,
                     die_at: int | None = None, die_on_rank: int = 0) -> dict:
     """Rank function: resume from `root`'s latest checkpoint (or start), train to step `until`, saving as we go.
@@ -144,8 +150,7 @@ def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, until: int, save_e
     With `die_at`, rank `die_on_rank` kills itself inside the save of that step.
     Returns this rank's chunks and the step it resumed from.
     """
-    path = latest_checkpoint(root)
-    state = load_checkpoint(ctx, path, cfg) if path is not None else init_state(ctx, cfg)
+    state = load_latest(ctx, root, cfg) or init_state(ctx, cfg)
     resumed_from = state.step
     loaded = _own_chunks(state)
     while state.step < until:

@@ -183,52 +183,75 @@ def barrier(ctx: Context, phase: str = "barrier", group: dist.ProcessGroup | Non
 
 
 # --- hand-written ring collectives ------------------------------------------------
+#
+# The rounds run on views of one flat buffer: chunks follow costs.ring_chunk_sizes
+# (torch.tensor_split's layout), and rank r owns chunk r after the reduce-scatter.
+# Received data lands in place wherever it can, because fresh memory is not free:
+# first-touch page faults on a 16 MiB buffer cost as much as sending it.
+
+def _reduce_scatter_rounds(ctx: Context, chunks: list[torch.Tensor], rank: int, n: int, phase: str,
+                           group: dist.ProcessGroup | None) -> None:
+    """N-1 rounds; round s sends partial chunk (r-s-1) right, receives chunk (r-s-2) from the left and adds it."""
+    right, left = (rank + 1) % n, (rank - 1) % n
+    scratch = chunks[0].new_empty(max(c.numel() for c in chunks))   # one receive buffer for every round
+    for s in range(n - 1):
+        out_i, in_i = (rank - s - 1) % n, (rank - s - 2) % n
+        incoming = scratch[: chunks[in_i].numel()]
+        exchange(ctx, chunks[out_i], right, incoming, left, phase, group)
+        chunks[in_i] += incoming
+
+
+def _all_gather_rounds(ctx: Context, chunks: list[torch.Tensor], rank: int, n: int, phase: str,
+                       group: dist.ProcessGroup | None) -> None:
+    """N-1 rounds; round s forwards chunk (r-s) right and receives chunk (r-s-1) from the left, in place."""
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for s in range(n - 1):
+        exchange(ctx, chunks[(rank - s) % n], right, chunks[(rank - s - 1) % n], left, phase, group)
+
 
 def ring_reduce_scatter(ctx: Context, flat: torch.Tensor, phase: str = "reduce-scatter",
                         group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Sum a 1-D tensor across the ring; return this rank's chunk of the sum.
+    """Sum a 1-D tensor across the ring; return this rank's chunk of the sum (chunk r).
 
-    Chunks follow costs.ring_chunk_sizes (tensor_split layout), and rank r ends
-    with chunk r. Round s: send partial chunk (r-s-1) to the right, receive
-    chunk (r-s-2) from the left and add it. N-1 rounds.
+    N-1 rounds. The input is not modified. The result owns its memory (a copy
+    of chunk r), so the full-size working buffer is freed on return: what a
+    ZeRO rank holds afterwards is really only its shard.
     """
     group, r, n = _group_info(ctx, group)
-    chunks = [c.clone() for c in torch.tensor_split(flat.reshape(-1), n)]   # N x (~G/N,)
-    right, left = (r + 1) % n, (r - 1) % n
-    for s in range(n - 1):
-        out_i, in_i = (r - s - 1) % n, (r - s - 2) % n
-        buf = torch.empty_like(chunks[in_i])
-        exchange(ctx, chunks[out_i], right, buf, left, phase, group)
-        chunks[in_i] += buf
-    return chunks[r]
+    chunks = list(torch.tensor_split(flat.reshape(-1).clone(), n))      # N views of (~G/N,)
+    _reduce_scatter_rounds(ctx, chunks, r, n, phase, group)
+    return chunks[r].clone()
 
 
 def ring_all_gather(ctx: Context, chunk: torch.Tensor, sizes: list[int], phase: str = "all-gather",
                     group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Concatenate every rank's 1-D chunk (rank r holds chunk r of `sizes`).
 
-    Round s: send chunk (r-s) to the right, receive chunk (r-s-1) from the
-    left. N-1 rounds; returns the full 1-D tensor of sum(sizes) elements.
+    N-1 rounds; returns the full 1-D tensor of sum(sizes) elements.
     """
     group, r, n = _group_info(ctx, group)
     if len(sizes) != n or chunk.numel() != sizes[r]:
         raise ValueError(f"rank {r}: chunk of {chunk.numel()} elements does not match sizes {sizes}")
-    chunks = [chunk.reshape(-1) if i == r else chunk.new_empty(sizes[i]) for i in range(n)]
-    right, left = (r + 1) % n, (r - 1) % n
-    for s in range(n - 1):
-        exchange(ctx, chunks[(r - s) % n], right, chunks[(r - s - 1) % n], left, phase, group)
-    return torch.cat(chunks)
+    out = chunk.new_empty(sum(sizes))                                     # (sum(sizes),)
+    chunks = list(torch.split(out, sizes))
+    chunks[r].copy_(chunk.reshape(-1))
+    _all_gather_rounds(ctx, chunks, r, n, phase, group)
+    return out
 
 
 def ring_all_reduce(ctx: Context, tensor: torch.Tensor, phase: str = "all-reduce",
-                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
+                    group: dist.ProcessGroup | None = None, inplace: bool = False) -> torch.Tensor:
     """Sum `tensor` over all ranks with a ring: reduce-scatter, then all-gather.
 
-    Each rank sends 2(N-1)G/N bytes (exactly costs.ring_allreduce_bytes).
-    Returns a new tensor of the input's shape; the input is not modified.
+    Each rank sends 2(N-1)G/N bytes (exactly costs.ring_allreduce_bytes). Returns
+    a new tensor of the input's shape, or, with `inplace=True`, writes the sum
+    into `tensor` (which must be contiguous) and returns it, as dist.all_reduce does.
     """
-    _, _, n = _group_info(ctx, group)
-    flat = tensor.reshape(-1)
-    sizes = [c.numel() for c in torch.tensor_split(flat, n)]
-    mine = ring_reduce_scatter(ctx, flat, f"{phase}/reduce-scatter", group)
-    return ring_all_gather(ctx, mine, sizes, f"{phase}/all-gather", group).reshape(tensor.shape)
+    group, r, n = _group_info(ctx, group)
+    if inplace and not tensor.is_contiguous():
+        raise ValueError("ring_all_reduce(inplace=True) needs a contiguous tensor")
+    out = tensor if inplace else tensor.clone(memory_format=torch.contiguous_format)
+    chunks = list(torch.tensor_split(out.view(-1), n))                     # N views of (~G/N,)
+    _reduce_scatter_rounds(ctx, chunks, r, n, f"{phase}/reduce-scatter", group)
+    _all_gather_rounds(ctx, chunks, r, n, f"{phase}/all-gather", group)
+    return out

@@ -259,10 +259,12 @@ def param_tolerance(spec: TrainSpec, grad_tol: float, params: torch.Tensor) -> f
     """Gradient disagreement carried through the optimizer for `steps` steps, plus rounding.
 
     SGD with momentum 0.9 moves a parameter by at most lr/(1-0.9) per unit of
-    gradient error, per step; Adam's normalized step is bounded by about lr
-    per step whatever the gradient, so a tiny gradient difference can still
-    move it by a few ulps of lr. Doubled for the curvature feedback over a few
-    steps, plus one ulp of |theta| per step of rounding.
+    gradient error, per step. Adam divides by sqrt(v), so an entry's update
+    changes by about lr times that entry's relative gradient error: ~1e-5 lr
+    for entries well above rounding level (an entry whose gradient were itself
+    at rounding level could flip sign; none is in these runs, and the check
+    would say so). Doubled for the curvature feedback over a few steps, plus
+    one ulp of |theta| per step of rounding.
     """
     per_step = spec.lr * (10 * grad_tol if spec.optimizer == "sgd" else 1e-5)
     return 2 * spec.steps * per_step + spec.steps * 2 * EPS32 * float(params.abs().max())

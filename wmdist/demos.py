@@ -21,7 +21,9 @@ def registry() -> dict[str, Demo]:
 def verify(names: list[str] | None = None, world_size: int | None = None) -> list:
     """Run demos (all, or those named) at their world sizes (or only at `world_size`).
 
-    Unknown names raise ValueError listing the known ones, before anything runs.
+    With `world_size` and no names, demos that need more ranks are left out; a
+    named demo that needs more ranks, or an unknown name, raises ValueError
+    before anything runs.
     """
     demos = registry()
     unknown = [n for n in names or [] if n not in demos]
@@ -29,8 +31,12 @@ def verify(names: list[str] | None = None, world_size: int | None = None) -> lis
         raise ValueError(f"unknown demo(s) {', '.join(unknown)}; known: {', '.join(demos)}")
     if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1):
         raise ValueError(f"world size must be a positive integer, got {world_size!r}")
+    if world_size is not None:
+        small = [n for n in names or [] if demos[n].min_world_size > world_size]
+        if small:
+            raise ValueError(f"demo(s) {', '.join(small)} need more than {world_size} rank(s)")
     reports = []
-    for name in names or list(demos):
+    for name in names or [n for n, d in demos.items() if world_size is None or d.min_world_size <= world_size]:
         demo = demos[name]
         for n in (world_size,) if world_size is not None else demo.world_sizes:
             reports.append(demo.run(n))

@@ -13,8 +13,8 @@
 """
 from __future__ import annotations
 
-import math
 import time
+from dataclasses import replace
 
 import torch
 
@@ -22,23 +22,13 @@ from wmdist import costs
 from wmdist.data_parallel import (TrainSpec, descending_sizes, dp_train, grad_tolerance, single_process_train,
                                   valid_lengths)
 from wmdist.launch import run
-from wmdist.report import Check, Demo, Report, close_check, comm_rows, exact_check, max_abs_error
-
-def gap_check(name: str, got: object, expected: object, at_least: float, reason: str) -> Check:
-    """A check that passes when got and expected DIFFER by at least `at_least` (a pitfall showing).
-
-    The Check's error is the ratio at_least / gap (passes when <= 1); the gap
-    itself and the bar it must clear are written into the name.
-    """
-    gap = max_abs_error(got, expected)
-    return Check(f"{name} (differs by {gap:.3g}, needs >= {at_least:.3g}; error = needs/differs)",
-                 at_least / gap if gap > 0 else math.inf, 1.0, reason)
-
+from wmdist.report import Demo, Report, close_check, comm_rows, differ_check, exact_check
 
 def _pitfall_world(world_size: int) -> int:
     n = costs._int_at_least("world_size", world_size, 1)
     if n < 2:
-        raise ValueError(f"world_size must be >= 2 for a pitfall to show (one rank has nothing to disagree with), got {n}")
+        raise ValueError(f"world_size must be >= 2 for a pitfall to show (one rank has no one to disagree with), "
+                         f"got {n}")
     return n
 
 
@@ -47,8 +37,8 @@ def unequal_demo(world_size: int, seed: int = 0) -> Report:
     n = _pitfall_world(world_size)
     by_examples = TrainSpec(steps=1, batch_size=n * n, sizes=descending_sizes(n), seed=seed)
     by_tokens = TrainSpec(steps=1, batch_size=4 * n, time_steps=6, weighting="tokens", seed=seed)
-    specs = {"mean": by_examples, "examples": TrainSpec(**{**by_examples.__dict__, "weighting": "examples"}),
-             "tokens-local": TrainSpec(**{**by_tokens.__dict__, "weighting": "tokens-local"}), "tokens": by_tokens}
+    specs = {"mean": by_examples, "examples": replace(by_examples, weighting="examples"),
+             "tokens-local": replace(by_tokens, weighting="tokens-local"), "tokens": by_tokens}
     start = time.perf_counter()
     outs = {w: run(dp_train, n, spec) for w, spec in specs.items()}
     seconds = time.perf_counter() - start
@@ -58,11 +48,11 @@ def unequal_demo(world_size: int, seed: int = 0) -> Report:
     wrong = "1000x what summation order can explain: a different gradient, not rounding"
     checks = [close_check("weighted by examples (n_r / n) == full-batch gradient", outs["examples"][0]["grad0"],
                           ref_ex, grad_tolerance(ref_ex), why),
-              gap_check("plain mean of per-rank mean gradients is WRONG for unequal shards",
+              differ_check("plain mean of per-rank mean gradients is WRONG for unequal shards",
                         outs["mean"][0]["grad0"], ref_ex, big_ex, wrong),
               close_check("weighted by global valid-token count == full-batch per-token gradient",
                           outs["tokens"][0]["grad0"], ref_tok, grad_tolerance(ref_tok), why),
-              gap_check("plain mean of per-rank per-token means is WRONG for unequal token counts",
+              differ_check("plain mean of per-rank per-token means is WRONG for unequal token counts",
                         outs["tokens-local"][0]["grad0"], ref_tok, big_tok, wrong)]
     numel = ref_ex.numel()
     comm = comm_rows("ring bytes sent (examples-weighted step)", [o["bytes_per_step"][0] for o in outs["examples"]],
@@ -89,23 +79,23 @@ def pitfalls_demo(world_size: int, seed: int = 0) -> Report:
     ref = single_process_train(bn)["grad0"]
     stats = [o["running_mean"] for o in bn_out]
     params = [o["params"] for o in skew_out]
-    checks = [gap_check("local BatchNorm: DP gradient differs from the full-batch gradient", bn_out[0]["grad0"],
+    checks = [differ_check("local BatchNorm: DP gradient differs from the full-batch gradient", bn_out[0]["grad0"],
                         ref, 1000 * grad_tolerance(ref), "1000x rounding: each rank normalizes with its own "
                         "shard's mean and variance, so DP computes another function"),
               exact_check("BatchNorm run: parameters still identical on every rank", [o["params"] for o in bn_out],
                           [bn_out[0]["params"]] * n, "every rank applied the same all-reduced gradient"),
-              gap_check("BatchNorm running_mean differs between ranks after 3 steps", stats[1:], stats[:1] * (n - 1),
+              differ_check("BatchNorm running_mean differs between ranks after 3 steps", stats[1:], stats[:1] * (n - 1),
                         1e-3, "buffers are not gradients: the all-reduce never touches them (1e-3 >> rounding)"),
               exact_check("skewed momentum: step-0 gradients identical on every rank",
                           [o["grad0"] for o in skew_out], [skew_out[0]["grad0"]] * n,
                           "the all-gather hands every rank the same sum"),
-              gap_check("skewed momentum: parameters differ between ranks after 3 steps", params[1:],
+              differ_check("skewed momentum: parameters differ between ranks after 3 steps", params[1:],
                         params[:1] * (n - 1), 1e-4, "momentum 0.01*randn moves params by lr*0.01-ish per step "
                         "(1e-4 >> rounding); gradient sync cannot repair state it never sees")]
     return Report("dp-pitfalls", n, checks, [], seconds, {"steps": 3}, {})
 
 
 DEMOS = [Demo("dp-unequal", "Unequal shards and token counts: plain mean (wrong) vs weighted (right)",
-              unequal_demo, world_sizes=(2, 4), chapter="01"),
+              unequal_demo, world_sizes=(2, 4), chapter="01", min_world_size=2),
          Demo("dp-pitfalls", "Local BatchNorm, unsynchronized buffers, skewed optimizer state",
-              pitfalls_demo, world_sizes=(2, 4), chapter="01")]
+              pitfalls_demo, world_sizes=(2, 4), chapter="01", min_world_size=2)]

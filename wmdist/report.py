@@ -17,15 +17,32 @@ import torch
 
 @dataclass(frozen=True)
 class Check:
-    """One comparison: `error` must not exceed `tolerance`; `reason` says why that tolerance."""
+    """One comparison; `reason` says why that tolerance.
+
+    Normally `error` must not exceed `tolerance`. A pitfall check sets
+    `must_differ=True`: then the difference must be at least `tolerance`, i.e.
+    larger than anything rounding could explain, so the wrong method is shown
+    to be a different computation and not noise.
+    """
     name: str
     error: float
     tolerance: float
     reason: str
+    must_differ: bool = False
 
     @property
     def passed(self) -> bool:
+        if self.must_differ:
+            return not math.isnan(self.error) and self.error >= self.tolerance
         return math.isfinite(self.error) and self.error <= self.tolerance
+
+    def describe(self) -> str:
+        mark = "ok  " if self.passed else "FAIL"
+        if self.must_differ:
+            sign = ">=" if self.passed else "<"
+            return f"{mark} {self.name}: differs by {self.error:.3g} {sign} {self.tolerance:.3g} ({self.reason})"
+        sign = "<=" if self.passed else ">"
+        return f"{mark} {self.name}: max abs error {self.error:.3g} {sign} {self.tolerance:.3g} ({self.reason})"
 
 
 @dataclass(frozen=True)
@@ -58,7 +75,7 @@ class Report:
 
     @property
     def failures(self) -> list[str]:
-        out = [f"{c.name}: error {c.error:.3g} > tolerance {c.tolerance:.3g}" for c in self.checks if not c.passed]
+        out = [c.describe()[5:] for c in self.checks if not c.passed]
         out += [f"rank {r.rank} {r.quantity}: measured {r.measured} != predicted {r.predicted}"
                 for r in self.comm if not r.passed]
         return out
@@ -70,9 +87,7 @@ class Report:
 
     def __str__(self) -> str:
         lines = [f"{self.name} on {self.world_size} rank(s): {'PASS' if self.passed else 'FAIL'}"]
-        for c in self.checks:
-            mark, sign = ("ok  ", "<=") if c.passed else ("FAIL", ">")
-            lines.append(f"  {mark} {c.name}: max abs error {c.error:.3g} {sign} {c.tolerance:.3g} ({c.reason})")
+        lines += [f"  {c.describe()}" for c in self.checks]
         for q in sorted({r.quantity for r in self.comm}):
             rows = [r for r in self.comm if r.quantity == q]
             ok = all(r.passed for r in rows)
@@ -106,6 +121,11 @@ def exact_check(name: str, got: Any, expected: Any,
     return Check(name, max_abs_error(got, expected), 0.0, reason)
 
 
+def differ_check(name: str, got: Any, expected: Any, at_least: float, reason: str) -> Check:
+    """Check that got and expected DIFFER by at least `at_least` (a pitfall made visible)."""
+    return Check(name, max_abs_error(got, expected), at_least, reason, must_differ=True)
+
+
 def comm_rows(quantity: str, measured: Sequence[int], predicted: Sequence[int]) -> list[CommRow]:
     """One CommRow per rank for a ledger quantity."""
     return [CommRow(r, quantity, int(m), int(p)) for r, (m, p) in enumerate(zip(measured, predicted, strict=True))]
@@ -113,12 +133,17 @@ def comm_rows(quantity: str, measured: Sequence[int], predicted: Sequence[int]) 
 
 @dataclass(frozen=True)
 class Demo:
-    """A registered experiment: `run(world_size)` returns a Report."""
+    """A registered experiment: `run(world_size)` returns a Report.
+
+    `world_sizes` are the sizes `wmdist verify` runs by default; `min_world_size`
+    is the smallest it makes sense at (a demo comparing ranks needs two).
+    """
     name: str
     title: str
     run: Callable[[int], Report]
     world_sizes: tuple[int, ...] = (2, 4)
     chapter: str = "00"
+    min_world_size: int = 1
 
 
 def format_table(reports: Iterable[Report], seconds: bool = True) -> str:

@@ -6,6 +6,7 @@ the figure from wmdist.plots.allreduce. The panel only wires controls to them.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import ipywidgets as W
@@ -136,8 +137,11 @@ class AllReducePanel:
             return None
         finally:
             self.measure_button.disabled = False
+        cores = os.cpu_count() or 1
+        crowded = f"; {max(sizes)} ranks on {cores} cores share them, which the model ignores" \
+            if max(sizes) > cores else ""
         self.status.value = (f"fit: a = {self.fit.alpha:.3g} s, b = {self.fit.beta:.3g} s/B, median relative "
-                             f"error {self.fit.median_rel_error:.0%} over {len(self.measurements)} points")
+                             f"error {self.fit.median_rel_error:.0%} over {len(self.measurements)} points{crowded}")
         self.apply_button.disabled = False
         self.update()
         return self.fit
