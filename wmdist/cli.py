@@ -60,7 +60,8 @@ def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         if world not in (None, env_world):
             parser.error(f"-n {world} disagrees with torchrun's WORLD_SIZE={env_world}")
         world = env_world
-    reports = verify(args.names or None, world)
+    quiet = launch.under_torchrun() or not sys.stderr.isatty()
+    reports = verify(args.names or None, world, progress=None if quiet else _progress_line)
     failed = any(not r.passed for r in reports)
     if not launch.under_torchrun() or int(os.environ["RANK"]) == 0:
         print(to_json(reports) if args.json else format_table(reports))
@@ -68,6 +69,12 @@ def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             if not r.passed and not args.json:
                 print(f"\n{r}")
     return 1 if failed else 0
+
+
+def _progress_line(done: int, total: int, text: str) -> None:
+    """One overwritten status line on the terminal while demos run."""
+    end = "\n" if done == total else ""
+    print(f"\r\033[K[{done}/{total}] {text}", end=end, file=sys.stderr, flush=True)
 
 
 def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

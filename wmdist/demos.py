@@ -5,7 +5,9 @@ registration side effects): adding a chapter means adding one import here.
 """
 from __future__ import annotations
 
-from wmdist.report import Demo
+from typing import Callable
+
+from wmdist.report import Demo, Report
 
 
 def registry() -> dict[str, Demo]:
@@ -18,8 +20,11 @@ def registry() -> dict[str, Demo]:
     return {d.name: d for d in sorted(demos, key=lambda d: d.chapter)}
 
 
-def verify(names: list[str] | None = None, world_size: int | None = None) -> list:
+def verify(names: list[str] | None = None, world_size: int | None = None,
+           progress: Callable[[int, int, str], None] | None = None) -> list[Report]:
     """Run demos (all, or those named) at their world sizes (or only at `world_size`).
+
+    `progress(done, total, text)` is called before each run and once at the end.
 
     With `world_size` and no names, demos that need more ranks are left out; a
     named demo that needs more ranks, or an unknown name, raises ValueError
@@ -35,9 +40,13 @@ def verify(names: list[str] | None = None, world_size: int | None = None) -> lis
         small = [n for n in names or [] if demos[n].min_world_size > world_size]
         if small:
             raise ValueError(f"demo(s) {', '.join(small)} need more than {world_size} rank(s)")
+    chosen = names or [n for n, d in demos.items() if world_size is None or d.min_world_size <= world_size]
+    plan = [(name, n) for name in chosen for n in ((world_size,) if world_size is not None else demos[name].world_sizes)]
     reports = []
-    for name in names or [n for n, d in demos.items() if world_size is None or d.min_world_size <= world_size]:
-        demo = demos[name]
-        for n in (world_size,) if world_size is not None else demo.world_sizes:
-            reports.append(demo.run(n))
+    for done, (name, n) in enumerate(plan):
+        if progress is not None:
+            progress(done, len(plan), f"{name} on {n} rank(s)")
+        reports.append(demos[name].run(n))
+    if progress is not None:
+        progress(len(plan), len(plan), "done")
     return reports
