@@ -56,7 +56,7 @@ def _spawn_target(rank: int, world_size: int, store_path: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
     x = torch.ones(4)
     dist.all_reduce(x)
-    os._exit(0)   # skip the teardown that can abort with gloo on torch 2.13 (see launch.py)
+    os._exit(0)   # skip the teardown that can abort with gloo on torch 2.13 (see pool._worker_main)
 
 
 def bench_warm_vs_spawn(world_size: int = 4, warm_calls: int = 20, spawn_calls: int = 2) -> BenchResult:

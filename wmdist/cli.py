@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _leave_torchrun(code: int) -> None:
-    """Exit a torchrun worker without gloo's teardown abort (see launch.py)."""
+    """Exit a torchrun worker without gloo's teardown abort (see pool._worker_main)."""
     import torch.distributed as dist
 
     sys.stdout.flush()
