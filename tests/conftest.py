@@ -1,8 +1,17 @@
 """Shared test helpers: which processes are alive, so tests can prove none is left behind."""
 from __future__ import annotations
 
+import socket
+
 import psutil
 import pytest
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for servers the test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def alive(pids: list[int]) -> list[int]:

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import nbformat
 import psutil
 import pytest
 
+from conftest import free_port
 from wmdist.memory import MemoryConfig, format_bytes, per_rank_bytes
 from wmdist.scaling import ScalingParams, scaling_curve
 
@@ -54,12 +54,6 @@ def _tools() -> tuple[str, object]:
             pytest.fail(reason + "; CI=true, and CI installs both, so this is an error")
         pytest.skip(reason)
     return chromium, sync_playwright
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _write_notebook(path: Path) -> None:
@@ -168,7 +162,7 @@ def test_panels_render_and_answer_in_a_real_browser(tmp_path):
         d.mkdir()
     _write_notebook(root / "panels.ipynb")
     _write_settings(settings)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}/"
     env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND",)}   # the kernel must use the inline backend
     env.update(JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_DATA_DIR=str(tmp_path / "data"),

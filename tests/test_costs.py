@@ -66,3 +66,17 @@ def test_bubble_fraction():
 def test_nonsense_is_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_reordered_sum_bound_holds_and_is_not_vacuous():
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 8, generator=g)                  # 8 terms per column, |x| < 8
+    forward, backward = x.sum(1), x.flip(1).cumsum(1)[:, -1]
+    bound = costs.reordered_sum_bound(8, float(x.abs().sum(1).max()))
+    diff = float((forward - backward).abs().max())
+    assert 0 < diff <= bound                                # reorder changes bits, within the bound
+    assert costs.reordered_sum_bound(1, 5.0) == 0.0         # one term: nothing to round
+    assert costs.reordered_sum_bound(3, 1.0, extra_roundings=2) == 6 * costs.FLOAT32_ROUNDOFF
+    with pytest.raises(ValueError, match="terms must be an integer >= 1"):
+        costs.reordered_sum_bound(0, 1.0)

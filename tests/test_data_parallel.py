@@ -7,7 +7,7 @@ import torch
 from wmdist import costs, data_parallel as dp, dp_pitfalls
 from wmdist.demos import registry
 from wmdist.exercises import check
-from wmdist.models import make_batch, make_model, shard_batch
+from wmdist.models import flat_grads, make_batch, make_model, set_flat_grads, shard_batch
 from wmdist.report import differ_check
 
 
@@ -52,10 +52,10 @@ def test_shard_layouts():
 def test_flat_grads_round_trip():
     model = make_model(0)
     model.loss(make_batch(4)).backward()
-    flat = dp.flat_grads(model)
+    flat = flat_grads(model)
     assert flat.numel() == sum(p.numel() for p in model.parameters())
-    dp.set_flat_grads(model, flat * 2)
-    assert torch.equal(dp.flat_grads(model), flat * 2)
+    set_flat_grads(model, flat * 2)
+    assert torch.equal(flat_grads(model), flat * 2)
 
 
 def _sum_of_shard_grads(spec: dp.TrainSpec, world_size: int) -> torch.Tensor:
@@ -66,7 +66,7 @@ def _sum_of_shard_grads(spec: dp.TrainSpec, world_size: int) -> torch.Tensor:
     for r in range(world_size):
         model = make_model(spec.seed)
         dp.shard_loss(model, shard_batch(batch, sizes, r), spec, n_total).backward()
-        total = total + dp.flat_grads(model).double()
+        total = total + flat_grads(model).double()
     return total / world_size if spec.weighting in ("mean", "tokens-local") else total
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
+
+from conftest import free_port
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 DEMO = ["-m", "wmdist", "verify", "ring-allreduce", "--json"]
@@ -14,12 +15,6 @@ DEMO = ["-m", "wmdist", "verify", "ring-allreduce", "--json"]
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     return {**env, "OMP_NUM_THREADS": "1", "WMDIST_BACKEND": "gloo"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _reports(stdout: str) -> list[dict]:
@@ -36,7 +31,7 @@ def test_torchrun_two_processes_on_one_node():
 
 
 def test_torchrun_two_nodes_on_localhost():
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
                                "--master-addr", "127.0.0.1", "--master-port", str(port), *DEMO],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())

@@ -48,7 +48,7 @@ def tolerance(world_size: int) -> float:
     one. World size 1 has nothing to add: the result is exact.
     """
     n = world_size
-    return 0.0 if n == 1 else (2 * (n - 1) + 1) * 8 * n * 2.0 ** -24
+    return 0.0 if n == 1 else costs.reordered_sum_bound(n, 8 * n, extra_roundings=1)
 
 
 def ring_allreduce_demo(world_size: int, numel: int = DEFAULT_NUMEL, seed: int = 0) -> Report:

@@ -28,12 +28,11 @@ import torch.distributed as dist
 from wmdist import costs
 from wmdist.comm import Context, Record, all_reduce, barrier
 from wmdist.launch import run
-from wmdist.models import WorldModelConfig, make_batch, make_model, shard_batch
+from wmdist.models import WorldModelConfig, flat_grads, make_batch, make_model, shard_batch
 from wmdist.report import Demo, Report, close_check, comm_rows
 from wmdist.spans import Span, overlap
 
 BIG_CONFIG = WorldModelConfig(obs_dim=64, action_dim=4, latent_dim=128)   # 49,921 parameters
-EPS32 = 2.0 ** -24
 
 
 def assign_buckets(sizes_bytes: list[int], cap_bytes: int) -> list[list[int]]:
@@ -129,7 +128,7 @@ def bucketed_backward(ctx: Context, spec: BucketSpec, warmup: int = 1) -> dict:
             finish = time.perf_counter() - t0
             done = w["done"] if w["done"] is not None else finish       # callback not run yet: wait's return
             spans.append(Span(ctx.rank, w["launch"], max(w["launch"], min(done, finish)), "comm", f"bucket {w['k']}"))
-    local = torch.cat([p.grad.reshape(-1) for p in params])                       # (P,)
+    local = flat_grads(model)                                                     # (P,)
     bucketed = torch.empty_like(local)
     for w in works:
         offsets = [sum(params[j].numel() for j in range(i)) for i in buckets[w["k"]]]
@@ -146,13 +145,12 @@ def bucketed_backward(ctx: Context, spec: BucketSpec, warmup: int = 1) -> dict:
 def sum_tolerance(locals_: list[torch.Tensor]) -> float:
     """Two float32 sums of the same N gradients in any order, then / N, differ by at most this.
 
-    Each of the N-1 additions rounds by half an ulp of a partial sum bounded
-    by sum_r |g_r|, so each result is within (N-1) u sum_r|g_r| of the exact
-    sum; two results are within twice that, plus one rounding each for / N.
+    Partial sums are bounded by sum_r |g_r|; costs.reordered_sum_bound, plus
+    one rounding each for the division by N.
     """
     n = len(locals_)
     bound = torch.stack([g.abs().double() for g in locals_]).sum(0).max().item()
-    return (2 * (n - 1) + 2) * EPS32 * bound / n
+    return costs.reordered_sum_bound(n, bound, extra_roundings=2) / n
 
 
 def buckets_demo(world_size: int, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> Report:

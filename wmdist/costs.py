@@ -21,6 +21,27 @@ def _real_at_least(name: str, value: float, low: float = 0.0) -> float:
     return float(value)
 
 
+# --- float32 rounding ----------------------------------------------------------
+
+FLOAT32_ROUNDOFF = 2.0 ** -24   # unit roundoff u: one float32 rounding moves x by at most u * |x|
+
+
+def reordered_sum_bound(terms: int, partial_sum_bound: float, extra_roundings: int = 0) -> float:
+    """Largest |difference| between two float32 sums of the same values added in different orders.
+
+    Each sum rounds terms-1 times, each time by at most u times a partial sum,
+    and every partial sum is at most `partial_sum_bound`; two sums can err in
+    opposite directions, hence 2(terms-1). `extra_roundings` adds u * bound
+    for each further rounding (a float64 reference rounded to float32 once, a
+    division by N). This is why distributed results are checked to a
+    tolerance: the same mathematics in another order is not the same bits.
+    """
+    _int_at_least("terms", terms, 1)
+    _int_at_least("extra_roundings", extra_roundings, 0)
+    bound = _real_at_least("partial_sum_bound", partial_sum_bound)
+    return (2 * (terms - 1) + extra_roundings) * FLOAT32_ROUNDOFF * bound
+
+
 # --- ring collectives -------------------------------------------------------
 
 def ring_chunk_sizes(numel: int, world_size: int) -> list[int]:

@@ -27,12 +27,12 @@ from wmdist import costs
 from wmdist.comm import Context, Record, all_reduce, ring_all_reduce
 from wmdist.exercises import Exercise
 from wmdist.launch import run
-from wmdist.models import WorldModelConfig, make_batch, make_model, shard_batch
+from wmdist.models import (WorldModelConfig, flat_grads, flat_params, make_batch, make_model, set_flat_grads,
+                           shard_batch)
 from wmdist.report import Demo, Report, close_check, comm_rows, exact_check, max_abs_error
 
 WEIGHTINGS = ("mean", "examples", "tokens-local", "tokens")
 OPTIMIZERS = ("sgd", "adam")
-EPS32 = 2.0 ** -24      # float32 unit roundoff
 
 
 @dataclass(frozen=True)
@@ -93,23 +93,6 @@ def token_losses(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tens
     """Frame + reward squared error per (sequence, time step): (B, T)."""
     pred_obs, pred_rew = model(batch["obs"], batch["actions"])
     return (pred_obs - batch["next_obs"]).pow(2).mean(-1) + (pred_rew - batch["reward"]).pow(2)
-
-
-def flat_grads(model: nn.Module) -> torch.Tensor:
-    """All gradients in parameter order, as one buffer: (P,)."""
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-
-
-def set_flat_grads(model: nn.Module, flat: torch.Tensor) -> None:
-    """Write a (P,) buffer back into the .grad of each parameter."""
-    offset = 0
-    for p in model.parameters():
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
-
-
-def flat_params(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])   # (P,)
 
 
 def make_optimizer(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
@@ -252,7 +235,7 @@ def grad_tolerance(reference: torch.Tensor) -> float:
     batches (B*T <= 400 terms, each through a dozen float32 ops) that is
     tens of ulps of the largest entry, and 64 ulps covers it.
     """
-    return 64 * EPS32 * float(reference.abs().max())
+    return 64 * costs.FLOAT32_ROUNDOFF * float(reference.abs().max())
 
 
 def param_tolerance(spec: TrainSpec, grad_tol: float, params: torch.Tensor) -> float:
@@ -267,7 +250,7 @@ def param_tolerance(spec: TrainSpec, grad_tol: float, params: torch.Tensor) -> f
     one ulp of |theta| per step of rounding.
     """
     per_step = spec.lr * (10 * grad_tol if spec.optimizer == "sgd" else 1e-5)
-    return 2 * spec.steps * per_step + spec.steps * 2 * EPS32 * float(params.abs().max())
+    return 2 * spec.steps * per_step + spec.steps * 2 * costs.FLOAT32_ROUNDOFF * float(params.abs().max())
 
 
 def train_demo(world_size: int, spec: TrainSpec | None = None) -> Report:

@@ -26,12 +26,14 @@ import time
 
 import torch
 from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from wmdist import costs
 from wmdist.costs import _int_at_least
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.exercises import Exercise
-from wmdist.models import WorldModelConfig, make_batch, shard_batch
+from wmdist.launch import run
+from wmdist.models import WorldModelConfig, flat_params, make_batch, shard_batch
 from wmdist.report import Check, Demo, Report, close_check, comm_rows, exact_check
 
 MU, SIGMA = 1.0, 0.5            # z ~ N(MU, SIGMA^2)
@@ -170,7 +172,6 @@ def estimator_sums(ctx: Context, draws: int, seed: int = 0) -> tuple[torch.Tenso
 
 def estimators_demo(world_size: int, draws_per_rank: int = 20_000, seed: int = 0) -> Report:
     """Bias and variance of each estimator against the exact gradient, draws spread over ranks."""
-    from wmdist.launch import run
 
     _int_at_least("draws_per_rank", draws_per_rank, 2)
     start = time.perf_counter()
@@ -226,7 +227,6 @@ def _moments(x: torch.Tensor) -> tuple[float, float]:
 
 def seeds_demo(world_size: int, trials: int = 2_000, draws: int = 8, seed: int = 0) -> Report:
     """Covariance between ranks' estimates, and the variance of their average, per seeding mode."""
-    from wmdist.launch import run
 
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"seeds_demo needs world_size >= 2 (it correlates rank 0 with rank 1), got {world_size!r}")
@@ -301,11 +301,9 @@ def _setup(seed: int, rows: int):
 
 
 def _sgd(model: nn.Module, flat_grad: torch.Tensor, lr: float) -> None:
+    """theta <- theta - lr * g, with g given as one (P,) buffer."""
     with torch.no_grad():
-        offset = 0
-        for p in model.parameters():
-            p -= lr * flat_grad[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+        vector_to_parameters(flat_params(model) - lr * flat_grad, model.parameters())
 
 
 def dp_train(ctx: Context, steps: int, rows_per_rank: int, seed: int = 0, lr: float = 0.1,
@@ -317,9 +315,9 @@ def dp_train(ctx: Context, steps: int, rows_per_rank: int, seed: int = 0, lr: fl
     for _ in range(steps):
         eps = torch.randn(rows_per_rank, 4, model.latent_dim, generator=gen)         # (b, T, Z)
         grads = torch.autograd.grad(model.loss(shard, eps), list(model.parameters()))
-        flat = torch.cat([g.reshape(-1) for g in grads])                             # (P,)
+        flat = parameters_to_vector(grads)                                           # (P,)
         _sgd(model, ring_all_reduce(ctx, flat, phase="gradients") / ctx.world_size, lr)
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), ctx.ledger.totals()
+    return flat_params(model), ctx.ledger.totals()
 
 
 def dp_reference(world_size: int, steps: int, rows_per_rank: int, seed: int = 0, lr: float = 0.1,
@@ -330,13 +328,12 @@ def dp_reference(world_size: int, steps: int, rows_per_rank: int, seed: int = 0,
     for _ in range(steps):
         eps = torch.cat([torch.randn(rows_per_rank, 4, model.latent_dim, generator=g) for g in gens])  # (B, T, Z)
         grads = torch.autograd.grad(model.loss(batch, eps), list(model.parameters()))
-        _sgd(model, torch.cat([g.reshape(-1) for g in grads]), lr)
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        _sgd(model, parameters_to_vector(grads), lr)
+    return flat_params(model)
 
 
 def dp_latents_demo(world_size: int, steps: int = 3, rows_per_rank: int = 2, seed: int = 0) -> Report:
     """Independent latent streams per rank, identical parameters after every all-reduced step."""
-    from wmdist.launch import run
 
     _int_at_least("steps", steps, 1)
     _int_at_least("rows_per_rank", rows_per_rank, 1)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable
 
-from wmdist.costs import ring_chunk_sizes
+from wmdist.costs import _int_at_least, ring_chunk_sizes
 
 if TYPE_CHECKING:
     from wmdist.exercises import Verdict
@@ -49,11 +49,6 @@ if TYPE_CHECKING:
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}   # state tensors per parameter
 KINDS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations", "batch")
-
-
-def _count(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -78,11 +73,11 @@ class MemoryConfig:
     input_bytes_per_token: float = 0.0   # one layer's input per token: what checkpointing keeps
 
     def __post_init__(self) -> None:
-        _count("params", self.params, 0)
+        _int_at_least("params", self.params, 0)
         for name in ("dp", "tp", "pp", "cp", "micro_batch"):
-            _count(name, getattr(self, name), 1)
+            _int_at_least(name, getattr(self, name), 1)
         for name in ("layers", "context", "batch_bytes"):
-            _count(name, getattr(self, name), 0)
+            _int_at_least(name, getattr(self, name), 0)
         for name in ("act_bytes_per_token_per_layer", "input_bytes_per_token"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -107,7 +102,7 @@ class MemoryConfig:
 
 def rank_coords(cfg: MemoryConfig, rank: int) -> dict[str, int]:
     """(dp_rank, cp_rank, tp_rank, pp_rank) of `rank`, dp varying fastest."""
-    _count("rank", rank, 0)
+    _int_at_least("rank", rank, 0)
     if rank >= cfg.world:
         raise ValueError(f"rank must be < world size {cfg.world} (dp*cp*tp*pp), got {rank}")
     rest, dp_rank = divmod(rank, cfg.dp)
@@ -290,7 +285,7 @@ def config_from_args(args: argparse.Namespace) -> MemoryConfig:
     """Build the MemoryConfig an args namespace describes (ValueError on bad input)."""
     dp = args.dp
     if args.world is not None:
-        _count("--world", args.world, 1)
+        _int_at_least("--world", args.world, 1)
         other = args.tp * args.pp * args.cp
         if other < 1 or args.world % other:
             raise ValueError(f"--world {args.world} is not divisible by tp*pp*cp = {other}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.utils import parameters_to_vector
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,23 @@ def shard_batch(batch: dict[str, torch.Tensor], sizes: list[int], rank: int) -> 
         raise ValueError(f"shard sizes {sizes} do not add up to the batch size {batch['obs'].shape[0]}")
     start = sum(sizes[:rank])
     return {k: v[start:start + sizes[rank]] for k, v in batch.items()}
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    """All parameters in parameter order, detached, as one buffer: (P,)."""
+    return parameters_to_vector(model.parameters()).detach()
+
+
+def flat_grads(model: nn.Module) -> torch.Tensor:
+    """All gradients in parameter order, as one buffer: (P,)."""
+    return parameters_to_vector(p.grad for p in model.parameters())
+
+
+def set_flat_grads(model: nn.Module, flat: torch.Tensor) -> None:
+    """Write a (P,) buffer back into the .grad of each parameter."""
+    params = list(model.parameters())
+    for p, piece in zip(params, torch.split(flat, [p.numel() for p in params])):
+        p.grad.copy_(piece.view_as(p))
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -31,7 +31,7 @@ from wmdist import costs
 from wmdist.comm import Context, Record, all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from wmdist.exercises import Exercise
 from wmdist.launch import run
-from wmdist.models import make_batch, make_model, shard_batch
+from wmdist.models import flat_grads, flat_params, make_batch, make_model, shard_batch
 from wmdist.report import Check, Demo, Report, close_check, comm_rows
 
 HELD_KINDS = ("parameters", "gradients", "optimizer_state")
@@ -123,7 +123,7 @@ def init_state(ctx: Context, cfg: ZeroConfig) -> RankState:
     for name, p in model.named_parameters():
         layout.append((f"model.{name}", p.shape, offset, offset + p.numel()))
         offset += p.numel()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])    # (P,)
+    flat = flat_params(model)                                                  # (P,)
     start, stop = shard_range(offset, ctx.world_size, ctx.rank)
     params = flat[start:stop].clone() if cfg.stage == 3 else flat
     n_state = offset if cfg.stage == 0 else stop - start
@@ -195,7 +195,7 @@ def reference_adam(cfg: ZeroConfig) -> torch.Tensor:
         opt.zero_grad()
         (model.per_example_loss(batch).sum() / cfg.batch_size).backward()
         opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return flat_params(model)
 
 
 def adam_tolerance(cfg: ZeroConfig, world_size: int) -> tuple[float, str]:
@@ -210,7 +210,7 @@ def adam_tolerance(cfg: ZeroConfig, world_size: int) -> tuple[float, str]:
     """
     if world_size == 1:
         return 0.0, "one rank: the same sums in the same order, bitwise equal"
-    tol = cfg.steps * cfg.lr * 100 * world_size * 2.0 ** -24
+    tol = cfg.steps * cfg.lr * 100 * world_size * costs.FLOAT32_ROUNDOFF
     return tol, f"gradient sums in another order (~N*2^-24 relative), {cfg.steps} Adam steps of size <= lr"
 
 
@@ -268,13 +268,13 @@ def torch_zero_rank(ctx: Context, cfg: ZeroConfig) -> torch.Tensor:
         mine = shard_batch(batch, costs.ring_chunk_sizes(cfg.batch_size, ctx.world_size), ctx.rank)
         opt.zero_grad()
         (model.per_example_loss(mine).sum() / cfg.batch_size).backward()
-        flat = all_reduce(ctx, torch.cat([p.grad.reshape(-1) for p in model.parameters()]), "gradient all-reduce")
+        flat = all_reduce(ctx, flat_grads(model), "gradient all-reduce")
         torch.nn.utils.vector_to_parameters(flat, [p.grad for p in model.parameters()])
         ctx.ledger.enter("ZeroRedundancyOptimizer.step broadcast")
         opt.step()
         ctx.ledger.add(Record("ZeroRedundancyOptimizer.step", "parameter broadcast", "collective",
                               owned, total - owned, 1))
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return flat_params(model)
 
 
 def torch_zero_report(world_size: int, cfg: ZeroConfig | None = None) -> Report:
