@@ -42,9 +42,9 @@ def assign_buckets(sizes_bytes: list[int], cap_bytes: int) -> list[list[int]]:
     larger than the cap gets a bucket to itself); every parameter lands in
     exactly one bucket. Bucket 0 is the one backward fills first.
     """
-    costs._int_at_least("cap_bytes", cap_bytes, 1)
+    costs.require_int("cap_bytes", cap_bytes, 1)
     for i, s in enumerate(sizes_bytes):
-        costs._int_at_least(f"sizes_bytes[{i}]", s, 0)
+        costs.require_int(f"sizes_bytes[{i}]", s, 0)
     buckets: list[list[int]] = []
     current: list[int] = []
     filled = 0
@@ -69,7 +69,7 @@ class BucketSpec:
 
     def __post_init__(self) -> None:
         for name, low in (("cap_bytes", 1), ("batch_size", 1), ("time_steps", 1), ("seed", 0)):
-            costs._int_at_least(name, getattr(self, name), low)
+            costs.require_int(name, getattr(self, name), low)
 
 
 def _launch(ctx: Context, k: int, params: list[torch.Tensor], bucket: list[int], t0: float) -> dict:
@@ -155,7 +155,7 @@ def sum_tolerance(locals_: list[torch.Tensor]) -> float:
 
 def buckets_demo(world_size: int, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> Report:
     """One giant bucket vs small buckets: same gradients, different overlap with backward."""
-    n = costs._int_at_least("world_size", world_size, 1)
+    n = costs.require_int("world_size", world_size, 1)
     start = time.perf_counter()
     outs = {cap: run(bucketed_backward, n, BucketSpec(cap_bytes=cap, seed=seed)) for cap in caps}
     seconds = time.perf_counter() - start

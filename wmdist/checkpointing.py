@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from wmdist.costs import _int_at_least, reordered_sum_bound
+from wmdist.costs import require_int, reordered_sum_bound
 from wmdist.models import DynamicsCell, WorldModelConfig
 from wmdist.report import Check, Demo, Report, comm_rows, exact_check
 
@@ -40,10 +40,10 @@ class RolloutConfig:
     model: WorldModelConfig = field(default_factory=WorldModelConfig)
 
     def __post_init__(self) -> None:
-        _int_at_least("batch", self.batch, 1)
-        _int_at_least("steps", self.steps, 1)
-        _int_at_least("segment", self.segment, 0)
-        _int_at_least("seed", self.seed, 0)
+        require_int("batch", self.batch, 1)
+        require_int("steps", self.steps, 1)
+        require_int("segment", self.segment, 0)
+        require_int("seed", self.seed, 0)
 
 
 def activation_bytes(cfg: RolloutConfig, elem_size: int = 4) -> dict[str, int]:
@@ -157,10 +157,10 @@ def checkpointing_report(world_size: int = 1, segment: int = 8, steps: int = 64,
     Runs in this process: no ranks are involved, whatever `world_size` says (it
     is accepted so that `wmdist verify --world-size N` can run every demo).
     """
-    _int_at_least("world_size", world_size, 1)
+    require_int("world_size", world_size, 1)
     cfg, plain_cfg = RolloutConfig(steps=steps, segment=segment), RolloutConfig(steps=steps, segment=0)
-    _int_at_least("segment", segment, 1)
-    _int_at_least("repeats", repeats, 1)
+    require_int("segment", segment, 1)
+    require_int("repeats", repeats, 1)
     start = time.perf_counter()
     plain = [measure(plain_cfg) for _ in range(repeats)]
     ckpt = [measure(cfg) for _ in range(repeats)]

@@ -9,13 +9,15 @@ from __future__ import annotations
 import math
 
 
-def _int_at_least(name: str, value: int, low: int) -> int:
+def require_int(name: str, value: int, low: int) -> int:
+    """Return `value` if it is an integer >= low (bools refused), else a ValueError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return value
 
 
-def _real_at_least(name: str, value: float, low: float = 0.0) -> float:
+def require_real(name: str, value: float, low: float = 0.0) -> float:
+    """Return `value` as a float if it is a finite number >= low, else a ValueError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
         raise ValueError(f"{name} must be a finite number >= {low}, got {value!r}")
     return float(value)
@@ -36,9 +38,9 @@ def reordered_sum_bound(terms: int, partial_sum_bound: float, extra_roundings: i
     division by N). This is why distributed results are checked to a
     tolerance: the same mathematics in another order is not the same bits.
     """
-    _int_at_least("terms", terms, 1)
-    _int_at_least("extra_roundings", extra_roundings, 0)
-    bound = _real_at_least("partial_sum_bound", partial_sum_bound)
+    require_int("terms", terms, 1)
+    require_int("extra_roundings", extra_roundings, 0)
+    bound = require_real("partial_sum_bound", partial_sum_bound)
     return (2 * (terms - 1) + extra_roundings) * FLOAT32_ROUNDOFF * bound
 
 
@@ -50,8 +52,8 @@ def ring_chunk_sizes(numel: int, world_size: int) -> list[int]:
     The first numel % N chunks hold one extra element (torch.tensor_split's
     layout), so lengths that N does not divide are handled exactly.
     """
-    _int_at_least("numel", numel, 0)
-    _int_at_least("world_size", world_size, 1)
+    require_int("numel", numel, 0)
+    require_int("world_size", world_size, 1)
     base, extra = divmod(numel, world_size)
     return [base + (1 if i < extra else 0) for i in range(world_size)]
 
@@ -92,14 +94,14 @@ def ring_allreduce_bytes(numel: int, world_size: int, rank: int, elem_size: int 
 
 def ring_allreduce_ideal_bytes(payload_bytes: float, world_size: int) -> float:
     """The text's per-rank volume 2(N-1)G/N for a payload of G bytes."""
-    _real_at_least("payload_bytes", payload_bytes)
-    n = _int_at_least("world_size", world_size, 1)
+    require_real("payload_bytes", payload_bytes)
+    n = require_int("world_size", world_size, 1)
     return 2 * (n - 1) * payload_bytes / n
 
 
 def ring_allreduce_rounds(world_size: int) -> int:
     """Communication rounds of a ring all-reduce: N-1 per phase, two phases."""
-    return 2 * (_int_at_least("world_size", world_size, 1) - 1)
+    return 2 * (require_int("world_size", world_size, 1) - 1)
 
 
 def allreduce_time(world_size: int, alpha: float, beta: float, payload_bytes: float) -> float:
@@ -108,17 +110,17 @@ def allreduce_time(world_size: int, alpha: float, beta: float, payload_bytes: fl
     T(1) = 0: a single worker has nothing to synchronize. Ignores reduction
     arithmetic, contention and overlap with compute, as the text says.
     """
-    n = _int_at_least("world_size", world_size, 1)
-    a = _real_at_least("alpha", alpha)
-    b = _real_at_least("beta", beta)
-    g = _real_at_least("payload_bytes", payload_bytes)
+    n = require_int("world_size", world_size, 1)
+    a = require_real("alpha", alpha)
+    b = require_real("beta", beta)
+    g = require_real("payload_bytes", payload_bytes)
     return 2 * (n - 1) * a + 2 * (n - 1) / n * b * g
 
 
 def allreduce_terms(world_size: int, alpha: float, beta: float, payload_bytes: float) -> tuple[float, float]:
     """The latency term 2(N-1)a and the byte term 2(N-1)/N bG of T(N), separately."""
-    n = _int_at_least("world_size", world_size, 1)
-    latency = 2 * (n - 1) * _real_at_least("alpha", alpha)
+    n = require_int("world_size", world_size, 1)
+    latency = 2 * (n - 1) * require_real("alpha", alpha)
     return latency, allreduce_time(n, 0.0, beta, payload_bytes)
 
 
@@ -126,8 +128,8 @@ def allreduce_terms(world_size: int, alpha: float, beta: float, payload_bytes: f
 
 def speedup(t_one: float, t_n: float) -> float:
     """How many times faster N workers finish than one: T_1 / T_N."""
-    t1 = _real_at_least("t_one", t_one)
-    tn = _real_at_least("t_n", t_n)
+    t1 = require_real("t_one", t_one)
+    tn = require_real("t_n", t_n)
     if tn == 0:
         raise ValueError("t_n must be > 0")
     return t1 / tn
@@ -135,7 +137,7 @@ def speedup(t_one: float, t_n: float) -> float:
 
 def efficiency(t_one: float, t_n: float, workers: int) -> float:
     """Speedup per worker: 24 h -> 1 h on 32 workers is 24x, i.e. 0.75."""
-    return speedup(t_one, t_n) / _int_at_least("workers", workers, 1)
+    return speedup(t_one, t_n) / require_int("workers", workers, 1)
 
 
 # --- pipelines ----------------------------------------------------------------
@@ -146,8 +148,8 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     Each stage is busy for M of the M+P-1 slots. Holds only for the slot
     accounting the text assumes: equal stage times, no communication cost.
     """
-    p = _int_at_least("stages", stages, 1)
-    m = _int_at_least("microbatches", microbatches, 1)
+    p = require_int("stages", stages, 1)
+    m = require_int("microbatches", microbatches, 1)
     return (p - 1) / (m + p - 1)
 
 
@@ -180,7 +182,7 @@ def zero_step_bytes(numel: int, world_size: int, rank: int, stage: int, elem_siz
 
 def zero_step_rounds(world_size: int, stage: int) -> int:
     """Ring rounds per ZeRO step: N-1 per collective; two collectives (three for stage 3)."""
-    n = _int_at_least("world_size", world_size, 1)
+    n = require_int("world_size", world_size, 1)
     if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"stage must be one of {ZERO_STAGES}, got {stage!r}")
     return (3 if stage == 3 else 2) * (n - 1)

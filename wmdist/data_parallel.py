@@ -51,12 +51,12 @@ class TrainSpec:
 
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("batch_size", 1), ("time_steps", 1), ("seed", 0)):
-            costs._int_at_least(name, getattr(self, name), low)
+            costs.require_int(name, getattr(self, name), low)
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if costs._real_at_least("lr", self.lr) == 0:
+        if costs.require_real("lr", self.lr) == 0:
             raise ValueError("lr must be > 0")
         if self.sizes is not None:
             if not isinstance(self.sizes, tuple) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
@@ -69,7 +69,7 @@ class TrainSpec:
 
     def shard_sizes(self, world_size: int) -> list[int]:
         """Examples per rank; an even split puts the remainder on the first ranks."""
-        costs._int_at_least("world_size", world_size, 1)
+        costs.require_int("world_size", world_size, 1)
         if self.sizes is None:
             return costs.ring_chunk_sizes(self.batch_size, world_size)
         if len(self.sizes) != world_size:
@@ -79,7 +79,7 @@ class TrainSpec:
 
 def descending_sizes(world_size: int) -> tuple[int, ...]:
     """Unequal shards 2N-1, 2N-3, ..., 1 (7/5/3/1 on 4 ranks); they add up to N^2."""
-    n = costs._int_at_least("world_size", world_size, 1)
+    n = costs.require_int("world_size", world_size, 1)
     return tuple(2 * (n - r) - 1 for r in range(n))
 
 

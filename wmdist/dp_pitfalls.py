@@ -25,7 +25,7 @@ from wmdist.launch import run
 from wmdist.report import Demo, Report, close_check, comm_rows, differ_check, exact_check
 
 def _pitfall_world(world_size: int) -> int:
-    n = costs._int_at_least("world_size", world_size, 1)
+    n = costs.require_int("world_size", world_size, 1)
     if n < 2:
         raise ValueError(f"world_size must be >= 2 for a pitfall to show (one rank has no one to disagree with), "
                          f"got {n}")

@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from wmdist import costs
-from wmdist.costs import _int_at_least
+from wmdist.costs import require_int
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.exercises import Exercise
 from wmdist.launch import run
@@ -173,7 +173,7 @@ def estimator_sums(ctx: Context, draws: int, seed: int = 0) -> tuple[torch.Tenso
 def estimators_demo(world_size: int, draws_per_rank: int = 20_000, seed: int = 0) -> Report:
     """Bias and variance of each estimator against the exact gradient, draws spread over ranks."""
 
-    _int_at_least("draws_per_rank", draws_per_rank, 2)
+    require_int("draws_per_rank", draws_per_rank, 2)
     start = time.perf_counter()
     results = run(estimator_sums, world_size, draws_per_rank, seed)
     seconds = time.perf_counter() - start
@@ -230,8 +230,8 @@ def seeds_demo(world_size: int, trials: int = 2_000, draws: int = 8, seed: int =
 
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"seeds_demo needs world_size >= 2 (it correlates rank 0 with rank 1), got {world_size!r}")
-    _int_at_least("trials", trials, 3)
-    _int_at_least("draws", draws, 1)
+    require_int("trials", trials, 3)
+    require_int("draws", draws, 1)
     start = time.perf_counter()
     runs = {mode: run(seeded_estimates, world_size, mode, trials, draws, seed) for mode in SEED_MODES}
     seconds = time.perf_counter() - start
@@ -335,8 +335,8 @@ def dp_reference(world_size: int, steps: int, rows_per_rank: int, seed: int = 0,
 def dp_latents_demo(world_size: int, steps: int = 3, rows_per_rank: int = 2, seed: int = 0) -> Report:
     """Independent latent streams per rank, identical parameters after every all-reduced step."""
 
-    _int_at_least("steps", steps, 1)
-    _int_at_least("rows_per_rank", rows_per_rank, 1)
+    require_int("steps", steps, 1)
+    require_int("rows_per_rank", rows_per_rank, 1)
     start = time.perf_counter()
     results = run(dp_train, world_size, steps, rows_per_rank, seed)
     seconds = time.perf_counter() - start

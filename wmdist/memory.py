@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable
 
-from wmdist.costs import _int_at_least, ring_chunk_sizes
+from wmdist.costs import require_int, ring_chunk_sizes
 
 if TYPE_CHECKING:
     from wmdist.exercises import Verdict
@@ -73,11 +73,11 @@ class MemoryConfig:
     input_bytes_per_token: float = 0.0   # one layer's input per token: what checkpointing keeps
 
     def __post_init__(self) -> None:
-        _int_at_least("params", self.params, 0)
+        require_int("params", self.params, 0)
         for name in ("dp", "tp", "pp", "cp", "micro_batch"):
-            _int_at_least(name, getattr(self, name), 1)
+            require_int(name, getattr(self, name), 1)
         for name in ("layers", "context", "batch_bytes"):
-            _int_at_least(name, getattr(self, name), 0)
+            require_int(name, getattr(self, name), 0)
         for name in ("act_bytes_per_token_per_layer", "input_bytes_per_token"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -102,7 +102,7 @@ class MemoryConfig:
 
 def rank_coords(cfg: MemoryConfig, rank: int) -> dict[str, int]:
     """(dp_rank, cp_rank, tp_rank, pp_rank) of `rank`, dp varying fastest."""
-    _int_at_least("rank", rank, 0)
+    require_int("rank", rank, 0)
     if rank >= cfg.world:
         raise ValueError(f"rank must be < world size {cfg.world} (dp*cp*tp*pp), got {rank}")
     rest, dp_rank = divmod(rank, cfg.dp)
@@ -285,7 +285,7 @@ def config_from_args(args: argparse.Namespace) -> MemoryConfig:
     """Build the MemoryConfig an args namespace describes (ValueError on bad input)."""
     dp = args.dp
     if args.world is not None:
-        _int_at_least("--world", args.world, 1)
+        require_int("--world", args.world, 1)
         other = args.tp * args.pp * args.cp
         if other < 1 or args.world % other:
             raise ValueError(f"--world {args.world} is not divisible by tp*pp*cp = {other}")

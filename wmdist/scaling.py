@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from wmdist import costs
-from wmdist.costs import _int_at_least, _real_at_least
+from wmdist.costs import require_int, require_real
 
 KIB, MIB = 1024, 1024 * 1024
 DEFAULT_WORLD_SIZES = (2, 4, 8)
@@ -51,11 +51,11 @@ class ScalingParams:
     compute_seconds: float = 3.0    # C: compute of one global step on one worker
 
     def __post_init__(self) -> None:
-        _real_at_least("alpha", self.alpha)
-        _real_at_least("beta", self.beta)
-        _real_at_least("payload_bytes", self.payload_bytes)
-        _int_at_least("max_workers", self.max_workers, 1)
-        _real_at_least("compute_seconds", self.compute_seconds)
+        require_real("alpha", self.alpha)
+        require_real("beta", self.beta)
+        require_real("payload_bytes", self.payload_bytes)
+        require_int("max_workers", self.max_workers, 1)
+        require_real("compute_seconds", self.compute_seconds)
         if self.compute_seconds == 0:
             raise ValueError("compute_seconds must be > 0 (speedup compares against one worker's step time)")
 
@@ -137,8 +137,8 @@ class Fit:
 
 def design_row(world_size: int, payload_bytes: float) -> tuple[float, float]:
     """Coefficients of (a, b) in T(N): (2(N-1), 2(N-1)/N G)."""
-    n = _int_at_least("world_size", world_size, 1)
-    return 2.0 * (n - 1), 2.0 * (n - 1) / n * _real_at_least("payload_bytes", payload_bytes)
+    n = require_int("world_size", world_size, 1)
+    return 2.0 * (n - 1), 2.0 * (n - 1) / n * require_real("payload_bytes", payload_bytes)
 
 
 def fit_alpha_beta(measurements: Sequence[Measurement]) -> Fit:
@@ -209,7 +209,7 @@ def _check_plan(world_sizes: Sequence[int], sizes_bytes: Sequence[int], repeats:
     for s in sizes_bytes:
         if isinstance(s, bool) or not isinstance(s, int) or s < 4 or s % 4:
             raise ValueError(f"sizes_bytes must be positive multiples of 4 (float32), got {s!r}")
-    _int_at_least("repeats", repeats, 1)
+    require_int("repeats", repeats, 1)
 
 
 def measure_allreduce(world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,

@@ -52,10 +52,10 @@ class ZeroConfig:
     def __post_init__(self) -> None:
         if isinstance(self.stage, bool) or self.stage not in costs.ZERO_STAGES:
             raise ValueError(f"stage must be one of {costs.ZERO_STAGES} (0 = replicated), got {self.stage!r}")
-        costs._int_at_least("steps", self.steps, 0)
-        costs._int_at_least("batch_size", self.batch_size, 1)
-        costs._int_at_least("seq_len", self.seq_len, 1)
-        costs._real_at_least("lr", self.lr)
+        costs.require_int("steps", self.steps, 0)
+        costs.require_int("batch_size", self.batch_size, 1)
+        costs.require_int("seq_len", self.seq_len, 1)
+        costs.require_real("lr", self.lr)
 
 
 def shard_range(numel: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -221,7 +221,7 @@ def _predicted_held(numel: int, world_size: int, stage: int, rank: int) -> dict[
 
 def zero_memory_report(world_size: int, stage: int, cfg: ZeroConfig | None = None) -> Report:
     """Run ZeRO-`stage` on `world_size` ranks: held bytes and ledger vs formulas, weights vs Adam."""
-    costs._int_at_least("world_size", world_size, 1)
+    costs.require_int("world_size", world_size, 1)
     if isinstance(stage, bool) or stage not in costs.ZERO_STAGES:
         raise ValueError(f"stage must be one of {costs.ZERO_STAGES} (0 = replicated), got {stage!r}")
     cfg = ZeroConfig(stage=stage) if cfg is None else cfg
@@ -279,7 +279,7 @@ def torch_zero_rank(ctx: Context, cfg: ZeroConfig) -> torch.Tensor:
 
 def torch_zero_report(world_size: int, cfg: ZeroConfig | None = None) -> Report:
     """Our ZeRO-1 vs torch.distributed.optim.ZeroRedundancyOptimizer vs one process: final weights."""
-    costs._int_at_least("world_size", world_size, 1)
+    costs.require_int("world_size", world_size, 1)
     cfg = ZeroConfig(stage=1) if cfg is None else cfg
     start = time.perf_counter()
     theirs = run(torch_zero_rank, world_size, cfg)
