@@ -34,7 +34,7 @@ def descendants() -> set[int]:
 @pytest.fixture
 def no_leftover_ranks():
     """Fail the test if it leaves a process behind once all pools are shut down."""
-    from wmdist import launch
+    from wmdist import runtime as launch
 
     launch.shutdown()
     before = descendants()

@@ -3,7 +3,7 @@
 Everything else tests the panels by setting `.value` in Python (docs/widgets.md). This test
 checks the part those tests cannot reach: the JupyterLab front end, ipywidgets' JavaScript
 and the kernel round trip. It starts a throw-away JupyterLab server, opens a two-cell notebook
-that shows AllReducePanel and MemoryPanel, and runs all cells. Then it presses a key on one slider
+that shows ScalingPanel and MemoryPanel, and runs all cells. Then it presses a key on one slider
 of each panel and waits for the summary that the kernel computes to show the text that the pure
 model predicts for the new setting, and for the plot in the panel's Output to be redrawn.
 
@@ -28,8 +28,8 @@ import psutil
 import pytest
 
 from conftest import free_port
-from wmdist.memory import MemoryConfig, format_bytes, per_rank_bytes
-from wmdist.scaling import ScalingParams, scaling_curve
+from wmdist.data_parallel.scaling import ScalingParams, scaling_curve
+from wmdist.memory.footprint import MemoryConfig, format_bytes, per_rank_bytes
 
 WAIT_S = 60                    # the bound on every single wait
 MS = WAIT_S * 1000             # the same, for Playwright (which counts in ms; its expect() defaults to 5 s)
@@ -59,8 +59,8 @@ def _tools() -> tuple[str, object]:
 def _write_notebook(path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell("from wmdist.widgets.allreduce import AllReducePanel\nAllReducePanel()"),
-                nbformat.v4.new_code_cell("from wmdist.widgets.memory import MemoryPanel\nMemoryPanel()")]
+    nb.cells = [nbformat.v4.new_code_cell("from wmdist.data_parallel.panel import ScalingPanel\nScalingPanel()"),
+                nbformat.v4.new_code_cell("from wmdist.memory.panel import MemoryPanel\nMemoryPanel()")]
     nbformat.write(nb, path)
 
 
@@ -150,7 +150,7 @@ def _allreduce_expected(n: int) -> str:
 
 def _memory_expected(log10_params: float) -> tuple[str, str]:
     total = per_rank_bytes(MemoryConfig(params=int(round(10 ** log10_params))))["total"]
-    return f"Total {format_bytes(total)}", str(total)
+    return f"Total {format_bytes(total)}", f"{total:,}"
 
 
 def test_panels_render_and_answer_in_a_real_browser(tmp_path):
@@ -204,7 +204,7 @@ def test_panels_render_and_answer_in_a_real_browser(tmp_path):
                 cells = page.locator(".jp-Notebook .jp-CodeCell")
                 expect(cells).to_have_count(2, timeout=MS)
                 allreduce, memory = cells.nth(0), cells.nth(1)
-                allreduce_summary = allreduce.locator(".widget-html-content").first     # the panel's W.HTML
+                allreduce_summary = allreduce.locator(".widget-html-content", has_text="At N =")
                 memory_summary = memory.locator(".widget-html-content", has_text="Fullest rank")
 
                 # Both panels rendered from the kernel: the default summaries and a plot in each Output.
@@ -212,7 +212,7 @@ def test_panels_render_and_answer_in_a_real_browser(tmp_path):
                 expect(memory_summary).to_contain_text(_memory_expected(9.0)[0], timeout=MS)
                 allreduce_plot, memory_plot = _plot(page, allreduce), _plot(page, memory)
 
-                # AllReducePanel: "N max" 32 -> 33 with the keyboard on the noUi handle. Wait for the
+                # ScalingPanel: "N max" 32 -> 33 with the keyboard on the noUi handle. Wait for the
                 # expected text itself: a reply computed for an intermediate value could come first.
                 slider = allreduce.locator(".widget-slider", has_text="N max")
                 slider.locator(".noUi-handle").press("ArrowRight")

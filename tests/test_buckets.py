@@ -8,9 +8,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from wmdist import buckets as bk  # noqa: E402
+from wmdist.data_parallel import buckets as bk  # noqa: E402
 from wmdist.models import make_model  # noqa: E402
-from wmdist.plots.timeline import timeline_figure, timelines_figure  # noqa: E402
+from wmdist.ui.timeline import timeline_figure, timelines_figure  # noqa: E402
 from wmdist.spans import Span, intersection, length, overlap, union  # noqa: E402
 
 
@@ -38,8 +38,8 @@ def test_bucket_input_validation():
         bk.assign_buckets([4], 0)
     with pytest.raises(ValueError, match=r"sizes_bytes\[1\]"):
         bk.assign_buckets([4, -1], 8)
-    with pytest.raises(ValueError, match="time_steps"):
-        bk.BucketSpec(time_steps=0)
+    with pytest.raises(ValueError, match="seq_len"):
+        bk.BucketSpec(seq_len=0)
 
 
 def test_interval_arithmetic():
@@ -88,13 +88,13 @@ def report4():
 def test_bucketed_gradients_equal_unbucketed_and_bytes_exact(report4):
     assert report4.passed, report4.failures
     assert report4.params["buckets"] == [1, 3]
-    assert {r.measured for r in report4.comm if "payload" in r.quantity} == {2 * 50_113 * 4}
+    assert set(report4.measured(quantity="bucket payload bytes (warm-up + timed pass)")) == {2 * 50_113 * 4}
 
 
 def test_timeline_structure(report4):
     """Ordering facts, not timings: one bucket can start only after backward's last hook;
     with small buckets the first all-reduce is launched while backward still has work left."""
-    one, small = (report4.extra["timelines"][k] for k in report4.extra["timelines"])
+    one, small = report4.data.timelines.values()
     for rank in range(4):
         comm = [s for s in one if s.row == rank and s.kind == "comm"]
         hooks = [s for s in one if s.row == rank and s.label.startswith("backward until")]
@@ -102,6 +102,6 @@ def test_timeline_structure(report4):
         comm = sorted((s for s in small if s.row == rank and s.kind == "comm"), key=lambda s: s.start)
         hooks = [s for s in small if s.row == rank and s.label.startswith("backward until")]
         assert len(comm) == 3 and comm[0].start < max(s.start for s in hooks)
-    for label, rows in report4.extra["overlap"].items():
-        assert rows == overlap(report4.extra["timelines"][label])
+    for label, rows in report4.data.overlap.items():
+        assert rows == overlap(report4.data.timelines[label])
         assert all(0.0 <= o.hidden <= o.comm for o in rows)

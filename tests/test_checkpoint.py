@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from wmdist import checkpoint
-from wmdist.checkpoint import latest_checkpoint, overlaps, parse_key, range_key
+from wmdist.memory import sharded_checkpoint as checkpoint
+from wmdist.memory.sharded_checkpoint import latest_checkpoint, overlaps, parse_key, range_key
 
 
 def test_range_keys_round_trip():
@@ -42,7 +42,7 @@ def test_resume_on_the_same_world_size_is_bitwise_uninterrupted():
 def test_kill_mid_save_keeps_the_last_good_checkpoint():
     report = checkpoint.crash_report(3, resume_on=2)
     assert report.passed, str(report)
-    assert report.extra["partial_files"], "the killed save should have left files in its temporary directory"
+    assert report.data.partial_files, "the killed save should have left files in its temporary directory"
 
 
 def test_bad_inputs():

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from wmdist.checkpointing import RolloutConfig, activation_bytes, checkpointing_report
+from wmdist.memory.activation_recompute import RolloutConfig, activation_bytes, checkpointing_report
 
 
 @pytest.mark.parametrize("segment", [1, 8, 10, 64])   # 10 does not divide 64: a short last segment
 def test_saved_bytes_match_formula_and_gradients_agree(segment):
     report = checkpointing_report(segment=segment, repeats=1)
     assert report.passed, str(report)
-    assert len(report.comm) == 4 and len(report.checks) == 2
+    assert len(report.exact) == 4 and len(report.checks) == 2
 
 
 def test_checkpointing_keeps_fewer_bytes_and_recomputes_all():
@@ -24,5 +24,5 @@ def test_bad_inputs():
         checkpointing_report(world_size=0)
     with pytest.raises(ValueError, match="segment"):
         checkpointing_report(segment=0)
-    with pytest.raises(ValueError, match="steps"):
-        RolloutConfig(steps=0)
+    with pytest.raises(ValueError, match="seq_len"):
+        RolloutConfig(seq_len=0)

@@ -24,7 +24,7 @@ def test_verify_json_is_a_list_of_report_dicts(capsys):
     assert main(["verify", "ring-allreduce", "-n", "3", "--json"]) == 0
     reports = json.loads(capsys.readouterr().out)
     assert [(r["name"], r["world_size"], r["passed"]) for r in reports] == [("ring-allreduce", 3, True)]
-    assert {row["quantity"] for row in reports[0]["comm"]} == {"bytes sent", "rounds"}
+    assert {row["quantity"] for row in reports[0]["exact"]} == {"bytes sent", "rounds"}
 
 
 def test_verify_table_and_exit_status_from_a_real_process():
@@ -68,7 +68,7 @@ def test_verify_refuses_a_named_demo_below_its_minimum_world_size():
 
 
 def test_progress_widget_follows_calls():
-    from wmdist.widgets.progress import Progress
+    from wmdist.ui.progress import Progress
     p = Progress("demos")
     p(2, 5, "zero-1 on 4 rank(s)")
     assert (p.bar.value, p.bar.max, p.label.value) == (2, 5, "zero-1 on 4 rank(s)")

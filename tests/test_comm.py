@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from wmdist import costs
-from wmdist.allreduce import rank_vector, reference_sum, ring_allreduce_demo, tolerance
+from wmdist.data_parallel.ring import rank_vector, reference_sum, ring_allreduce_demo, tolerance
 from wmdist.comm import Ledger, Record, all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from wmdist.launch import run
+from wmdist.runtime import run
 
 LENGTHS = [1, 2, 7, 64, 1000, 4097]   # shorter than N, not divisible by N, divisible
 
@@ -73,8 +72,8 @@ def test_divisible_length_hits_the_ideal_bound(n):
 def test_ring_demo_report_passes_and_counts_exactly():
     report = ring_allreduce_demo(5, numel=1003)
     assert report.passed, report.failures
-    assert [r.measured for r in report.comm if r.quantity == "bytes sent"] == \
-        [costs.ring_allreduce_bytes(1003, 5, r) for r in range(5)]
+    assert report.measured(quantity="bytes sent") == [costs.ring_allreduce_bytes(1003, 5, r) for r in range(5)]
+    assert report.predicted(quantity="rounds") == [costs.ring_allreduce_rounds(5)] * 5
 
 
 def test_tolerance_is_not_vacuous():
@@ -90,7 +89,7 @@ def test_tolerance_is_not_vacuous():
 def test_all_gather_rejects_a_wrong_chunk():
     def bad(ctx):
         return ring_all_gather(ctx, torch.ones(3), [2, 2])
-    from wmdist.launch import RankFailure
+    from wmdist.runtime import RankFailure
     with pytest.raises(RankFailure, match="does not match sizes"):
         run(bad, 2, timeout=30)
 
@@ -101,6 +100,7 @@ def test_ledger_totals_by_phase_and_pickling_drops_callback():
     led = Ledger(0, on_enter=seen.append)
     led.enter("x")
     led.add(Record("send", "a", "p2p", 10, 0, 1, 1))
+    led.leave()
     led.add(Record("recv", "b", "p2p", 0, 6, 0, 1))
     led.add(Record("all_reduce", "a", "collective", 4, 4, 1))
     assert led.totals() == {"bytes_sent": 10, "bytes_recv": 6, "messages": 1, "rounds": 2}
@@ -109,12 +109,13 @@ def test_ledger_totals_by_phase_and_pickling_drops_callback():
     assert led.totals(kind="collective")["bytes_sent"] == 4
     assert pickle.loads(pickle.dumps(led)).on_enter is None
     assert seen[0] == "x" and seen[1].endswith("(completed)")
+    led.reset()
+    assert led.records == [] and led.totals()["rounds"] == 0
 
 
 def test_subgroup_ring():
     def sub(ctx):
-        groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
-        g = groups[ctx.rank % 2]
+        g = ctx.group_of([0, 2] if ctx.rank % 2 == 0 else [1, 3])
         x = torch.tensor([float(ctx.rank)] * 5)
         return ring_all_reduce(ctx, x, group=g), ctx.ledger.totals()["bytes_sent"]
     res = run(sub, 4)

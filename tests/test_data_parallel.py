@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wmdist import costs, data_parallel as dp, dp_pitfalls
+from wmdist import costs
+from wmdist.data_parallel import pitfalls as dp_pitfalls, training as dp, versus_ddp
 from wmdist.demos import registry
 from wmdist.exercises import check
 from wmdist.models import flat_grads, make_batch, make_model, set_flat_grads, shard_batch
@@ -38,7 +39,7 @@ def test_demos_reject_bad_world_sizes_before_starting_processes():
     with pytest.raises(ValueError, match="world_size"):
         dp_pitfalls.pitfalls_demo(0)
     with pytest.raises(ValueError, match="DDP"):
-        dp.train_demo(2, dp.TrainSpec(batchnorm=True))
+        versus_ddp.train_demo(2, dp.TrainSpec(batchnorm=True))
 
 
 def test_shard_layouts():
@@ -95,7 +96,7 @@ def test_registry_has_the_chapter_demos():
 
 @pytest.fixture(scope="module")
 def train4():
-    return dp.train_demo(4)
+    return versus_ddp.train_demo(4)
 
 
 def test_dp_matches_single_process_and_ddp(train4):
@@ -109,15 +110,15 @@ def test_dp_matches_single_process_and_ddp(train4):
 def test_dp_is_not_bitwise_equal_to_one_process(train4):
     # Four shards summed across ranks vs one pass over 16 examples: the float32 sums are
     # ordered differently, and for these seeds at least one of the 2,105 entries rounds differently.
-    assert train4.extra["diff_vs_single"] > 0
-    assert not train4.extra["bitwise_equal"]
+    assert train4.data.ours_vs_single > 0
+    assert not train4.data.bitwise_equal
 
 
 def test_ring_bytes_per_step_exact(train4):
     numel = train4.params["numel"]
     assert numel == 2105
-    rows = [r for r in train4.comm if r.quantity.startswith("ring bytes sent")]
-    assert len(rows) == 3 * 4
+    rows = train4.counts(quantity="ring bytes sent")
+    assert len(rows) == 3 * 4 and [len(train4.counts(quantity="ring bytes sent", step=s)) for s in range(3)] == [4] * 3
     for r in rows:
         assert r.measured == costs.ring_allreduce_bytes(numel, 4, r.rank)
     # The text's 2(N-1)G/N up to chunk rounding: 2 * 3 * 8420 / 4 = 12630.
@@ -125,26 +126,25 @@ def test_ring_bytes_per_step_exact(train4):
 
 
 def test_ddp_bucket_payload_counted(train4):
-    rows = [r for r in train4.comm if r.quantity.startswith("DDP")]
-    assert [r.measured for r in rows] == [3 * 2105 * 4] * 4
+    assert train4.measured(quantity="DDP bucket payload bytes") == [3 * 2105 * 4] * 4
 
 
 def test_adam_run_matches_too():
-    report = dp.train_demo(4, dp.TrainSpec(optimizer="adam", lr=0.01))
+    report = versus_ddp.train_demo(4, dp.TrainSpec(optimizer="adam", lr=0.01))
     assert report.passed, report.failures
 
 
 def test_one_rank_is_bitwise_the_single_process():
     """With N = 1 the rank runs exactly the reference's operations: equality is bitwise here."""
-    report = dp.train_demo(1, dp.TrainSpec(steps=2))
-    assert report.passed and report.extra["bitwise_equal"]
+    report = versus_ddp.train_demo(1, dp.TrainSpec(steps=2))
+    assert report.passed and report.data.bitwise_equal
 
 
 def test_unequal_shards_naive_wrong_weighted_right():
     report = dp_pitfalls.unequal_demo(4)
     assert report.passed, report.failures
-    assert report.extra["shard_sizes"] == [7, 5, 3, 1]
-    assert len(set(report.extra["valid_tokens_per_rank"])) == 4
+    assert report.data.shard_sizes == [7, 5, 3, 1]
+    assert len(set(report.data.valid_tokens_per_rank)) == 4
     wrong = [c for c in report.checks if "WRONG" in c.name]
     assert len(wrong) == 2 and all(c.error <= 1.0 for c in wrong)       # the gap cleared 1000x rounding
 
@@ -171,8 +171,8 @@ def test_differ_check_fails_when_there_is_no_gap():
 
 
 def test_weighted_mean_exercise():
-    assert check(dp.WEIGHTED_MEAN, dp.weighted_mean_reference).passed
-    verdict = check(dp.WEIGHTED_MEAN, _plain_mean)
+    assert check(dp_pitfalls.WEIGHTED_MEAN, dp_pitfalls.weighted_mean_solution).passed
+    verdict = check(dp_pitfalls.WEIGHTED_MEAN, _plain_mean)
     assert not verdict.passed and "not yet" in verdict.message
 
 

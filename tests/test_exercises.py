@@ -1,10 +1,14 @@
 """The exercise checker runs the reader's code on real ranks and says what is wrong in plain words."""
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
 import torch.distributed as dist
 
-from wmdist.exercises import RING_PASS, check, compare
+from wmdist.data_parallel.ring import RING_PASS
+from wmdist.exercises import check, compare, solution
 
 
 def correct(ctx, x):
@@ -65,3 +69,74 @@ def test_compare_messages():
     assert compare(3, [1, 2], e, 0.0) == "rank 3 returned list, expected a tensor of shape (2,)"
     assert compare(1, torch.ones(3), e, 0.0) == "rank 1 returned shape (3,), expected (2,)"
     assert compare(0, torch.tensor([1.0, float("nan")]), e, 1.0).startswith("rank 0, element [1]")
+
+
+# --- stubs, solutions and known-wrong answers for every registered exercise ----------------
+
+def stub(*args):
+    # your code here
+    raise NotImplementedError
+
+
+def _wrong_answers():
+    """One plausible wrong answer per exercise (the mistake its hint warns about, or a common slip)."""
+    from wmdist.comm import ring_all_reduce, ring_reduce_scatter
+    from wmdist.memory.zero import shard_range
+
+    def plain_mean(ctx, grad, count):                        # ignores the example counts
+        return ring_all_reduce(ctx, grad) / ctx.world_size
+
+    def local_score(ctx, mu, sigma, z):                      # averages this rank's draws only
+        d = z - mu
+        per = (z ** 3 - 2 * z)[:, None] * torch.stack([d / sigma ** 2, (d ** 2 - sigma ** 2) / sigma ** 3], 1)
+        return per.mean(0)
+
+    def no_bias_correction(ctx, params, local_grad):        # Adam's first step without bias correction
+        grad = ring_reduce_scatter(ctx, local_grad)
+        start, stop = shard_range(params.numel(), ctx.world_size, ctx.rank)
+        m, v = 0.1 * grad, 0.001 * grad * grad
+        return params[start:stop] - 1e-2 * m / (v.sqrt() + 1e-8)
+
+    def even_shards(params, stage, dp, dp_rank):            # forgets that shards can be uneven
+        shard = params // dp
+        held = lambda sharded: shard if sharded else params  # noqa: E731
+        return 2 * held(stage >= 3) + 2 * held(stage >= 2) + 12 * held(stage >= 1)
+
+    return {"ring pass": wrong_direction, "weighted mean of unequal shards": plain_mean,
+            "score-function estimate": local_score, "ZeRO shard update": no_bias_correction,
+            "ZeRO bytes": even_shards}
+
+
+def _registry():
+    from wmdist.demos import exercises
+    return exercises()
+
+
+def test_every_exercise_has_a_known_wrong_answer():
+    assert set(_wrong_answers()) == set(_registry())
+
+
+@pytest.mark.parametrize("name", list(_wrong_answers()))
+def test_every_checker_passes_its_solution_and_fails_a_wrong_answer(name):
+    exercise = _registry()[name]
+    assert check(exercise, exercise.reference).passed
+    verdict = check(exercise, _wrong_answers()[name])
+    assert not verdict.passed and verdict.status == "wrong"
+    if exercise.make_inputs is not None:                      # a rank exercise names the rank and the element
+        assert re.match(r"rank \d+, (element \[\d+\]|the value): expected ", verdict.details[0]), verdict.details
+    else:
+        assert verdict.details[0].startswith("fn(") and "expected" in verdict.details[0]
+
+
+@pytest.mark.parametrize("name", list(_wrong_answers()))
+def test_a_stub_is_not_attempted_yet_with_the_hint(name):
+    exercise = _registry()[name]
+    verdict = check(exercise, stub)
+    assert (verdict.passed, verdict.status) == (False, "not attempted yet")
+    assert str(verdict) == f"{exercise.name}: not attempted yet.\nhint: {exercise.hint}"   # same every run
+
+
+def test_solution_prints_the_reference_source(capsys):
+    source = solution(RING_PASS)
+    assert source.startswith("def ring_pass_solution(ctx") and "exchange(" in source
+    assert capsys.readouterr().out.strip() == source.strip()

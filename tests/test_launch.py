@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from conftest import alive, descendants
-from wmdist import launch
+from wmdist import runtime as launch
 from wmdist.comm import all_reduce, exchange, ring_all_reduce
-from wmdist.launch import Pool, RankFailure, run
+from wmdist.runtime import Pool, RankFailure, run
 
 
 def rank_and_size(ctx):

@@ -1,7 +1,6 @@
 """The memory model against the text's figures and the ZeRO paper's formulas; CLI; panel."""
 from __future__ import annotations
 
-import argparse
 import json
 
 import matplotlib
@@ -9,10 +8,13 @@ import pytest
 
 matplotlib.use("Agg")
 
-from wmdist import memory as M                      # noqa: E402
-from wmdist.costs import ring_chunk_sizes           # noqa: E402
-from wmdist.memory import KINDS, MemoryConfig, per_rank_bytes  # noqa: E402
-from wmdist.report import CommRow, Report           # noqa: E402
+from wmdist.cli import main                                            # noqa: E402
+from wmdist.costs import ring_chunk_sizes                              # noqa: E402
+from wmdist.exercises import check                                     # noqa: E402
+from wmdist.memory import footprint as M, remedies                     # noqa: E402
+from wmdist.memory.exercises import ZERO_BYTES, zero_bytes_solution    # noqa: E402
+from wmdist.memory.footprint import KINDS, MemoryConfig, per_rank_bytes  # noqa: E402
+from wmdist.report import Count, Report                                # noqa: E402
 
 G = 10 ** 9
 
@@ -50,12 +52,13 @@ def test_uneven_shards_exact_per_rank():
     assert sum(b["parameters"] for b in got) == 4 * P   # shards cover the model exactly once
     # tp*pp first (P=1003 over 2*3 -> 168,167,...), then dp over that piece
     cfg = MemoryConfig(1003, "bf16", zero_stage=3, dp=3, tp=2, pp=3)
-    held = [per_rank_bytes(cfg, r)["parameters"] for r in range(cfg.world)]
+    held = [per_rank_bytes(cfg, r)["parameters"] for r in range(cfg.world_size)]
     assert sum(held) == 2 * 1003
-    for r in range(cfg.world):
+    for r in range(cfg.world_size):
         c = M.rank_coords(cfg, r)
+        assert c == cfg.mesh.coords(r)                      # the same layout the process groups use
         piece = ring_chunk_sizes(1003, 6)[c["pp"] * 2 + c["tp"]]
-        assert held[r] == 2 * ring_chunk_sizes(piece, 3)[r % 3]
+        assert held[r] == 2 * ring_chunk_sizes(piece, 3)[c["dp"]]
 
 
 def test_replicated_dp_does_not_shrink_per_rank_bytes():
@@ -64,13 +67,13 @@ def test_replicated_dp_does_not_shrink_per_rank_bytes():
         assert per_rank_bytes(MemoryConfig(G, "fp32", dp=dp, zero_stage=0), dp - 1) == base
     sharded = per_rank_bytes(MemoryConfig(G, "fp32", dp=8, zero_stage=1))
     assert sharded["optimizer_state"] == base["optimizer_state"] // 8 and sharded["parameters"] == base["parameters"]
-    assert [r.name for r in M.REMEDIES if r.name.startswith("more replicated")] and \
-        all(not r.targets for r in M.REMEDIES if r.name.startswith("more replicated"))
+    assert [r.name for r in remedies.REMEDIES if r.name.startswith("more replicated")] and \
+        all(not r.targets for r in remedies.REMEDIES if r.name.startswith("more replicated"))
 
 
 def test_activations_checkpointing_cp_pp_tp():
     kw = dict(layers=24, act_bytes_per_token_per_layer=34 * 1024, input_bytes_per_token=2 * 1024,
-              context=4096, micro_batch=2)
+              seq_len=4096, micro_batch=2)
     full = per_rank_bytes(MemoryConfig(1000, **kw))["activations"]
     assert full == 24 * 2 * 4096 * 34 * 1024
     ck = per_rank_bytes(MemoryConfig(1000, checkpointing=True, **kw))["activations"]
@@ -81,26 +84,26 @@ def test_activations_checkpointing_cp_pp_tp():
         [24 * 2 * t * 34 * 1024 for t in (1366, 1365, 1365)]
     pp = MemoryConfig(1000, pp=5, **kw)             # 24 layers over 5 stages: 5,5,5,5,4
     assert per_rank_bytes(pp, 4)["activations"] == 4 * 2 * 4096 * 34 * 1024
-    tp = MemoryConfig(1000, tp=3, layers=5, act_bytes_per_token_per_layer=1.0, context=7)
+    tp = MemoryConfig(1000, tp=3, layers=5, act_bytes_per_token_per_layer=1.0, seq_len=7)
     assert per_rank_bytes(tp)["activations"] == 12      # ceil(5 layers * 7 tokens * 1 byte / 3) = ceil(11.67)
 
 
 def test_limit_and_remedies():
     b = per_rank_bytes(MemoryConfig(G, "fp32", optimizer="adam"))
-    assert M.limiting_kind(b) == "optimizer_state"
-    names = {r.name for r in M.remedies_for("optimizer_state")}
+    assert remedies.limiting_kind(b) == "optimizer_state"
+    names = {r.name for r in remedies.remedies_for("optimizer_state")}
     assert {"ZeRO-1", "ZeRO-2", "ZeRO-3", "tensor parallel", "pipeline parallel"} <= names
     assert "activation checkpointing" not in names and "more replicated DP workers" not in names
-    assert M.remedies_for("gradients")[0].name == "ZeRO-2"
-    assert {r.name for r in M.remedies_for("activations")} >= {"activation checkpointing", "context parallel"}
-    assert "ZeRO-3" in {r.name for r in M.remedies_for("parameters")}
-    assert "ZeRO-2" not in {r.name for r in M.remedies_for("parameters")}
+    assert remedies.remedies_for("gradients")[0].name == "ZeRO-2"
+    assert {r.name for r in remedies.remedies_for("activations")} >= {"activation checkpointing", "context parallel"}
+    assert "ZeRO-3" in {r.name for r in remedies.remedies_for("parameters")}
+    assert "ZeRO-2" not in {r.name for r in remedies.remedies_for("parameters")}
 
 
 @pytest.mark.parametrize("kwargs,word", [
     (dict(params=-1), "params"), (dict(params=10, zero_stage=4), "zero_stage"),
     (dict(params=10, dp=0), "dp"), (dict(params=10, param_dtype="fp13"), "param_dtype"),
-    (dict(params=10, optimizer="lion"), "optimizer"), (dict(params=10, context=-5), "context"),
+    (dict(params=10, optimizer="lion"), "optimizer"), (dict(params=10, seq_len=-5), "seq_len"),
     (dict(params=10, act_bytes_per_token_per_layer=float("nan")), "act_bytes"),
 ])
 def test_config_validation(kwargs, word):
@@ -114,10 +117,7 @@ def test_rank_out_of_range():
 
 
 def _cli(argv):
-    parser = argparse.ArgumentParser(prog="wmdist")
-    M.add_memory_parser(parser.add_subparsers(dest="cmd"))
-    args = parser.parse_args(["memory", *argv])
-    return args.func(args)
+    return main(["memory", *argv])
 
 
 def test_cli_json_and_table(capsys):
@@ -126,7 +126,7 @@ def test_cli_json_and_table(capsys):
     assert out == per_rank_bytes(MemoryConfig(G)) and out["optimizer_state"] == 8 * G
     assert _cli(["--params", "10", "--zero", "3", "--dp", "4", "--rank", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parameters"] == 8
-    assert _cli(["--params", str(G), "--dtype", "fp16", "--master-weights", "--zero", "1", "--world", "8"]) == 0
+    assert _cli(["--params", str(G), "--dtype", "fp16", "--master-weights", "--zero", "1", "--world-size", "8"]) == 0
     table = capsys.readouterr().out
     assert "rank 0 of 8" in table and "ZeRO-1" in table and "(dp=8" in table
     lines = {ln.split()[0]: ln.split() for ln in table.splitlines()[1:]}
@@ -140,8 +140,8 @@ def test_cli_json_and_table(capsys):
 @pytest.mark.parametrize("argv,word", [
     (["--params", "-5"], "--params: params"), (["--params", "10", "--zero", "4"], "--zero: zero_stage"),
     (["--params", "10", "--dtype", "fp13"], "--dtype: param_dtype"),
-    (["--params", "10", "--tp", "3", "--world", "8"], "divisible"),
-    (["--params", "10", "--dp", "3", "--world", "8"], "--world 8 != dp"), (["--params", "10", "--rank", "2"], "--rank: rank must be < world size 1"),
+    (["--params", "10", "--tp", "3", "--world-size", "8"], "divisible"),
+    (["--params", "10", "--dp", "3", "--world", "8"], "--world-size 8 != dp"), (["--params", "10", "--rank", "2"], "--rank: rank must be < world size 1"),
 ])
 def test_cli_errors(capsys, argv, word):
     with pytest.raises(SystemExit) as exc:
@@ -153,58 +153,72 @@ def test_cli_errors(capsys, argv, word):
 
 
 def test_exercise_checker():
-    good = M.check_zero_bytes(M.zero_state_bytes)
+    good = check(ZERO_BYTES, zero_bytes_solution)
     assert good.passed and "passed all" in good.message
 
     def even_only(params, stage, dp, dp_rank):   # forgets uneven shards: P // dp
         shard = params // dp
         return {0: 16 * params, 1: 4 * params + 12 * shard, 2: 2 * params + 14 * shard, 3: 16 * shard}[stage]
-    bad = M.check_zero_bytes(even_only)
-    assert not bad.passed and "expected" in str(bad)
-    assert not M.check_zero_bytes(lambda *a: 1 / 0).passed
-    assert not M.check_zero_bytes(42).passed
+    bad = check(ZERO_BYTES, even_only)
+    assert not bad.passed and bad.details == ["fn(params=1, stage=1, dp=2, dp_rank=0) returned 4, expected 16"]
+    assert not check(ZERO_BYTES, lambda *a: 1 / 0).passed
+    assert not check(ZERO_BYTES, 42).passed
+
+
+def test_exercise_solution_is_the_memory_model():
+    """The exercise's readable solution agrees with the calculator on its whole grid."""
+    for params, stage, dp, dp_rank in ZERO_BYTES.cases():
+        cfg = MemoryConfig(params, "fp16", optimizer="adam", master_weights=True, zero_stage=stage, dp=dp)
+        assert zero_bytes_solution(params, stage, dp, dp_rank) == per_rank_bytes(cfg, dp_rank)["total"]
 
 
 def test_panel_updates_on_value():
-    from wmdist.widgets.memory import MemoryPanel
+    from wmdist.memory.panel import MemoryPanel
     panel = MemoryPanel(params=1e9)
-    assert panel.result == per_rank_bytes(MemoryConfig(G)) and "optimizer state" in panel.summary.value
+    c = panel.controls
+    assert panel.result.fullest == per_rank_bytes(MemoryConfig(G)) and "optimizer state" in panel.summary.value
     assert "fits in 80.00 GB" in panel.summary.value
-    panel.param_dtype.value = "fp16"
-    panel.master_weights.value = True
-    assert panel.result["total"] == 16 * G
-    panel.dp.value = 8
-    assert panel.result["total"] == 16 * G                   # replicated: nothing shrinks
-    panel.zero_stage.value = 3
-    assert panel.result["total"] == 2 * G and len(panel.groups) == 1
-    panel.capacity_gb.value = 1.0
+    c["param_dtype"].value = "fp16"
+    c["master_weights"].value = True
+    assert panel.result.fullest["total"] == 16 * G
+    c["dp"].value = 8
+    assert panel.result.fullest["total"] == 16 * G                   # replicated: nothing shrinks
+    c["zero_stage"].value = 3
+    assert panel.result.fullest["total"] == 2 * G and len(panel.result.groups) == 1
+    panel.extra["capacity_gb"].value = 1.0
     assert "does not fit" in panel.summary.value
-    panel.params.value = 10.0 ** 3                           # 1000 over 8: even, one bar
-    panel.dp.value = 3                                       # 334, 333, 333: two distinct bars
-    assert [g[0] for g in panel.groups] == [[0], [1, 2]]
-    assert panel.result["parameters"] == 334 * 2
-    panel.context.value = -1
-    assert "cannot compute" in panel.summary.value and "context" in panel.error
+    c["params"].value = 10.0 ** 3                                    # 1000 over 8: even, one bar
+    c["dp"].value = 3                                                # 334, 333, 333: two distinct bars
+    assert [g[0] for g in panel.result.groups] == [[0], [1, 2]]
+    assert panel.result.fullest["parameters"] == 334 * 2
+    assert len(panel.shown.axes[0].patches) > 0                      # the bars on screen
+    c["seq_len"].value = -1
+    assert "cannot compute" in panel.status.value and "seq_len" in panel.error
+    assert panel.result is None and panel.shown is None              # no stale figure left on screen
 
 
-def test_panel_measure_button_with_fake_report():
-    from wmdist.widgets.memory import MemoryPanel
+def test_panel_measure_button_with_fake_report(monkeypatch):
+    from wmdist.memory import zero_demos
+    from wmdist.memory.panel import MemoryPanel
     calls = []
 
     def fake(world_size, stage):
         calls.append((world_size, stage))
-        return Report("zero-memory", world_size, comm=[CommRow(r, "held parameters bytes", 10 + r, 10)
-                                                       for r in range(world_size)])
-    panel = MemoryPanel(measure=fake)
-    panel.zero_stage.value = 2
+        return Report("zero-memory", world_size, exact=[Count("held bytes", r, 10 + r, 10, case="parameters")
+                                                        for r in range(world_size)], params={"params": 2105})
+    monkeypatch.setattr(zero_demos, "zero_memory_report", fake)
+    panel = MemoryPanel()
+    panel.controls["zero_stage"].value = 2
     panel.measure_ranks.value = 3
-    panel.measure_button.click()
-    assert calls == [(3, 2)] and panel.progress.value == "done"
-    assert "FAIL" in panel.measured.value and panel.measured.value.count("MISMATCH") == 2
+    panel.run_button.click()
+    assert calls == [(3, 2)] and "FAIL" in panel.status.value
+    assert "FAIL" in panel.summary.value and panel.summary.value.count("MISMATCH") == 2
+    assert "tiny model" in panel.summary.value
 
     def broken(world_size, stage):
         raise ModuleNotFoundError("No module named 'wmdist.zero'")
-    panel = MemoryPanel(measure=broken)
-    panel.measure_button.click()
-    assert panel.progress.value == "failed" and "wmdist.zero" in panel.measured.value
-    assert not panel.measure_button.disabled
+    monkeypatch.setattr(zero_demos, "zero_memory_report", broken)
+    panel = MemoryPanel()
+    panel.run_button.click()
+    assert "run failed" in panel.status.value and "wmdist.zero" in panel.status.value
+    assert not panel.run_button.disabled

@@ -10,8 +10,9 @@ import pytest
 matplotlib.use("Agg")
 
 from wmdist import costs  # noqa: E402
-from wmdist.scaling import (Measurement, ScalingParams, fit_alpha_beta, measure_allreduce,  # noqa: E402
-                            scaling_curve)
+from wmdist.data_parallel.measure import measure_allreduce  # noqa: E402
+from wmdist.data_parallel.scaling import (Measurement, ScalingParams, contention, fit_alpha_beta,  # noqa: E402
+                                          scaling_curve)
 
 
 # --- the model ------------------------------------------------------------------------
@@ -65,13 +66,13 @@ def test_bad_params_are_rejected_by_name(field, value):
 
 # --- the fit --------------------------------------------------------------------------
 
-def _synthetic(alpha, beta, noise=0.0, seed=0):
+def _synthetic(alpha, beta, noise=0.0, seed=0, g=0.0, cores=8):
     rng = np.random.default_rng(seed)
     out = []
     for n in (2, 4, 8):
-        for g in (256 * 1024, 1 << 20, 4 << 20, 16 << 20):
-            t = costs.allreduce_time(n, alpha, beta, g) * (1 + noise * rng.standard_normal())
-            out.append(Measurement(n, g, t))
+        for size in (256 * 1024, 1 << 20, 4 << 20, 16 << 20):
+            t = contention(n, cores, g) * costs.allreduce_time(n, alpha, beta, size)
+            out.append(Measurement(n, size, t * (1 + noise * rng.standard_normal())))
     return out
 
 
@@ -91,6 +92,23 @@ def test_fit_recovers_alpha_beta_from_noisy_data():
     assert fit.alpha == pytest.approx(2.5e-4, rel=0.2)
     assert fit.beta == pytest.approx(3e-9, rel=0.1)
     assert 0.005 < fit.median_rel_error < 0.1
+
+
+def test_contention_factor():
+    assert [contention(n, 2, 1.0) for n in (1, 2, 3, 4, 8)] == [1.0, 1.0, 1.5, 2.0, 4.0]
+    assert contention(8, 2, 0.0) == 1.0 and contention(8, 2, 0.5) == 2.5
+    with pytest.raises(ValueError, match="cores"):
+        contention(4, 0, 1.0)
+
+
+def test_fit_recovers_the_contention_of_oversubscribed_points():
+    data = _synthetic(2.5e-4, 3e-9, g=0.75, cores=2)          # 4 and 8 ranks share 2 cores
+    fit = fit_alpha_beta(data, cores=2)
+    assert fit.contention == pytest.approx(0.75)               # on the grid: recovered exactly
+    assert fit.alpha == pytest.approx(2.5e-4, rel=1e-9) and fit.beta == pytest.approx(3e-9, rel=1e-9)
+    assert fit.median_rel_error < 1e-9
+    plain = fit_alpha_beta(data, cores=8)                      # no point oversubscribed: no g to fit
+    assert plain.contention == 0.0 and plain.median_rel_error > 0.05   # and the text's model misses
 
 
 def test_fit_never_returns_a_negative_time_per_round():
@@ -131,8 +149,8 @@ def test_real_measurement_gives_positive_times_and_exact_ledger_bytes():
 
 @pytest.fixture
 def panel():
-    from wmdist.widgets.allreduce import AllReducePanel
-    return AllReducePanel()
+    from wmdist.data_parallel.panel import ScalingPanel
+    return ScalingPanel()
 
 
 def test_panel_defaults_and_summary(panel):
@@ -142,11 +160,11 @@ def test_panel_defaults_and_summary(panel):
 
 def test_panel_recomputes_when_a_slider_value_is_set(panel):
     before = panel.result
-    panel.beta.value = 1e-9
+    panel.controls["beta"].value = 1e-9
     assert panel.result.params.beta == pytest.approx(1e-9)
-    assert panel.result.byte_limit == pytest.approx(2 * 1e-9 * panel.payload.value)
+    assert panel.result.byte_limit == pytest.approx(2 * 1e-9 * panel.controls["payload_bytes"].value)
     assert panel.result.byte_limit > before.byte_limit
-    panel.max_workers.value = 8
+    panel.controls["max_workers"].value = 8
     assert panel.result.workers == tuple(range(1, 9))
     at = panel.result.at(8)
     assert f"speedup {at['speedup']:.3g}x" in panel.summary.value
@@ -154,52 +172,33 @@ def test_panel_recomputes_when_a_slider_value_is_set(panel):
 
 
 def test_panel_reports_bad_measure_input_without_starting_processes(panel):
-    from wmdist import launch
+    from wmdist import runtime as launch
     pools_before = dict(launch.warm_pids())
     panel.measure_sizes.value = "two, 4"
-    assert panel.measure() is None
-    assert panel.status.value.startswith("measurement failed: ValueError")
+    assert panel.run() is None
+    assert "run failed: ValueError" in panel.status.value
     assert launch.warm_pids() == pools_before
-    assert not panel.measure_button.disabled and panel.fit is None
+    assert not panel.run_button.disabled and panel.measured is None
 
 
 def test_panel_measures_fits_and_applies():
-    from wmdist.widgets.allreduce import AllReducePanel
-    p = AllReducePanel(measure_world_sizes=(2, 3), measure_sizes_bytes=(16 * 1024, 256 * 1024), repeats=1)
-    fit = p.measure()
-    assert fit is not None and p.fit is fit and len(p.measurements) == 4
+    from wmdist.data_parallel.panel import ScalingPanel
+    p = ScalingPanel(measure_world_sizes=(2, 3), measure_sizes_bytes=(16 * 1024, 256 * 1024), repeats=1)
+    fit = p.run()
+    assert fit is not None and p.measured is fit and len(fit.measurements) == 4
     assert p.progress.value == p.progress.max == 4
     assert "median relative error" in p.status.value and not p.apply_button.disabled
+    assert len(p.shown.axes) == 6                      # the measured overlay joined the figure
     p.apply_fit()
-    lo, hi = 10 ** p.alpha.min, 10 ** p.alpha.max
-    assert p.alpha.value == pytest.approx(min(max(fit.alpha, lo), hi), rel=1e-6)
-    assert p.result.params.alpha == p.alpha.value
+    alpha = p.controls["alpha"]
+    lo, hi = 10 ** alpha.min, 10 ** alpha.max
+    assert alpha.value == pytest.approx(min(max(fit.alpha, lo), hi), rel=1e-6)
+    assert p.result.params.alpha == alpha.value
 
 
 def test_plot_module_makes_figures_without_widgets():
-    from wmdist.plots.allreduce import allreduce_figure
-    fig = allreduce_figure(scaling_curve(ScalingParams(max_workers=4)))
-    assert len(fig.axes) == 4
+    from wmdist.data_parallel.figures import scaling_figure
+    fig = scaling_figure(scaling_curve(ScalingParams(max_workers=4)))
+    assert len(fig.axes) == 4 and all(ax.get_ylabel() for ax in fig.axes)
     fit = fit_alpha_beta(_synthetic(1e-4, 1e-9))
-    assert len(allreduce_figure(scaling_curve(ScalingParams()), fit).axes) == 6
-
-
-def _top_level_imports(module) -> set[str]:
-    import ast
-    import inspect
-    tree = ast.parse(inspect.getsource(module))
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            names.add((node.module or "").split(".")[0])
-    return names
-
-
-def test_pure_modules_do_not_import_torch_or_widgets_at_module_level():
-    # (the wmdist package itself imports torch for the launcher; these modules must not add to it)
-    import wmdist.plots.allreduce
-    import wmdist.scaling
-    assert not _top_level_imports(wmdist.scaling) & {"torch", "ipywidgets", "matplotlib"}
-    assert not _top_level_imports(wmdist.plots.allreduce) & {"torch", "ipywidgets"}
+    assert len(scaling_figure(scaling_curve(ScalingParams()), fit).axes) == 6

@@ -45,4 +45,4 @@ def test_torchrun_two_nodes_on_localhost():
     reports = _reports(outs[0][0])
     assert [(r["name"], r["world_size"], r["passed"]) for r in reports] == [("ring-allreduce", 2, True)]
     # The ledger was recorded in both nodes' processes and matches the formula on each.
-    assert [row["measured"] == row["predicted"] for row in reports[0]["comm"]] == [True] * 4
+    assert [row["measured"] == row["predicted"] for row in reports[0]["exact"]] == [True] * 4

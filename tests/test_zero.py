@@ -3,35 +3,36 @@ from __future__ import annotations
 
 import pytest
 
-from wmdist import costs, zero
+from wmdist import costs
 from wmdist.exercises import check
+from wmdist.memory import exercises, zero, zero_demos
 from wmdist.models import count_parameters, make_model
 
 P = count_parameters(make_model())   # 2,105: not divisible by 3, so the chunks are uneven
 
 
-def rows(report, quantity):
-    return [r for r in report.comm if r.quantity == quantity]
+def held(report, kind):
+    return report.counts(quantity="held bytes", case=kind)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_held_and_sent_bytes_exact_on_uneven_chunks(stage):
     assert P % 3 != 0
-    report = zero.zero_memory_report(3, stage)
+    report = zero_demos.zero_memory_report(3, stage)
     assert not report.failures, report.failures
     for kind in zero.HELD_KINDS:                       # measured from tensors == memory.per_rank_bytes, every rank
-        held = rows(report, f"held {kind} bytes")
-        assert [r.rank for r in held] == [0, 1, 2] and all(r.passed for r in held)
+        rows = held(report, kind)
+        assert [r.rank for r in rows] == [0, 1, 2] and all(r.passed for r in rows)
     sharded = {1: ["optimizer_state"], 2: ["optimizer_state", "gradients"],
                3: ["optimizer_state", "gradients", "parameters"]}[stage]
     for kind in zero.HELD_KINDS:
-        measured = [r.measured for r in rows(report, f"held {kind} bytes")]
+        measured = report.measured(quantity="held bytes", case=kind)
         per_element = 8 if kind == "optimizer_state" else 4
         expected = [n * per_element for n in costs.ring_chunk_sizes(P, 3)] if kind in sharded else [P * per_element] * 3
         assert measured == expected                   # and the uneven split really shows: 702, 702, 701
-    sent = [r for r in report.comm if r.quantity.startswith("bytes sent per step")]
+    sent = report.counts(quantity="bytes sent per step")
     assert len(sent) == (9 if stage == 3 else 6) and all(r.passed for r in sent)
-    assert all(r.passed for r in rows(report, "rounds per step"))
+    assert all(r.passed for r in report.counts(quantity="rounds per step"))
 
 
 def test_stage3_sends_one_and_a_half_times_an_allreduce():
@@ -44,27 +45,27 @@ def test_stage3_sends_one_and_a_half_times_an_allreduce():
 
 
 def test_replicated_workers_do_not_shrink_the_footprint():
-    one, three = zero.zero_memory_report(1, 0), zero.zero_memory_report(3, 0)
+    one, three = zero_demos.zero_memory_report(1, 0), zero_demos.zero_memory_report(3, 0)
     assert one.passed and three.passed
     for kind in zero.HELD_KINDS:
-        assert {r.measured for r in rows(three, f"held {kind} bytes")} == {rows(one, f"held {kind} bytes")[0].measured}
+        assert set(three.measured(quantity="held bytes", case=kind)) == set(one.measured(quantity="held bytes", case=kind))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_one_rank_is_bitwise_torch_adam(stage):
-    report = zero.zero_memory_report(1, stage)
+    report = zero_demos.zero_memory_report(1, stage)
     assert report.checks[0].tolerance == 0.0 and report.checks[0].error == 0.0
 
 
 def test_weights_match_single_process_adam_within_reduction_order_tolerance():
     cfg = zero.ZeroConfig(stage=3, steps=5)
-    report = zero.zero_memory_report(3, 3, cfg)
+    report = zero_demos.zero_memory_report(3, 3, cfg)
     check_ = report.checks[0]
     assert 0 < check_.tolerance < 1e-5 and check_.passed, str(report)
 
 
 def test_our_zero1_matches_torch_zero_redundancy_optimizer():
-    report = zero.torch_zero_report(3)
+    report = zero_demos.torch_zero_report(3)
     assert report.passed, str(report)
     assert [c.name for c in report.checks][1] == "our ZeRO-1 == ZeroRedundancyOptimizer"
 
@@ -80,11 +81,11 @@ def test_shard_range_tiles_the_vector():
 def test_bad_inputs_fail_before_any_process(monkeypatch):
     def no_processes(*args, **kwargs):
         raise AssertionError("a process was started")
-    monkeypatch.setattr(zero, "run", no_processes)
+    monkeypatch.setattr(zero_demos, "run", no_processes)
     with pytest.raises(ValueError, match="stage must be one of"):
-        zero.zero_memory_report(2, 4)
+        zero_demos.zero_memory_report(2, 4)
     with pytest.raises(ValueError, match="world_size must be an integer >= 1"):
-        zero.zero_memory_report(0, 1)
+        zero_demos.zero_memory_report(0, 1)
     with pytest.raises(ValueError, match="stage must be one of"):
         zero.ZeroConfig(stage=True)
     with pytest.raises(ValueError, match="steps"):
@@ -94,9 +95,9 @@ def test_bad_inputs_fail_before_any_process(monkeypatch):
 
 
 def test_exercise_accepts_the_reference_and_rejects_a_wrong_chunk():
-    assert check(zero.SHARD_UPDATE, zero.shard_update_reference).passed
+    assert check(exercises.SHARD_UPDATE, exercises.shard_update_solution).passed
 
     def whole_vector(ctx, params, local_grad):          # forgets to keep only its own chunk
         return params - 0.01 * local_grad.sign()
-    verdict = check(zero.SHARD_UPDATE, whole_vector)
+    verdict = check(exercises.SHARD_UPDATE, whole_vector)
     assert not verdict.passed and "shape" in str(verdict)

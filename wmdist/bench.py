@@ -17,8 +17,10 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from wmdist import costs, launch
+from wmdist import costs, runtime
 from wmdist.comm import Context, all_reduce, barrier, ring_all_reduce
+from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, measure_allreduce
+from wmdist.data_parallel.scaling import TARGET_MEDIAN_REL_ERROR, fit_alpha_beta
 
 
 @dataclass
@@ -61,11 +63,11 @@ def _spawn_target(rank: int, world_size: int, store_path: str) -> None:
 
 def bench_warm_vs_spawn(world_size: int = 4, warm_calls: int = 20, spawn_calls: int = 2) -> BenchResult:
     """Seconds per call: a warm wmdist pool vs torch.multiprocessing.spawn from scratch."""
-    launch.run(_tiny_all_reduce, world_size)           # make sure the pool is warm
+    runtime.run(_tiny_all_reduce, world_size)           # make sure the pool is warm
     warm = []
     for _ in range(warm_calls):
         t = time.perf_counter()
-        launch.run(_tiny_all_reduce, world_size)
+        runtime.run(_tiny_all_reduce, world_size)
         warm.append(time.perf_counter() - t)
     cold = []
     for _ in range(spawn_calls):
@@ -99,14 +101,13 @@ def _time_both(ctx: Context, numel: int, repeats: int) -> dict[str, Any]:
         t = time.perf_counter()
         all_reduce(ctx, y, phase="gloo")
         gloo_times.append(time.perf_counter() - t)
-    return {"ring": ring_times, "gloo": gloo_times, "bytes": ctx.ledger.totals("ring/reduce-scatter")["bytes_sent"]
-            + ctx.ledger.totals("ring/all-gather")["bytes_sent"]}
+    return {"ring": ring_times, "gloo": gloo_times, "bytes": ctx.ledger.totals("ring/", prefix=True)["bytes_sent"]}
 
 
 def bench_ring_vs_gloo(world_size: int = 4, mib: int = 16, repeats: int = 5) -> BenchResult:
     """Throughput of comm.ring_all_reduce relative to gloo's built-in all_reduce."""
     numel = mib * 2 ** 20 // 4
-    out = launch.run(_time_both, world_size, numel, repeats)
+    out = runtime.run(_time_both, world_size, numel, repeats)
     # A collective is as slow as its slowest rank: take the max over ranks per repeat.
     ring = statistics.median(max(o["ring"][i] for o in out) for i in range(repeats))
     gloo = statistics.median(max(o["gloo"][i] for o in out) for i in range(repeats))
@@ -146,25 +147,34 @@ def bench_memory(world_sizes: tuple[int, ...] = (4, 8)) -> BenchResult:
     """Summed PSS of this process plus a warm pool of each size (started alone)."""
     measured = {}
     for n in world_sizes:
-        launch.shutdown()
-        launch.run(_tiny_all_reduce, n)
+        runtime.shutdown()
+        runtime.run(_tiny_all_reduce, n)
         measured[f"{n}_ranks_MB"] = round(tree_pss_mb(), 1)
-    launch.shutdown()
+    runtime.shutdown()
     top = measured[f"{max(world_sizes)}_ranks_MB"]
     return BenchResult("pool-memory", {"world_sizes": list(world_sizes), "measure": "PSS of parent + forkserver + ranks"},
                        measured, top, "MB", f"{max(world_sizes)} ranks + parent < 600 MB", top < 600)
 
 
-def bench_allreduce_fit() -> BenchResult:
-    """Fit T(N) = 2(N-1)a + 2(N-1)/N bG to all-reduces measured on this machine (wmdist.scaling)."""
-    from wmdist.scaling import bench_allreduce_fit as measure_and_fit
-
-    r = measure_and_fit()
-    return BenchResult("allreduce-fit", {k: r[k] for k in ("world_sizes", "sizes_bytes", "repeats")},
-                       {k: r[k] for k in ("alpha_s", "beta_s_per_byte", "bandwidth_GB_per_s", "max_rel_error",
-                                          "ledger_bytes_exact", "seconds")},
-                       100 * r["median_rel_error"], "%", "median relative error < 25%", r["met_target"],
-                       ["more ranks than cores are oversubscribed; the model ignores that contention"])
+def bench_allreduce_fit(world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
+                        sizes_bytes: tuple[int, ...] = DEFAULT_SIZES_BYTES,
+                        repeats: int = DEFAULT_REPEATS) -> BenchResult:
+    """Fit s(N) T(N) (a, b and the contention g) to ring all-reduces measured on this machine."""
+    start = time.perf_counter()
+    ms = measure_allreduce(world_sizes, sizes_bytes, repeats)
+    cores = os.cpu_count() or 1
+    fit = fit_alpha_beta(ms, cores=cores)
+    bytes_ok = all(m.bytes_sent[r] == costs.ring_allreduce_bytes(m.payload_bytes // 4, m.world_size, r)
+                   for m in ms for r in range(m.world_size))
+    return BenchResult("allreduce-fit", {"world_sizes": list(world_sizes), "sizes_bytes": list(sizes_bytes),
+                                         "repeats": repeats, "cores": cores},
+                       {"alpha_s": fit.alpha, "beta_s_per_byte": fit.beta, "contention_g": fit.contention,
+                        "bandwidth_GB_per_s": fit.bandwidth_bytes_per_s / 1e9, "max_rel_error": fit.max_rel_error,
+                        "ledger_bytes_exact": bytes_ok, "seconds": time.perf_counter() - start},
+                       100 * fit.median_rel_error, "%", f"median relative error <= {100 * TARGET_MEDIAN_REL_ERROR:g}%",
+                       fit.median_rel_error <= TARGET_MEDIAN_REL_ERROR and bytes_ok,
+                       [f"model: (1 + g max(0, N/{cores} - 1)) (2(N-1)a + 2(N-1)/N bG); g is the one fitted "
+                        "contention term for ranks sharing cores"])
 
 
 def benchmarks() -> dict[str, Callable[[], BenchResult]]:

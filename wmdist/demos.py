@@ -1,23 +1,36 @@
-"""The demo registry: every experiment `wmdist verify` knows, by name.
+"""The registries: every experiment `wmdist verify` knows, and every exercise, by name.
 
-Built explicitly from each technique module's DEMOS list (no import-time
-registration side effects): adding a chapter means adding one import here.
+Built explicitly from each chapter module's DEMOS and EXERCISES lists (no
+import-time registration side effects): adding a chapter means adding its
+modules here.
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Callable
 
+from wmdist.exercises import Exercise
 from wmdist.report import Demo, Report
+
+
+def _chapter_modules() -> list[ModuleType]:
+    from wmdist.data_parallel import buckets, pitfalls, ring, versus_ddp
+    from wmdist.latents import demos as latent_demos, training as latent_training
+    from wmdist.memory import activation_recompute, exercises as memory_exercises, sharded_checkpoint, zero_demos
+
+    return [ring, versus_ddp, pitfalls, buckets, latent_training, latent_demos, zero_demos, activation_recompute,
+            sharded_checkpoint, memory_exercises]
 
 
 def registry() -> dict[str, Demo]:
     """All demos, in course order."""
-    from wmdist import allreduce, latents, buckets, data_parallel, dp_pitfalls
-    from wmdist import checkpoint, checkpointing, zero
-
-    modules = [allreduce, latents, data_parallel, dp_pitfalls, buckets, zero, checkpointing, checkpoint]
-    demos = [d for m in modules for d in m.DEMOS]
+    demos = [d for m in _chapter_modules() for d in getattr(m, "DEMOS", [])]
     return {d.name: d for d in sorted(demos, key=lambda d: d.chapter)}
+
+
+def exercises() -> dict[str, Exercise]:
+    """All exercises by name, in course order."""
+    return {e.name: e for m in _chapter_modules() for e in getattr(m, "EXERCISES", [])}
 
 
 def verify(names: list[str] | None = None, world_size: int | None = None,

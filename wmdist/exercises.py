@@ -1,46 +1,60 @@
-"""Exercises: the reader writes a rank function in a cell, a checker runs it on real ranks.
+"""Exercises: the reader writes a function in a cell, a checker runs it and says what is wrong.
 
-An Exercise names a reference rank function and the inputs each rank gets.
-`check(exercise, fn)` runs the reference and the reader's function on the
-same ranks and inputs and answers in plain words: which rank, which element,
-expected vs got, or which rank failed and how. Chapters define their own
-Exercise values next to the technique they practise.
+An Exercise names a reference solution and how to feed it: `make_inputs(rank,
+world_size)` for a rank function run on real ranks, or `cases()` for a pure
+function checked over a grid of arguments. The notebook cell ships a stub
+that raises NotImplementedError; `check(exercise, fn)` answers a stub with
+"not attempted yet" and the hint (deterministic text, so nbval can store it),
+and an attempt with which rank and element differ, expected vs got, or which
+rank failed and how. `solution(exercise)` prints the reference for a reader
+who wants it. Chapters define their Exercise values next to the technique.
 """
 from __future__ import annotations
 
+import inspect
+import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
-from wmdist.comm import Context, exchange
-from wmdist.launch import RankFailure, run
+from wmdist.runtime import RankFailure, run
+
+NOT_ATTEMPTED = "not attempted yet"
 
 
 @dataclass(frozen=True)
 class Exercise:
     """What the reader must write, and how to judge it.
 
-    `reference(ctx, *inputs)` and the reader's function get the same inputs,
-    `make_inputs(rank, world_size)` (drawn on the rank), and must return the
-    same tensor within `tolerance` (`reason` says why that tolerance).
+    Rank exercises: `reference(ctx, *inputs)` and the reader's function get
+    the same `make_inputs(rank, world_size)` on every rank and must return the
+    same tensor within `tolerance` (`reason` says why that tolerance). Pure
+    exercises: `reference(*case)` and the reader's function must return equal
+    values for every tuple of `cases()`.
     """
     name: str
     task: str
     reference: Callable[..., Any]
-    make_inputs: Callable[[int, int], tuple]
+    hint: str
+    make_inputs: Callable[[int, int], tuple] | None = None
+    cases: Callable[[], Iterable[tuple]] | None = None
     world_sizes: tuple[int, ...] = (4,)
     tolerance: float = 0.0
     reason: str = "the same operations in the same order: bitwise equal"
-    hint: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.make_inputs is None) == (self.cases is None):
+            raise ValueError(f"exercise {self.name!r}: give exactly one of make_inputs (ranks) or cases (pure)")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The checker's answer. Prints as a sentence or two."""
+    """The checker's answer; prints as a sentence or two. status: passed | wrong | not attempted yet."""
     passed: bool
     message: str
     details: list[str] = field(default_factory=list)
+    status: str = "wrong"
 
     def __str__(self) -> str:
         return "\n".join([self.message, *self.details])
@@ -49,7 +63,18 @@ class Verdict:
         printer.text(str(self))
 
 
-def _on_rank(ctx: Context, fn: Callable[..., Any], make_inputs: Callable[[int, int], tuple]) -> Any:
+def solution(exercise: Exercise) -> str:
+    """Print (and return) the reference solution's source code."""
+    source = textwrap.dedent(inspect.getsource(exercise.reference))
+    print(source)
+    return source
+
+
+def _not_attempted(exercise: Exercise) -> Verdict:
+    return Verdict(False, f"{exercise.name}: {NOT_ATTEMPTED}.", [f"hint: {exercise.hint}"], NOT_ATTEMPTED)
+
+
+def _on_rank(ctx: Any, fn: Callable[..., Any], make_inputs: Callable[[int, int], tuple]) -> Any:
     return fn(ctx, *make_inputs(ctx.rank, ctx.world_size))
 
 
@@ -69,49 +94,56 @@ def compare(rank: int, got: Any, expected: torch.Tensor, tolerance: float) -> st
             f" ({int(bad.sum())} of {bad.numel()} elements wrong)")
 
 
-def check(exercise: Exercise, fn: Callable[..., Any], world_sizes: tuple[int, ...] | None = None,
-          timeout: float = 30.0) -> Verdict:
-    """Run the reader's `fn` on real ranks against the exercise's reference."""
-    if not callable(fn):
-        return Verdict(False, f"{exercise.name}: expected a function fn(ctx, ...), got {type(fn).__name__}")
-    for n in world_sizes or exercise.world_sizes:
+def _check_pure(exercise: Exercise, fn: Callable[..., Any]) -> Verdict:
+    names = list(inspect.signature(exercise.reference).parameters)
+    cases = 0
+    for case in exercise.cases():
+        call = "fn(" + ", ".join(f"{k}={v!r}" for k, v in zip(names, case)) + ")"
+        expected = exercise.reference(*case)
+        try:
+            got = fn(*case)
+        except NotImplementedError:
+            return _not_attempted(exercise)
+        except Exception as err:  # the reader's bug, reported as text
+            return Verdict(False, f"{exercise.name}: not yet.", [f"{call} raised {type(err).__name__}: {err}"])
+        if got != expected:
+            return Verdict(False, f"{exercise.name}: not yet.", [f"{call} returned {got!r}, expected {expected!r}"])
+        cases += 1
+    return Verdict(True, f"{exercise.name}: passed all {cases} cases.", status="passed")
+
+
+def _raised_not_implemented(detail: str) -> bool:
+    """Whether a rank's traceback ends in NotImplementedError (the stub a notebook ships)."""
+    lines = [ln for ln in detail.strip().splitlines() if ln.strip()]
+    return bool(lines) and lines[-1].startswith("NotImplementedError")
+
+
+def _check_ranks(exercise: Exercise, fn: Callable[..., Any], world_sizes: tuple[int, ...],
+                 timeout: float) -> Verdict:
+    for n in world_sizes:
         expected = run(_on_rank, n, exercise.reference, exercise.make_inputs, timeout=timeout)
         try:
             got = run(_on_rank, n, fn, exercise.make_inputs, timeout=timeout)
         except RankFailure as err:
+            if err.reason == "raised" and _raised_not_implemented(err.detail):
+                return _not_attempted(exercise)
             lines = str(err).splitlines()
-            hint = [f"hint: {exercise.hint}"] if exercise.hint and err.reason == "timeout" else []
             if err.reason == "raised":
                 lines = [lines[0], *lines[1:][-4:]]
+            hint = [f"hint: {exercise.hint}"] if err.reason == "timeout" else []
             return Verdict(False, f"{exercise.name}: not yet, on {n} ranks.", lines + hint)
         problems = [p for r in range(n) if (p := compare(r, got[r], expected[r], exercise.tolerance))]
         if problems:
             return Verdict(False, f"{exercise.name}: not yet, on {n} ranks.", problems)
-    sizes = ", ".join(map(str, world_sizes or exercise.world_sizes))
-    return Verdict(True, f"{exercise.name}: passed on {sizes} ranks.")
+    sizes = ", ".join(map(str, world_sizes))
+    return Verdict(True, f"{exercise.name}: passed on {sizes} ranks.", status="passed")
 
 
-# --- chapter 00: pass a value one step around the ring ---------------------------
-
-def ring_pass_inputs(rank: int, world_size: int) -> tuple[torch.Tensor]:
-    """Rank r holds [r, 10r, 100r]."""
-    return (torch.tensor([1.0, 10.0, 100.0]) * rank,)
-
-
-def ring_pass_reference(ctx: Context, x: torch.Tensor) -> torch.Tensor:
-    """Send x to the right neighbour, return what the left neighbour sent."""
-    received = torch.empty_like(x)
-    right, left = (ctx.rank + 1) % ctx.world_size, (ctx.rank - 1) % ctx.world_size
-    return exchange(ctx, x, right, received, left, phase="ring pass")
-
-
-RING_PASS = Exercise(
-    name="ring pass",
-    task="Return the tensor held by your left neighbour (rank - 1, wrapping around): "
-         "every rank sends its x to rank + 1 and receives from rank - 1.",
-    reference=ring_pass_reference,
-    make_inputs=ring_pass_inputs,
-    world_sizes=(2, 3, 4),
-    hint="if every rank calls a blocking send first, all ranks wait for a receive that never "
-         "starts. Post the send with dist.isend (or use wmdist.comm.exchange), then receive.",
-)
+def check(exercise: Exercise, fn: Callable[..., Any], world_sizes: tuple[int, ...] | None = None,
+          timeout: float = 30.0) -> Verdict:
+    """Judge the reader's `fn` against the exercise's reference (on real ranks for a rank exercise)."""
+    if not callable(fn):
+        return Verdict(False, f"{exercise.name}: expected a function, got {type(fn).__name__}")
+    if exercise.cases is not None:
+        return _check_pure(exercise, fn)
+    return _check_ranks(exercise, fn, world_sizes or exercise.world_sizes, timeout)

@@ -93,7 +93,7 @@ def make_model(seed: int = 0, cfg: WorldModelConfig | None = None) -> TinyWorldM
         return TinyWorldModel(cfg)
 
 
-def make_batch(batch_size: int, steps: int = 6, seed: int = 0,
+def make_batch(batch_size: int, seq_len: int = 6, seed: int = 0,
                cfg: WorldModelConfig | None = None) -> dict[str, torch.Tensor]:
     """A synthetic, deterministic batch of trajectories from a fixed random linear system.
 
@@ -101,8 +101,8 @@ def make_batch(batch_size: int, steps: int = 6, seed: int = 0,
     Row i of a batch depends only on (seed, i), so a shard is a slice.
     """
     cfg = cfg or WorldModelConfig()
-    if batch_size < 1 or steps < 1:
-        raise ValueError(f"batch_size and steps must be >= 1, got {batch_size}, {steps}")
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
     g = torch.Generator().manual_seed(1234)                     # the "environment": same for every seed
     A = torch.randn(cfg.obs_dim, cfg.obs_dim, generator=g) * (0.9 / cfg.obs_dim ** 0.5)
     Bm = torch.randn(cfg.action_dim, cfg.obs_dim, generator=g) * 0.5
@@ -111,12 +111,12 @@ def make_batch(batch_size: int, steps: int = 6, seed: int = 0,
     for i in range(batch_size):
         gi = torch.Generator().manual_seed(seed * 100_003 + i)
         x = torch.randn(cfg.obs_dim, generator=gi)
-        acts = torch.randn(steps + 1, cfg.action_dim, generator=gi)
+        acts = torch.randn(seq_len + 1, cfg.action_dim, generator=gi)
         frames = [x]
-        for t in range(steps):
+        for t in range(seq_len):
             x = torch.tanh(x @ A + acts[t] @ Bm)
             frames.append(x)
-        rows.append((torch.stack(frames), acts[:steps]))
+        rows.append((torch.stack(frames), acts[:seq_len]))
     frames = torch.stack([r[0] for r in rows])                  # (B, T+1, O)
     actions = torch.stack([r[1] for r in rows])                 # (B, T, A)
     return {"obs": frames[:, :-1], "actions": actions, "next_obs": frames[:, 1:],

@@ -1,15 +1,17 @@
-"""Reports: what a demo checked, what it measured, and what the formula predicted.
+"""Reports: what a demo checked, what it counted, and what the formula predicted.
 
 A demo runs a rank function on real processes and a single-device reference,
-then returns one Report. Notebooks print it, tests assert `report.passed`,
-`wmdist verify` tabulates many. Float comparisons carry a tolerance and the
-reason for it; byte and message counts are compared exactly.
+then returns one Report. Notebooks print it or look rows up by key, tests
+assert `report.passed`, `wmdist verify` tabulates many. Float comparisons
+carry a tolerance and the reason for it; integers (bytes sent, messages,
+bytes held) are compared exactly.
 """
 from __future__ import annotations
 
+import html
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -17,7 +19,7 @@ import torch
 
 @dataclass(frozen=True)
 class Check:
-    """One comparison; `reason` says why that tolerance.
+    """One float comparison; `reason` says why that tolerance.
 
     Normally `error` must not exceed `tolerance`. A pitfall check sets
     `must_differ=True`: then the difference must be at least `tolerance`, i.e.
@@ -44,62 +46,142 @@ class Check:
         sign = "<=" if self.passed else ">"
         return f"{mark} {self.name}: max abs error {self.error:.3g} {sign} {self.tolerance:.3g} ({self.reason})"
 
+    __str__ = describe
+
 
 @dataclass(frozen=True)
-class CommRow:
-    """A ledger quantity of one rank, measured and predicted; they must be equal."""
-    rank: int
+class Count:
+    """An exact integer one rank produced (bytes sent, rounds, bytes held), and the formula's; they must be equal.
+
+    `quantity` says what is counted; `phase`, `step` and `case` (a variant of
+    the demo, e.g. "1 bucket" or "stage 2") locate it, so a notebook can ask
+    `report.counts(quantity="bytes sent", step=0)` instead of parsing labels.
+    """
     quantity: str
+    rank: int
     measured: int
     predicted: int
+    phase: str | None = None
+    step: int | None = None
+    case: str | None = None
 
     @property
     def passed(self) -> bool:
         return self.measured == self.predicted
 
+    @property
+    def label(self) -> str:
+        """The quantity with its keys, e.g. "bytes sent [phase gradient reduce-scatter, step 2]"."""
+        keys = [f"{k} {v}" for k, v in (("case", self.case), ("phase", self.phase), ("step", self.step))
+                if v is not None]
+        return self.quantity + (f" [{', '.join(keys)}]" if keys else "")
+
+
+KEYS = ("quantity", "rank", "phase", "step", "case")
+
+
+def counts_per_rank(quantity: str, measured: Sequence[int], predicted: Sequence[int], **keys: Any) -> list[Count]:
+    """One Count per rank (rank = position) for a quantity; `keys` are phase/step/case."""
+    return [Count(quantity, r, int(m), int(p), **keys)
+            for r, (m, p) in enumerate(zip(measured, predicted, strict=True))]
+
 
 @dataclass
 class Report:
-    """The outcome of one demo at one world size."""
+    """The outcome of one demo at one world size.
+
+    `data` holds the demo's own typed results for plots and text (a frozen
+    dataclass such as timelines or estimator statistics); it is not part of
+    the JSON form.
+    """
     name: str
     world_size: int
     checks: list[Check] = field(default_factory=list)
-    comm: list[CommRow] = field(default_factory=list)
+    exact: list[Count] = field(default_factory=list)
     seconds: float = 0.0
     params: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)   # timelines etc. for plots; not in JSON
+    data: Any = None
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks) and all(r.passed for r in self.comm)
+        return all(c.passed for c in self.checks) and all(c.passed for c in self.exact)
 
     @property
     def failures(self) -> list[str]:
         out = [c.describe()[5:] for c in self.checks if not c.passed]
-        out += [f"rank {r.rank} {r.quantity}: measured {r.measured} != predicted {r.predicted}"
-                for r in self.comm if not r.passed]
+        out += [f"rank {c.rank} {c.label}: measured {c.measured} != predicted {c.predicted}"
+                for c in self.exact if not c.passed]
         return out
 
+    def counts(self, **keys: Any) -> list[Count]:
+        """The exact counts whose fields equal every given key (quantity, rank, phase, step, case), rank order."""
+        unknown = set(keys) - set(KEYS)
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)}; counts are keyed by {KEYS}")
+        rows = [c for c in self.exact if all(getattr(c, k) == v for k, v in keys.items())]
+        return sorted(rows, key=lambda c: c.rank)
+
+    def measured(self, **keys: Any) -> list[int]:
+        """Measured values of counts(**keys), in rank order."""
+        return [c.measured for c in self.counts(**keys)]
+
+    def predicted(self, **keys: Any) -> list[int]:
+        """Predicted values of counts(**keys), in rank order."""
+        return [c.predicted for c in self.counts(**keys)]
+
+    def check(self, name: str) -> Check:
+        """The check called `name` (KeyError listing the names if there is none)."""
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(f"no check {name!r}; checks: {[c.name for c in self.checks]}")
+
+    def groups(self) -> list[tuple[tuple, list[Count]]]:
+        """Counts grouped by (quantity, phase, step, case), in first-seen order."""
+        out: dict[tuple, list[Count]] = {}
+        for c in self.exact:
+            out.setdefault((c.quantity, c.phase, c.step, c.case), []).append(c)
+        return list(out.items())
+
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k != "extra"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "data"}
+        d["checks"] = [asdict(c) for c in self.checks]
+        d["exact"] = [asdict(c) for c in self.exact]
         d["passed"] = self.passed
         return d
 
     def __str__(self) -> str:
         lines = [f"{self.name} on {self.world_size} rank(s): {'PASS' if self.passed else 'FAIL'}"]
         lines += [f"  {c.describe()}" for c in self.checks]
-        for q in sorted({r.quantity for r in self.comm}):
-            rows = [r for r in self.comm if r.quantity == q]
+        for _, rows in self.groups():
             ok = all(r.passed for r in rows)
-            lines.append(f"  {'ok  ' if ok else 'FAIL'} {q} per rank: measured {[r.measured for r in rows]}"
+            lines.append(f"  {'ok  ' if ok else 'FAIL'} {rows[0].label} per rank: measured {[r.measured for r in rows]}"
                          f", predicted {[r.predicted for r in rows]}")
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        verdict = "<b style='color:#080'>PASS</b>" if self.passed else "<b style='color:#b00'>FAIL</b>"
+        out = [f"<p><b>{esc(self.name)}</b> on {self.world_size} rank(s): {verdict}</p>"]
+        if self.checks:
+            rows = "".join(f"<tr><td>{'ok' if c.passed else 'FAIL'}</td><td style='text-align:left'>{esc(c.name)}</td>"
+                           f"<td>{c.error:.3g}</td><td>{'&ge;' if c.must_differ else '&le;'} {c.tolerance:.3g}</td>"
+                           f"<td style='text-align:left'>{esc(c.reason)}</td></tr>" for c in self.checks)
+            out.append("<table><tr><th></th><th>check</th><th>error</th><th>tolerance</th><th>why</th></tr>"
+                       f"{rows}</table>")
+        if self.exact:
+            rows = "".join(f"<tr><td>{'ok' if all(r.passed for r in g) else 'FAIL'}</td>"
+                           f"<td style='text-align:left'>{esc(g[0].label)}</td><td>{[r.measured for r in g]}</td>"
+                           f"<td>{[r.predicted for r in g]}</td></tr>" for _, g in self.groups())
+            out.append("<table><tr><th></th><th>exact count</th><th>measured per rank</th>"
+                       f"<th>predicted per rank</th></tr>{rows}</table>")
+        return "\n".join(out)
 
 
 def max_abs_error(got: Any, expected: Any) -> float:
     """Largest |got - expected| over tensors, or sequences of tensors/numbers."""
     if isinstance(got, (list, tuple)):
-        if len(got) != len(expected):
+        if not isinstance(expected, (list, tuple)) or len(got) != len(expected):
             return math.inf
         return max((max_abs_error(g, e) for g, e in zip(got, expected)), default=0.0)
     g, e = torch.as_tensor(got), torch.as_tensor(expected)
@@ -126,11 +208,6 @@ def differ_check(name: str, got: Any, expected: Any, at_least: float, reason: st
     return Check(name, max_abs_error(got, expected), at_least, reason, must_differ=True)
 
 
-def comm_rows(quantity: str, measured: Sequence[int], predicted: Sequence[int]) -> list[CommRow]:
-    """One CommRow per rank for a ledger quantity."""
-    return [CommRow(r, quantity, int(m), int(p)) for r, (m, p) in enumerate(zip(measured, predicted, strict=True))]
-
-
 @dataclass(frozen=True)
 class Demo:
     """A registered experiment: `run(world_size)` returns a Report.
@@ -155,8 +232,8 @@ def format_table(reports: Iterable[Report], seconds: bool = True) -> str:
     rows = [("demo", "N", "checks", "exact counts", "seconds", "result")]
     for r in reports:
         checks = f"{sum(c.passed for c in r.checks)}/{len(r.checks)}"
-        comm = f"{sum(c.passed for c in r.comm)}/{len(r.comm)}" if r.comm else "-"
-        rows.append((r.name, str(r.world_size), checks, comm, f"{r.seconds:.2f}", "PASS" if r.passed else "FAIL"))
+        exact = f"{sum(c.passed for c in r.exact)}/{len(r.exact)}" if r.exact else "-"
+        rows.append((r.name, str(r.world_size), checks, exact, f"{r.seconds:.2f}", "PASS" if r.passed else "FAIL"))
     if not seconds:
         rows = [row[:4] + row[5:] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

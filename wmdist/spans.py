@@ -2,7 +2,7 @@
 
 Pure Python (no torch): the bucketing demo measures spans on ranks, the
 pipeline chapter builds them from a schedule, and both use the same overlap
-arithmetic and the same plot (wmdist.plots.timeline).
+arithmetic and the same plot (wmdist.ui.timeline).
 """
 from __future__ import annotations
 

@@ -1,0 +1,103 @@
+"""The package's shape, checked: imports point down, pure modules stay pure, one counting seam.
+
+Layers, bottom to top. A module may import its own layer and those below it;
+a chapter folder may not import another chapter (what two chapters share
+moves down a layer).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "wmdist"
+LAYERS = [("costs", "knobs", "spans"), ("comm",), ("runtime",), ("report", "models", "transformer"), ("exercises",),
+          ("ui",)]
+TOP = ("demos", "bench", "cli", "__main__", "__init__")
+PURE = ["costs", "knobs.py", "spans.py", "comm/mesh.py", "memory/footprint.py", "memory/remedies.py",
+        "data_parallel/scaling.py"]
+NOT_IN_PURE = {"torch", "ipywidgets", "matplotlib", "IPython"}
+ALLOWED_TORCH_DISTRIBUTED = ("torch.distributed.checkpoint", "torch.distributed.optim",
+                             "torch.distributed.pipelining", "torch.distributed.tensor",
+                             "torch.distributed.device_mesh", "torch.distributed.algorithms")
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _unit(path: Path) -> str:
+    """The layer unit a file belongs to: its top folder under wmdist/, or its module name."""
+    rel = path.relative_to(ROOT)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _rank(unit: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if unit in names:
+            return i
+    return len(LAYERS) + (1 if unit in TOP else 0)      # chapters, then the entry points
+
+
+def _imports(path: Path) -> list[str]:
+    """Every imported module name, including imports inside functions."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "wmdist":
+            out += [f"wmdist.{a.name}" for a in node.names]          # from wmdist import costs
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.append(node.module)
+    return out
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down(path):
+    unit = _unit(path)
+    for name in _imports(path):
+        if not name.startswith("wmdist.") and name != "wmdist":
+            continue
+        parts = name.split(".")
+        target = parts[1] if len(parts) > 1 else "__init__"
+        if target == unit:
+            continue
+        is_chapter = _rank(unit) == len(LAYERS) and unit not in TOP
+        assert not (is_chapter and _rank(target) == len(LAYERS) and target not in TOP), \
+            f"chapter {unit} imports chapter {target} ({name}): move what they share down a layer"
+        assert _rank(target) <= _rank(unit), f"{unit} imports {name}, which sits above it"
+
+
+def _pure_files() -> list[Path]:
+    out = []
+    for entry in PURE:
+        p = ROOT / entry
+        out += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    return out
+
+
+@pytest.mark.parametrize("path", _pure_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_pure_modules_import_no_torch_widgets_or_plots(path):
+    bad = {n for n in _imports(path) if n.split(".")[0] in NOT_IN_PURE}
+    bad |= {n for n in _imports(path) if n.startswith(("wmdist.runtime", "wmdist.ui", "wmdist.exercises"))}
+    assert not bad, f"{path.name} is meant to be pure but imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", [p for p in _modules() if _rank(_unit(p)) == len(LAYERS) and _unit(p) not in TOP],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_chapters_count_through_comm_only(path):
+    """No chapter writes a ledger record by hand or talks to torch.distributed past the counted wrappers."""
+    names = _imports(path)
+    direct = [n for n in names if n == "torch.distributed" or (n.startswith("torch.distributed.")
+                                                             and not n.startswith(ALLOWED_TORCH_DISTRIBUTED))]
+    assert not direct, f"{path.name} imports {direct}; use wmdist.comm"
+    tree = ast.parse(path.read_text())
+    imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for a in node.names}
+    assert "Record" not in imported, f"{path.name} builds ledger records itself; use comm.counted"
+    assert ".ledger.add(" not in path.read_text() and ".ledger.enter(" not in path.read_text()
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_file_reads_in_one_sitting(path):
+    assert len(path.read_text().splitlines()) <= 300

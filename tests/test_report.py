@@ -1,0 +1,56 @@
+"""Reports a notebook can query: counts by structured key, checks by name, a table view, JSON."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wmdist.report import Check, Count, Report, counts_per_rank, format_table, to_json
+
+
+def _report() -> Report:
+    exact = counts_per_rank("bytes sent", [10, 12], [10, 12], step=0)
+    exact += counts_per_rank("bytes sent", [10, 13], [10, 12], step=1)
+    exact += counts_per_rank("held bytes", [4, 4], [4, 4], case="parameters")
+    checks = [Check("sum == reference", 1e-7, 1e-6, "reordered float32 sum"),
+              Check("naive mean is wrong", 0.2, 1e-3, "1000x rounding", must_differ=True)]
+    return Report("demo", 2, checks, exact, 0.5, {"numel": 11})
+
+
+def test_counts_are_looked_up_by_key_in_rank_order():
+    r = _report()
+    assert r.measured(quantity="bytes sent", step=1) == [10, 13]
+    assert r.predicted(quantity="bytes sent", step=1) == [10, 12]
+    assert [c.step for c in r.counts(quantity="bytes sent", rank=1)] == [0, 1]
+    assert r.measured(quantity="held bytes", case="parameters") == [4, 4]
+    assert r.counts(quantity="no such thing") == []
+    with pytest.raises(ValueError, match="unknown keys"):
+        r.counts(stage=1)
+
+
+def test_a_single_wrong_count_fails_the_report_and_is_named():
+    r = _report()
+    assert not r.passed
+    assert r.failures == ["rank 1 bytes sent [step 1]: measured 13 != predicted 12"]
+    assert r.check("naive mean is wrong").passed
+    with pytest.raises(KeyError, match="sum == reference"):
+        r.check("missing")
+
+
+def test_text_html_and_json_views():
+    r = _report()
+    text = str(r)
+    assert text.splitlines()[0] == "demo on 2 rank(s): FAIL"
+    assert "FAIL bytes sent [step 1] per rank: measured [10, 13], predicted [10, 12]" in text
+    html = r._repr_html_()
+    assert html.count("<table>") == 2 and "naive mean is wrong" in html and "held bytes [case parameters]" in html
+    d = json.loads(to_json([r]))[0]
+    assert d["passed"] is False and d["exact"][0] == {"quantity": "bytes sent", "rank": 0, "measured": 10,
+                                                      "predicted": 10, "phase": None, "step": 0, "case": None}
+    assert "data" not in d
+    assert format_table([r], seconds=False).splitlines()[1].split() == ["demo", "2", "2/2", "5/6", "FAIL"]
+
+
+def test_count_label_names_its_keys():
+    assert Count("bytes sent", 0, 1, 1, phase="ring", step=2).label == "bytes sent [phase ring, step 2]"
+    assert Count("rounds", 0, 1, 1).label == "rounds"

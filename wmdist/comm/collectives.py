@@ -1,0 +1,86 @@
+"""Counted built-in collectives: torch.distributed's own algorithms, recorded by payload.
+
+gloo (or NCCL) chooses how the bytes travel, which Python cannot observe, so
+each record holds this rank's *payload*: what it contributes and what it ends
+up with. The hand-written rings in `wmdist.comm.ring` record exact wire bytes
+instead. Payload conventions (n = bytes of this rank's input tensor, N = group size):
+
+    all_reduce      sent n,                recv n
+    all_gather      sent n,                recv (N-1) n   (the other ranks' pieces)
+    reduce_scatter  sent n (the full input), recv n / N  (this rank's reduced piece)
+    broadcast       source sends n, every other rank receives n
+    all_to_all      sent n - n/N (pieces for others), recv the same
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from wmdist.comm.context import Context
+from wmdist.comm.ledger import counted
+from wmdist.comm.p2p import Pending, global_rank, nbytes, resolve
+
+
+def all_reduce(ctx: Context, tensor: torch.Tensor, phase: str = "all_reduce",
+               group: dist.ProcessGroup | None = None, async_op: bool = False) -> torch.Tensor | Pending:
+    """Sum `tensor` over the group in place; with async_op, return a Pending handle at once."""
+    group, _, _ = resolve(ctx, group)
+    n = nbytes(tensor)
+    with counted(ctx, "all_reduce" + (" (async)" if async_op else ""), phase, sent=n, recv=n):
+        work = dist.all_reduce(tensor, group=group, async_op=async_op)
+    return Pending(ctx, work, tensor, f"all_reduce {n} B [phase {phase!r}]") if async_op else tensor
+
+
+def all_gather(ctx: Context, tensor: torch.Tensor, phase: str = "all_gather",
+               group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Concatenate every rank's equally shaped `tensor` along dim 0: (N * d0, ...)."""
+    group, _, n = resolve(ctx, group)
+    data = tensor.contiguous()
+    out = data.new_empty((n * data.shape[0], *data.shape[1:]) if data.dim() else (n,))
+    with counted(ctx, "all_gather", phase, sent=nbytes(data), recv=(n - 1) * nbytes(data)):
+        dist.all_gather_single(out, data.reshape(-1) if data.dim() == 0 else data, group=group)
+    return out
+
+
+def reduce_scatter(ctx: Context, tensor: torch.Tensor, phase: str = "reduce_scatter",
+                   group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Sum `tensor` over the group and keep this rank's 1/N of it along dim 0 (dim 0 must divide by N)."""
+    group, _, n = resolve(ctx, group)
+    if tensor.dim() == 0 or tensor.shape[0] % n:
+        raise ValueError(f"reduce_scatter needs dim 0 divisible by the group size {n}, got shape {tuple(tensor.shape)}")
+    data = tensor.contiguous()
+    out = data.new_empty((data.shape[0] // n, *data.shape[1:]))
+    with counted(ctx, "reduce_scatter", phase, sent=nbytes(data), recv=nbytes(out)):
+        dist.reduce_scatter_single(out, data, group=group)
+    return out
+
+
+def broadcast(ctx: Context, tensor: torch.Tensor, src: int, phase: str = "broadcast",
+              group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Copy the source rank's `tensor` into every rank's `tensor` (in place); `src` is a group rank."""
+    group, me, _ = resolve(ctx, group)
+    n = nbytes(tensor)
+    with counted(ctx, "broadcast", phase, sent=n if me == src else 0, recv=0 if me == src else n):
+        dist.broadcast(tensor, global_rank(group, src), group=group)
+    return tensor
+
+
+def all_to_all(ctx: Context, tensor: torch.Tensor, phase: str = "all_to_all",
+               group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Piece j of `tensor` (dim 0 split in N equal pieces) goes to rank j; piece i of the result came from rank i."""
+    group, _, n = resolve(ctx, group)
+    if tensor.dim() == 0 or tensor.shape[0] % n:
+        raise ValueError(f"all_to_all needs dim 0 divisible by the group size {n}, got shape {tuple(tensor.shape)}")
+    data = tensor.contiguous()
+    out = torch.empty_like(data)
+    moved = nbytes(data) - nbytes(data) // n
+    with counted(ctx, "all_to_all", phase, sent=moved, recv=moved):
+        dist.all_to_all_single(out, data, group=group)
+    return out
+
+
+def barrier(ctx: Context, phase: str = "barrier", group: dist.ProcessGroup | None = None) -> None:
+    """torch.distributed.barrier, recorded so that a rank stuck inside it is named."""
+    group, _, _ = resolve(ctx, group)
+    with counted(ctx, "barrier", phase, messages=0):
+        dist.barrier(group=group)

@@ -1,0 +1,88 @@
+"""What a rank function receives: who it is, its ledger, and its process groups.
+
+Process groups are an OS resource (gloo opens sockets and threads for each),
+so they live in `RankResources`, which belongs to the rank *process* and
+outlives one call: a warm pool answers the hundredth request for the same
+group from its cache instead of piling up gloo groups. Everything that is
+demo state (the ledger) is made fresh for every call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+import torch.distributed as dist
+
+from wmdist.comm.ledger import Ledger
+
+if TYPE_CHECKING:
+    from wmdist.comm.mesh import Mesh
+
+
+@dataclass
+class RankResources:
+    """Per-process resources reused across calls: subgroups by rank tuple, receive buffers by size."""
+    groups: dict[tuple[int, ...], dist.ProcessGroup] = field(default_factory=dict)
+    buffers: dict[tuple[torch.dtype, str], torch.Tensor] = field(default_factory=dict)
+
+    def group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        """The gloo/NCCL group of these global ranks, created on first use (members only)."""
+        if ranks not in self.groups:
+            # Hashed group names and local synchronization: only the members of a group take part in
+            # creating it, so a rank never waits for groups it is not in. All ranks create groups in
+            # the same order (the same code runs everywhere), which keeps overlapping groups safe.
+            self.groups[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
+        return self.groups[ranks]
+
+    def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A reusable 1-D receive buffer of at least `numel` elements (grown, never shrunk).
+
+        Fresh memory is not free: first-touch page faults on a 16 MiB buffer
+        cost about as much as sending it, so rings receive into this one.
+        """
+        key = (dtype, str(device))
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self.buffers[key] = buf
+        return buf[:numel]
+
+
+@dataclass
+class Context:
+    """What a rank function receives: who it is and how to talk.
+
+    `group` is the default process group for counted ops (None: the world);
+    `ctx.group_of(ranks)` and `ctx.axis_group(mesh, axis)` give cached subgroups.
+    """
+    rank: int
+    world_size: int
+    ledger: Ledger
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = "gloo"
+    group: dist.ProcessGroup | None = None
+    resources: RankResources = field(default_factory=RankResources, repr=False)
+
+    def group_of(self, ranks: Iterable[int]) -> dist.ProcessGroup:
+        """The process group of these global ranks, cached on this rank's process.
+
+        Only the members call it (every member with the same ranks). Asking
+        again, in this call or the next, returns the same group.
+        """
+        key = tuple(sorted(int(r) for r in ranks))
+        if not key or key[0] < 0 or key[-1] >= self.world_size or len(set(key)) != len(key):
+            raise ValueError(f"ranks must be distinct integers in [0, {self.world_size}), got {list(ranks)}")
+        if self.rank not in key:
+            raise ValueError(f"rank {self.rank} asked for group {list(key)} it is not a member of")
+        return self.resources.group(key)
+
+    def axis_group(self, mesh: Mesh, axis: str) -> dist.ProcessGroup:
+        """This rank's group along one mesh axis (the ranks that differ only in that coordinate)."""
+        if mesh.world_size != self.world_size:
+            raise ValueError(f"mesh {mesh} has {mesh.world_size} ranks, this run has {self.world_size}")
+        return self.group_of(mesh.axis_ranks(self.rank, axis))
+
+    def scratch(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A reusable receive buffer (see RankResources.scratch); its contents are garbage."""
+        return self.resources.scratch(numel, dtype, self.device)

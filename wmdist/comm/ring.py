@@ -1,0 +1,83 @@
+"""Ring reduce-scatter, all-gather and all-reduce, written out over counted exchanges.
+
+The teaching version of the collectives: N-1 rounds per phase, in each round
+every rank sends one chunk to its right neighbour and receives one from its
+left, so the ledger holds the exact wire bytes, 2(N-1)G/N per rank for an
+all-reduce. Chunks follow `costs.ring_chunk_sizes` (torch.tensor_split's
+layout): rank r owns chunk r after the reduce-scatter, for any N and any
+length. The rounds run on views of one flat buffer, and received partial sums
+land in a receive buffer the rank process keeps between calls (ctx.scratch),
+because first-touch page faults on fresh memory cost as much as the sending.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from wmdist.comm.context import Context
+from wmdist.comm.p2p import exchange, resolve
+
+
+def _reduce_scatter_rounds(ctx: Context, chunks: list[torch.Tensor], rank: int, n: int, phase: str,
+                           group: dist.ProcessGroup | None) -> None:
+    """Round s sends partial chunk (r-s-1) right, receives chunk (r-s-2) from the left and adds it."""
+    right, left = (rank + 1) % n, (rank - 1) % n
+    scratch = ctx.scratch(max(c.numel() for c in chunks), chunks[0].dtype)
+    for s in range(n - 1):
+        out_i, in_i = (rank - s - 1) % n, (rank - s - 2) % n
+        incoming = scratch[: chunks[in_i].numel()]
+        exchange(ctx, chunks[out_i], right, incoming, left, phase, group)
+        chunks[in_i] += incoming
+
+
+def _all_gather_rounds(ctx: Context, chunks: list[torch.Tensor], rank: int, n: int, phase: str,
+                       group: dist.ProcessGroup | None) -> None:
+    """Round s forwards chunk (r-s) right and receives chunk (r-s-1) from the left, in place."""
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for s in range(n - 1):
+        exchange(ctx, chunks[(rank - s) % n], right, chunks[(rank - s - 1) % n], left, phase, group)
+
+
+def ring_reduce_scatter(ctx: Context, flat: torch.Tensor, phase: str = "reduce-scatter",
+                        group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Sum a tensor (flattened) across the ring; return this rank's chunk of the sum (chunk r).
+
+    N-1 rounds. The input is not modified. The result owns its memory (a copy
+    of chunk r), so the full-size working buffer is freed on return: what a
+    ZeRO rank holds afterwards is really only its shard.
+    """
+    group, r, n = resolve(ctx, group)
+    chunks = list(torch.tensor_split(flat.reshape(-1).clone(), n))      # N views of (~G/N,)
+    _reduce_scatter_rounds(ctx, chunks, r, n, phase, group)
+    return chunks[r].clone()
+
+
+def ring_all_gather(ctx: Context, chunk: torch.Tensor, sizes: list[int], phase: str = "all-gather",
+                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Concatenate every rank's 1-D chunk (rank r holds chunk r of `sizes`); returns (sum(sizes),)."""
+    group, r, n = resolve(ctx, group)
+    if len(sizes) != n or chunk.numel() != sizes[r]:
+        raise ValueError(f"rank {r}: chunk of {chunk.numel()} elements does not match sizes {sizes}")
+    out = chunk.new_empty(sum(sizes))                                     # (sum(sizes),)
+    chunks = list(torch.split(out, sizes))
+    chunks[r].copy_(chunk.reshape(-1))
+    _all_gather_rounds(ctx, chunks, r, n, phase, group)
+    return out
+
+
+def ring_all_reduce(ctx: Context, tensor: torch.Tensor, phase: str = "all-reduce",
+                    group: dist.ProcessGroup | None = None, inplace: bool = False) -> torch.Tensor:
+    """Sum `tensor` over all ranks with a ring: reduce-scatter, then all-gather.
+
+    Each rank sends 2(N-1)G/N bytes (exactly costs.ring_allreduce_bytes). Returns
+    a new tensor of the input's shape, or, with `inplace=True`, writes the sum
+    into `tensor` (which must be contiguous) and returns it, as dist.all_reduce does.
+    """
+    group, r, n = resolve(ctx, group)
+    if inplace and not tensor.is_contiguous():
+        raise ValueError("ring_all_reduce(inplace=True) needs a contiguous tensor")
+    out = tensor if inplace else tensor.clone(memory_format=torch.contiguous_format)
+    chunks = list(torch.tensor_split(out.view(-1), n))                     # N views of (~G/N,)
+    _reduce_scatter_rounds(ctx, chunks, r, n, f"{phase}/reduce-scatter", group)
+    _all_gather_rounds(ctx, chunks, r, n, f"{phase}/all-gather", group)
+    return out

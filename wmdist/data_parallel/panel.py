@@ -1,0 +1,85 @@
+"""ScalingPanel: the all-reduce scaling model T(N) live, and a fit to this machine on demand.
+
+A thin view over wmdist.data_parallel.scaling (pure model and fit) and
+.measure (real ring all-reduces on local ranks): sliders set ScalingParams
+(ranges declared next to its fields), the figure comes from .figures.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import ipywidgets as W
+from matplotlib.figure import Figure
+
+from wmdist.data_parallel.figures import scaling_figure
+from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, measure_allreduce
+from wmdist.data_parallel.scaling import Fit, ScalingCurve, ScalingParams, fit_alpha_beta, scaling_curve
+from wmdist.ui import Panel
+from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH
+
+
+def parse_world_sizes(text: str) -> tuple[int, ...]:
+    """'2, 4, 8' -> (2, 4, 8); a clear ValueError for anything else."""
+    try:
+        sizes = tuple(int(part) for part in text.replace(",", " ").split())
+    except ValueError:
+        raise ValueError(f"world sizes to measure must be integers separated by commas, got {text!r}") from None
+    if not sizes or any(not 2 <= n <= 16 for n in sizes):
+        raise ValueError(f"world sizes to measure must be integers from 2 to 16, got {text!r}")
+    return sizes
+
+
+class ScalingPanel(Panel):
+    """Speedup and efficiency of data parallelism under T(N) = 2(N-1)a + 2(N-1)/N bG.
+
+    `result` is the current ScalingCurve; `measured` the last Fit (or None).
+    """
+
+    run_label = "Measure on this machine"
+
+    def __init__(self, params: ScalingParams | None = None, measure_world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+                 measure_sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES, repeats: int = DEFAULT_REPEATS):
+        style, width = {"description_width": LABEL_WIDTH}, W.Layout(width=CONTROL_WIDTH)
+        self.measure_sizes_bytes = tuple(measure_sizes_bytes)
+        self.measure_sizes = W.Text(value=", ".join(map(str, measure_world_sizes)), description="N to measure",
+                                    style=style, layout=width)
+        self.repeats = W.IntSlider(value=repeats, min=1, max=9, description="repeats", style=style, layout=width)
+        self.apply_button = W.Button(description="Use fitted a, b", disabled=True, layout=width)
+        self.apply_button.on_click(lambda _: self.apply_fit())
+        super().__init__(params or ScalingParams(), extra_widgets=[self.measure_sizes, self.repeats, self.apply_button])
+
+    def compute(self, config: ScalingParams) -> ScalingCurve:
+        return scaling_curve(config)
+
+    def figure(self, config: ScalingParams, result: ScalingCurve) -> Figure:
+        return scaling_figure(result, self.measured)
+
+    def describe(self, config: ScalingParams, c: ScalingCurve) -> str:
+        n = c.workers[-1]
+        at, best = c.at(n), c.fastest
+        return (f"At N = {n}: all-reduce T = {at['allreduce']:.3g} s (latency {at['latency']:.3g} s + "
+                f"bytes {at['bandwidth']:.3g} s; byte limit 2bG = {c.byte_limit:.3g} s), compute "
+                f"{at['compute']:.3g} s, step {at['total']:.3g} s, speedup {at['speedup']:.3g}x, "
+                f"efficiency {at['efficiency']:.0%}. Fastest step at N = {best} "
+                f"(speedup {c.speedup[best - 1]:.3g}x).")
+
+    def measure(self, config: ScalingParams, progress: Any) -> Fit:
+        """Time real ring all-reduces on local ranks and fit a, b and the contention g."""
+        sizes = parse_world_sizes(self.measure_sizes.value)
+        measurements = measure_allreduce(sizes, self.measure_sizes_bytes, self.repeats.value, progress=progress)
+        cores = os.cpu_count() or 1
+        fit = fit_alpha_beta(measurements, cores=cores)
+        crowded = (f"; contention g = {fit.contention:.2f} for N > {cores} cores" if max(sizes) > cores else "")
+        self._set_run_status(f"fit: a = {fit.alpha:.3g} s, b = {fit.beta:.3g} s/B{crowded}; median relative "
+                             f"error {fit.median_rel_error:.0%} over {len(measurements)} points")
+        self.apply_button.disabled = False
+        return fit
+
+    def apply_fit(self) -> None:
+        """Set the a and b sliders to this machine's fitted values (clipped to the slider range)."""
+        if self.measured is None:
+            return
+        for name, value in (("alpha", self.measured.alpha), ("beta", self.measured.beta)):
+            s = self.controls[name]
+            s.value = min(max(value, 10 ** s.min), 10 ** s.max)

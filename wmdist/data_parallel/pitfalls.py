@@ -1,0 +1,138 @@
+"""Data-parallel pitfalls, each shown failing the way the text says, next to the fix.
+
+- Unequal shards: the plain mean of per-rank mean gradients is not the
+  full-batch gradient; weighting each rank by its example count is.
+- Unequal valid-token counts: per-rank per-token means, averaged, are wrong;
+  normalizing by the global valid-token count is right.
+- Local BatchNorm normalizes each shard by its own statistics: the data-parallel
+  gradient is the gradient of a different function.
+- Gradient all-reduce leaves buffers alone: BatchNorm running statistics drift
+  apart across ranks although the parameters stay identical.
+- Ranks that start from different optimizer state diverge although every
+  gradient they apply is synchronized.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from wmdist import costs
+from wmdist.comm import Context, all_reduce, ring_all_reduce
+from wmdist.data_parallel.training import (TrainSpec, descending_sizes, dp_train, grad_tolerance,
+                                           single_process_train, valid_lengths)
+from wmdist.exercises import Exercise
+from wmdist.report import Demo, Report, close_check, counts_per_rank, differ_check, exact_check
+from wmdist.runtime import run
+
+
+def _pitfall_world(world_size: int) -> int:
+    n = costs.require_int("world_size", world_size, 1)
+    if n < 2:
+        raise ValueError(f"world_size must be >= 2 for a pitfall to show (one rank has no one to disagree with), "
+                         f"got {n}")
+    return n
+
+
+@dataclass(frozen=True)
+class UnequalShards:
+    """How unequal the demo's shards were: examples per rank, valid time steps per rank."""
+    shard_sizes: list[int]
+    valid_tokens_per_rank: list[int]
+
+
+def unequal_demo(world_size: int, seed: int = 0) -> Report:
+    """Unequal shards (2N-1, ..., 3, 1) and unequal valid-token counts: naive means vs proper weights."""
+    n = _pitfall_world(world_size)
+    by_examples = TrainSpec(steps=1, batch_size=n * n, sizes=descending_sizes(n), seed=seed)
+    by_tokens = TrainSpec(steps=1, batch_size=4 * n, seq_len=6, weighting="tokens", seed=seed)
+    specs = {"mean": by_examples, "examples": replace(by_examples, weighting="examples"),
+             "tokens-local": replace(by_tokens, weighting="tokens-local"), "tokens": by_tokens}
+    start = time.perf_counter()
+    outs = {w: run(dp_train, n, spec) for w, spec in specs.items()}
+    seconds = time.perf_counter() - start
+    ref_ex, ref_tok = single_process_train(by_examples)["grad0"], single_process_train(by_tokens)["grad0"]
+    big_ex, big_tok = 1000 * grad_tolerance(ref_ex), 1000 * grad_tolerance(ref_tok)
+    why = "float32 sums in another order (64 ulps of max|g|)"
+    wrong = "1000x what summation order can explain: a different gradient, not rounding"
+    checks = [close_check("weighted by examples (n_r / n) == full-batch gradient", outs["examples"][0]["grad0"],
+                          ref_ex, grad_tolerance(ref_ex), why),
+              differ_check("plain mean of per-rank mean gradients is WRONG for unequal shards",
+                        outs["mean"][0]["grad0"], ref_ex, big_ex, wrong),
+              close_check("weighted by global valid-token count == full-batch per-token gradient",
+                          outs["tokens"][0]["grad0"], ref_tok, grad_tolerance(ref_tok), why),
+              differ_check("plain mean of per-rank per-token means is WRONG for unequal token counts",
+                        outs["tokens-local"][0]["grad0"], ref_tok, big_tok, wrong)]
+    numel = ref_ex.numel()
+    exact = counts_per_rank("ring bytes sent", [o["bytes_per_step"][0] for o in outs["examples"]],
+                            [costs.ring_allreduce_bytes(numel, n, r) for r in range(n)], case="examples-weighted")
+    data = UnequalShards(list(by_examples.shard_sizes(n)),
+                         [int(valid_lengths(by_tokens.batch_size, 6)[s].sum()) for s in _slices(by_tokens.shard_sizes(n))])
+    return Report("dp-unequal", n, checks, exact, seconds, {"sizes": data.shard_sizes}, data)
+
+
+def _slices(sizes: list[int]) -> list[slice]:
+    ends = torch.tensor(sizes).cumsum(0).tolist()
+    return [slice(e - s, e) for s, e in zip(sizes, ends)]
+
+
+def pitfalls_demo(world_size: int, seed: int = 0) -> Report:
+    """Local BatchNorm, unsynchronized running statistics and skewed optimizer state, each failing."""
+    n = _pitfall_world(world_size)
+    bn = TrainSpec(steps=3, batchnorm=True, seed=seed)
+    skew = TrainSpec(steps=3, skew_momentum=True, seed=seed)
+    start = time.perf_counter()
+    bn_out, skew_out = run(dp_train, n, bn), run(dp_train, n, skew)
+    seconds = time.perf_counter() - start
+    ref = single_process_train(bn)["grad0"]
+    stats = [o["running_mean"] for o in bn_out]
+    params = [o["params"] for o in skew_out]
+    checks = [differ_check("local BatchNorm: DP gradient differs from the full-batch gradient", bn_out[0]["grad0"],
+                        ref, 1000 * grad_tolerance(ref), "1000x rounding: each rank normalizes with its own "
+                        "shard's mean and variance, so DP computes another function"),
+              exact_check("BatchNorm run: parameters still identical on every rank", [o["params"] for o in bn_out],
+                          [bn_out[0]["params"]] * n, "every rank applied the same all-reduced gradient"),
+              differ_check("BatchNorm running_mean differs between ranks after 3 steps", stats[1:], stats[:1] * (n - 1),
+                        1e-3, "buffers are not gradients: the all-reduce never touches them (1e-3 >> rounding)"),
+              exact_check("skewed momentum: step-0 gradients identical on every rank",
+                          [o["grad0"] for o in skew_out], [skew_out[0]["grad0"]] * n,
+                          "the all-gather hands every rank the same sum"),
+              differ_check("skewed momentum: parameters differ between ranks after 3 steps", params[1:],
+                        params[:1] * (n - 1), 1e-4, "momentum 0.01*randn moves params by lr*0.01-ish per step "
+                        "(1e-4 >> rounding); gradient sync cannot repair state it never sees")]
+    return Report("dp-pitfalls", n, checks, [], seconds, {"steps": 3})
+
+
+DEMOS = [Demo("dp-unequal", "Unequal shards and token counts: plain mean (wrong) vs weighted (right)",
+              unequal_demo, world_sizes=(2, 4), chapter="01", min_world_size=2),
+         Demo("dp-pitfalls", "Local BatchNorm, unsynchronized buffers, skewed optimizer state",
+              pitfalls_demo, world_sizes=(2, 4), chapter="01", min_world_size=2)]
+
+
+# --- exercise: the example-weighted mean --------------------------------------------
+
+def weighted_mean_inputs(rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank r: a local mean gradient (10,) and its example count (1,), counts 2N-1, ..., 1."""
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(10, generator=g), torch.tensor([float(descending_sizes(world_size)[rank])])
+
+
+def weighted_mean_solution(ctx: Context, grad: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """sum_r n_r g_r / sum_r n_r, the full-batch mean gradient, on every rank."""
+    total = all_reduce(ctx, count.clone(), phase="count")
+    return ring_all_reduce(ctx, grad * count, phase="weighted grads") / total
+
+
+WEIGHTED_MEAN = Exercise(
+    name="weighted mean of unequal shards",
+    task="Each rank holds the mean gradient `grad` of its own shard and the shard's example count `count`. "
+         "Return the gradient of the whole batch's mean loss, the same on every rank.",
+    reference=weighted_mean_solution,
+    make_inputs=weighted_mean_inputs,
+    world_sizes=(2, 4),
+    tolerance=1e-5,
+    reason="scaling before or after the sum rounds differently: a few float32 ulps of values below 10",
+    hint="ranks must agree on the total count before dividing: all-reduce the counts too.",
+)
+EXERCISES = [WEIGHTED_MEAN]

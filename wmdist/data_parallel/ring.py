@@ -1,0 +1,103 @@
+"""Ring all-reduce, checked three ways: against gloo's own all_reduce, against the
+single-process sum, and its ledger against 2(N-1)G/N bytes per rank. Also the
+course's first exercise (chapter 00): pass a tensor one step around the ring.
+
+Each rank draws its vector from a generator seeded by its rank, so the
+single-process reference can draw the very same vectors.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from wmdist import costs
+from wmdist.comm import Context, all_reduce, exchange, ring_all_reduce
+from wmdist.exercises import Exercise
+from wmdist.report import Demo, Report, close_check, counts_per_rank
+from wmdist.runtime import run
+
+DEFAULT_NUMEL = 100_003   # prime: no world size divides it, so chunk sizes differ
+
+
+def rank_vector(rank: int, numel: int, seed: int = 0) -> torch.Tensor:
+    """The vector rank `rank` contributes; the reference draws it identically."""
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    return torch.randn(numel, generator=g)          # (numel,)
+
+
+def ring_vs_builtin(ctx: Context, numel: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Rank function: the same vector reduced by our ring and by gloo."""
+    x = rank_vector(ctx.rank, numel, seed)
+    ours = ring_all_reduce(ctx, x, phase="ring")
+    theirs = all_reduce(ctx, x.clone(), phase="gloo")
+    return ours, theirs, ctx.ledger.totals()
+
+
+def reference_sum(world_size: int, numel: int, seed: int = 0) -> torch.Tensor:
+    """Single-process sum in float64 (then rounded once), the closest thing to the true sum."""
+    total = sum(rank_vector(r, numel, seed).double() for r in range(world_size))
+    return torch.as_tensor(total).float()
+
+
+def tolerance(world_size: int) -> float:
+    """Max abs error allowed between two float32 sums of the N vectors taken in different orders.
+
+    Inputs are standard normal draws (|x| < 8 for these seeds), so every
+    partial sum is below 8N and each float32 addition rounds by at most half
+    an ulp, 8N * 2^-24. A sum of N terms rounds N-1 times; two such sums (or
+    one and the float64 reference, rounded once) can differ by twice that plus
+    one. World size 1 has nothing to add: the result is exact.
+    """
+    n = world_size
+    return 0.0 if n == 1 else costs.reordered_sum_bound(n, 8 * n, extra_roundings=1)
+
+
+def ring_allreduce_demo(world_size: int, numel: int = DEFAULT_NUMEL, seed: int = 0) -> Report:
+    """Run the comparison on `world_size` ranks and build its Report."""
+    start = time.perf_counter()
+    results = run(ring_vs_builtin, world_size, numel, seed)
+    seconds = time.perf_counter() - start
+    expected = reference_sum(world_size, numel, seed)
+    why = "float32 sums in a different order: (N-1) roundings of partial sums below 8N"
+    checks = [close_check(f"ring == single-process sum (rank {r})", out[0], expected, tolerance(world_size), why)
+              for r, out in enumerate(results)]
+    checks += [close_check("ring == gloo all_reduce (rank 0)", results[0][0], results[0][1], tolerance(world_size), why),
+               close_check("every rank holds the same ring result", [o[0] for o in results],
+                           [results[0][0]] * world_size, 0.0, "the all-gather copies one reduced chunk to all")]
+    exact = counts_per_rank("bytes sent", [o[2]["bytes_sent"] for o in results],
+                            [costs.ring_allreduce_bytes(numel, world_size, r) for r in range(world_size)])
+    exact += counts_per_rank("rounds", [o[2]["rounds"] for o in results],
+                             [costs.ring_allreduce_rounds(world_size)] * world_size)
+    return Report("ring-allreduce", world_size, checks, exact, seconds, {"numel": numel, "dtype": "float32"})
+
+
+DEMOS = [Demo("ring-allreduce", "Ring all-reduce vs gloo's all_reduce vs the single-process sum",
+              ring_allreduce_demo, world_sizes=tuple(range(1, 9)), chapter="01")]
+
+
+# --- exercise (chapter 00): pass a value one step around the ring ---------------------
+
+def ring_pass_inputs(rank: int, world_size: int) -> tuple[torch.Tensor]:
+    """Rank r holds [r, 10r, 100r]."""
+    return (torch.tensor([1.0, 10.0, 100.0]) * rank,)
+
+
+def ring_pass_solution(ctx: Context, x: torch.Tensor) -> torch.Tensor:
+    """Send x to the right neighbour, return what the left neighbour sent."""
+    right, left = (ctx.rank + 1) % ctx.world_size, (ctx.rank - 1) % ctx.world_size
+    received = torch.empty_like(x)
+    return exchange(ctx, x, right, received, left, phase="ring pass")   # isend right, recv left, wait
+
+
+RING_PASS = Exercise(
+    name="ring pass",
+    task="Return the tensor held by your left neighbour (rank - 1, wrapping around): "
+         "every rank sends its x to rank + 1 and receives from rank - 1.",
+    reference=ring_pass_solution,
+    make_inputs=ring_pass_inputs,
+    world_sizes=(2, 3, 4),
+    hint="if every rank calls a blocking send first, all ranks wait for a receive that never "
+         "starts. Post the send with dist.isend (or use wmdist.comm.exchange), then receive.",
+)
+EXERCISES = [RING_PASS]

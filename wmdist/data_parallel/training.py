@@ -1,0 +1,218 @@
+"""Replicated data parallelism for the tiny world model: the rank function and its single-process reference.
+
+Every rank holds the whole model and gets a shard of the global batch. After
+backward each rank flattens its gradients into one buffer, the ranks sum the
+buffers with the counted ring all-reduce, and every rank takes the same
+optimizer step. Done right, that step is the full-batch step up to float32
+rounding (the sums happen in another order), never bitwise.
+
+How the local losses are scaled decides what the sum means (`weighting`):
+  "mean"         local mean loss, sum / N: the plain mean of worker gradients,
+                 right only when every shard has as many examples
+  "examples"     local summed loss / global example count: right for any shards
+  "tokens-local" masked sequences, local per-token mean, sum / N: wrong when
+                 ranks hold different numbers of valid time steps
+  "tokens"       masked sequences, local token sum / global valid-token count
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from wmdist import costs
+from wmdist.comm import Context, all_reduce, ring_all_reduce
+from wmdist.models import (WorldModelConfig, flat_grads, flat_params, make_batch, make_model, set_flat_grads,
+                           shard_batch)
+
+WEIGHTINGS = ("mean", "examples", "tokens-local", "tokens")
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One data-parallel training run: global batch, its split over ranks, optimizer, steps."""
+    steps: int = 3
+    batch_size: int = 16                 # global examples per step
+    seq_len: int = 6                  # T of every sequence
+    sizes: tuple[int, ...] | None = None  # examples per rank; None splits evenly
+    weighting: str = "mean"
+    optimizer: str = "sgd"               # "sgd" (momentum 0.9) or "adam"
+    lr: float = 0.05
+    seed: int = 0
+    batchnorm: bool = False              # local BatchNorm in the encoder (a pitfall)
+    skew_momentum: bool = False          # ranks > 0 start with nonzero momentum (a pitfall)
+
+    def __post_init__(self) -> None:
+        for name, low in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("seed", 0)):
+            costs.require_int(name, getattr(self, name), low)
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if costs.require_real("lr", self.lr) == 0:
+            raise ValueError("lr must be > 0")
+        if self.sizes is not None:
+            if not isinstance(self.sizes, tuple) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                                                        for s in self.sizes):
+                raise TypeError(f"sizes must be a tuple of integers >= 0, got {self.sizes!r}")
+            if sum(self.sizes) != self.batch_size:
+                raise ValueError(f"sizes {self.sizes} must add up to batch_size {self.batch_size}")
+        if self.skew_momentum and self.optimizer != "sgd":
+            raise ValueError("skew_momentum needs optimizer='sgd'")
+
+    def shard_sizes(self, world_size: int) -> list[int]:
+        """Examples per rank; an even split puts the remainder on the first ranks."""
+        costs.require_int("world_size", world_size, 1)
+        if self.sizes is None:
+            return costs.ring_chunk_sizes(self.batch_size, world_size)
+        if len(self.sizes) != world_size:
+            raise ValueError(f"sizes {self.sizes} has {len(self.sizes)} entries, world_size is {world_size}")
+        return list(self.sizes)
+
+
+def descending_sizes(world_size: int) -> tuple[int, ...]:
+    """Unequal shards 2N-1, 2N-3, ..., 1 (7/5/3/1 on 4 ranks); they add up to N^2."""
+    n = costs.require_int("world_size", world_size, 1)
+    return tuple(2 * (n - r) - 1 for r in range(n))
+
+
+def valid_lengths(batch_size: int, seq_len: int) -> torch.Tensor:
+    """Valid time steps of each sequence: full at the front of the batch, short at the back."""
+    i = torch.arange(batch_size)
+    return (seq_len - (i * seq_len) // batch_size).clamp(min=1)                # (B,)
+
+
+def token_losses(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Frame + reward squared error per (sequence, time step): (B, T)."""
+    pred_obs, pred_rew = model(batch["obs"], batch["actions"])
+    return (pred_obs - batch["next_obs"]).pow(2).mean(-1) + (pred_rew - batch["reward"]).pow(2)
+
+
+def make_optimizer(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9)
+    return torch.optim.Adam(model.parameters(), lr=spec.lr)
+
+
+def step_batch(spec: TrainSpec, step: int) -> dict[str, torch.Tensor]:
+    """The global batch of one step (every rank and the reference draw the same)."""
+    batch = make_batch(spec.batch_size, spec.seq_len, seed=spec.seed * 1000 + step)
+    if spec.weighting.startswith("tokens"):
+        batch["lengths"] = valid_lengths(spec.batch_size, spec.seq_len)
+    return batch
+
+
+def shard_loss(model: nn.Module, shard: dict[str, torch.Tensor], spec: TrainSpec,
+               n_total: float) -> torch.Tensor:
+    """This rank's loss, scaled so that summing gradients over ranks means what `weighting` says.
+
+    `n_total` is the global count the weighting divides by (examples or valid
+    tokens); the "mean" and "tokens-local" weightings ignore it and divide the
+    sum by N afterwards instead.
+    """
+    if spec.weighting in ("mean", "examples"):
+        per_example = model.per_example_loss(shard)                          # (b,)
+        return per_example.mean() if spec.weighting == "mean" else per_example.sum() / n_total
+    mask = torch.arange(spec.seq_len) < shard["lengths"][:, None]           # (b, T)
+    total = (token_losses(model, shard) * mask).sum()
+    return total / mask.sum() if spec.weighting == "tokens-local" else total / n_total
+
+
+def global_count(ctx: Context, shard: dict[str, torch.Tensor], spec: TrainSpec, step: int) -> float:
+    """Examples or valid tokens in the whole batch, summed over ranks by a counted all-reduce."""
+    if spec.weighting == "examples":
+        local = float(shard["obs"].shape[0])
+    elif spec.weighting == "tokens":
+        local = float(shard["lengths"].sum())
+    else:
+        return 1.0
+    count = all_reduce(ctx, torch.tensor([local], dtype=torch.float64), phase=f"step {step}/count")
+    return float(count.item())
+
+
+def _skew_momentum(model: nn.Module, opt: torch.optim.Optimizer, rank: int) -> None:
+    """Give ranks > 0 a nonzero momentum buffer, as if restored from another checkpoint."""
+    if rank == 0:
+        return
+    g = torch.Generator().manual_seed(rank)
+    for p in model.parameters():
+        opt.state[p]["momentum_buffer"] = 0.01 * torch.randn(p.shape, generator=g)
+
+
+def dp_train(ctx: Context, spec: TrainSpec) -> dict:
+    """Rank function: train `spec.steps` steps with gradients summed by the counted ring all-reduce.
+
+    Returns the step-0 local and synchronized gradients, the final parameters,
+    the BatchNorm running mean (if any) and the ring bytes sent per step.
+    """
+    model = make_model(spec.seed, WorldModelConfig(batchnorm=spec.batchnorm))
+    opt = make_optimizer(model, spec)
+    if spec.skew_momentum:
+        _skew_momentum(model, opt, ctx.rank)
+    sizes, out, sent = spec.shard_sizes(ctx.world_size), {}, []
+    for step in range(spec.steps):
+        shard = shard_batch(step_batch(spec, step), sizes, ctx.rank)
+        n_total = global_count(ctx, shard, spec, step)
+        opt.zero_grad()
+        shard_loss(model, shard, spec, n_total).backward()
+        local = flat_grads(model)                                              # (P,)
+        before = ctx.ledger.totals()["bytes_sent"]
+        synced = ring_all_reduce(ctx, local, phase=f"step {step}/grads")      # (P,) sum over ranks
+        sent.append(ctx.ledger.totals()["bytes_sent"] - before)
+        if spec.weighting in ("mean", "tokens-local"):
+            synced = synced / ctx.world_size
+        set_flat_grads(model, synced)
+        opt.step()
+        if step == 0:
+            out["local_grad0"], out["grad0"] = local, synced
+    norm = model.encoder.norm
+    out["running_mean"] = norm.running_mean.clone() if isinstance(norm, nn.BatchNorm1d) else None
+    return {**out, "params": flat_params(model), "bytes_per_step": sent}
+
+
+def single_process_train(spec: TrainSpec) -> dict:
+    """The reference: one process, the whole batch, the loss the weighting is meant to compute."""
+    model = make_model(spec.seed, WorldModelConfig(batchnorm=spec.batchnorm))
+    opt, out = make_optimizer(model, spec), {}
+    for step in range(spec.steps):
+        batch = step_batch(spec, step)
+        opt.zero_grad()
+        if spec.weighting.startswith("tokens"):
+            mask = torch.arange(spec.seq_len) < batch["lengths"][:, None]   # (B, T)
+            loss = (token_losses(model, batch) * mask).sum() / mask.sum()
+        else:
+            loss = model.loss(batch)
+        loss.backward()
+        if step == 0:
+            out["grad0"] = flat_grads(model)
+        opt.step()
+    return {**out, "params": flat_params(model)}
+
+
+def grad_tolerance(reference: torch.Tensor) -> float:
+    """Allowed |DP - full batch| for one gradient: 2^-24 * 64 * max|g|.
+
+    Both are float32 sums of the same B*T per-token terms in different orders
+    (per shard, then across ranks, versus one pass). Rounding in such sums
+    grows with the square root of the term count in practice; for these
+    batches (B*T <= 400 terms, each through a dozen float32 ops) that is
+    tens of ulps of the largest entry, and 64 ulps covers it.
+    """
+    return 64 * costs.FLOAT32_ROUNDOFF * float(reference.abs().max())
+
+
+def param_tolerance(spec: TrainSpec, grad_tol: float, params: torch.Tensor) -> float:
+    """Gradient disagreement carried through the optimizer for `steps` steps, plus rounding.
+
+    SGD with momentum 0.9 moves a parameter by at most lr/(1-0.9) per unit of
+    gradient error, per step. Adam divides by sqrt(v), so an entry's update
+    changes by about lr times that entry's relative gradient error: ~1e-5 lr
+    for entries well above rounding level (an entry whose gradient were itself
+    at rounding level could flip sign; none is in these runs, and the check
+    would say so). Doubled for the curvature feedback over a few steps, plus
+    one ulp of |theta| per step of rounding.
+    """
+    per_step = spec.lr * (10 * grad_tol if spec.optimizer == "sgd" else 1e-5)
+    return 2 * spec.steps * per_step + spec.steps * 2 * costs.FLOAT32_ROUNDOFF * float(params.abs().max())

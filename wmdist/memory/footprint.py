@@ -1,0 +1,174 @@
+"""What each rank holds: a byte-exact memory model of training, by tensor kind.
+
+Pure Python (no torch), so the calculator panel, the `wmdist memory` CLI and
+the ZeRO demo (which measures the bytes each rank really holds) share one
+source of truth. Every count is an exact integer for a given rank.
+
+Accounting rules (each one a choice; the docs and the tests follow them):
+
+* Rank layout: `wmdist.comm.Mesh(dp, tp, pp, cp)`, the layout the real
+  process groups use too (tensor-parallel partners are neighbouring ranks).
+* Model parallelism first. The P parameters, as one flat vector, are split
+  over the tp * pp model-parallel ranks with the torch.tensor_split layout
+  (`costs.ring_chunk_sizes`: the first P % (tp*pp) pieces hold one element
+  more); model-parallel index = pp_rank * tp + tp_rank.
+* Then ZeRO over dp. That local piece is split again over dp with the same
+  layout. Stage 1 keeps only the rank's shard of optimizer state and master
+  weights, stage 2 also of gradients, stage 3 also of parameters. These are
+  steady-state bytes: while a stage-2 rank reduces its gradient, and while a
+  stage-3 rank gathers parameters for forward and backward, it briefly holds
+  the full tensor, so its peak is higher.
+* Optimizer state. sgd: nothing; momentum: 1 buffer; adam/adamw: 2 moments,
+  each of the state dtype: fp32 when master weights are kept, else the
+  parameter dtype. Step counters (a few bytes) are not counted.
+* Master weights: an fp32 copy of the parameters, when `master_weights`.
+  With adam this gives the ZeRO paper's K = 12 bytes/param (4 + 4 + 4).
+* Activations. pp splits the layers (tensor_split layout over pp stages), cp
+  splits each sequence's tokens (same layout over cp ranks), tp divides the
+  per-layer activation bytes. That last one is a simplification: it holds
+  with sequence parallelism alongside TP; without it, LayerNorm and dropout
+  activations stay replicated on every TP rank. Microbatches in flight in a
+  pipeline are not counted either (GPipe keeps M, 1F1B up to P on stage 0).
+  Stored bytes = ceil(layers_local * micro_batch * tokens_local * bytes / tp).
+  With checkpointing a rank keeps only each local layer's input
+  (`input_bytes_per_token`) plus one layer's full activations, recomputed
+  during its backward.
+* Batch: `batch_bytes` per rank, as given.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+from wmdist.comm.mesh import Mesh
+from wmdist.costs import require_bool, require_choice, require_int, require_real, ring_chunk_sizes
+from wmdist.knobs import knob
+
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}   # state tensors per parameter
+KINDS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations", "batch")
+PANEL_DTYPES = ("fp32", "bf16", "fp16", "fp8")
+DEGREE = dict(low=1, high=64)     # slider range of each parallel degree
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """One training setup, as the sizes that decide what a rank stores. Knobs: the calculator's controls."""
+    params: int = knob(10 ** 9, "parameters P", low=1e3, high=1e12, log=True, step=0.1, fmt=".3g")
+    param_dtype: str = knob("fp32", "param dtype", options=PANEL_DTYPES)
+    grad_dtype: str | None = knob(None, "grad dtype", options=(("same", None), *((d, d) for d in PANEL_DTYPES)))
+    optimizer: str = knob("adam", "optimizer", options=tuple(OPTIMIZER_SLOTS))
+    master_weights: bool = knob(False, "fp32 master weights")   # moments then fp32 too
+    zero_stage: int = knob(0, "ZeRO stage", low=0, high=3)      # sharding over the data-parallel degree
+    dp: int = knob(1, "dp degree", **DEGREE)
+    tp: int = knob(1, "tp degree", **DEGREE)
+    pp: int = knob(1, "pp degree", **DEGREE)
+    cp: int = knob(1, "cp degree", **DEGREE)
+    layers: int = knob(1, "layers", low=1, high=128)
+    act_bytes_per_token_per_layer: float = knob(0.0, "activation B/token/layer", text=True)
+    seq_len: int = knob(0, "sequence length", text=True)                 # tokens per sequence
+    micro_batch: int = knob(1, "micro-batch", low=1, high=64)            # sequences per rank
+    checkpointing: bool = knob(False, "activation checkpointing")        # keep layer inputs, recompute one layer
+    batch_bytes: int = knob(0, "batch bytes per rank", text=True)
+    input_bytes_per_token: float = knob(0.0, "layer-input B/token", text=True)   # what checkpointing keeps
+
+    def __post_init__(self) -> None:
+        require_int("params", self.params, 0)
+        for name in ("dp", "tp", "pp", "cp", "micro_batch"):
+            require_int(name, getattr(self, name), 1)
+        for name in ("layers", "seq_len", "batch_bytes"):
+            require_int(name, getattr(self, name), 0)
+        for name in ("act_bytes_per_token_per_layer", "input_bytes_per_token"):
+            require_real(name, getattr(self, name))
+        require_choice("param_dtype", self.param_dtype, DTYPE_BYTES)
+        if self.grad_dtype is not None:
+            require_choice("grad_dtype", self.grad_dtype, DTYPE_BYTES)
+        require_choice("optimizer", self.optimizer, OPTIMIZER_SLOTS)
+        require_choice("zero_stage", self.zero_stage, (0, 1, 2, 3))
+        require_bool("master_weights", self.master_weights)
+        require_bool("checkpointing", self.checkpointing)
+
+    @property
+    def mesh(self) -> Mesh:
+        """The rank layout these degrees describe."""
+        return Mesh(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the whole job: dp * cp * tp * pp."""
+        return self.mesh.world_size
+
+
+def rank_coords(cfg: MemoryConfig, rank: int) -> dict[str, int]:
+    """{"dp", "cp", "tp", "pp"} coordinates of `rank` in the config's mesh."""
+    require_int("rank", rank, 0)
+    if rank >= cfg.world_size:
+        raise ValueError(f"rank must be < world size {cfg.world_size} (dp*cp*tp*pp), got {rank}")
+    return cfg.mesh.coords(rank)
+
+
+def local_params(cfg: MemoryConfig, rank: int = 0) -> tuple[int, int]:
+    """(model-parallel piece, this rank's ZeRO shard of it), in elements."""
+    c = rank_coords(cfg, rank)
+    piece = ring_chunk_sizes(cfg.params, cfg.tp * cfg.pp)[c["pp"] * cfg.tp + c["tp"]]
+    return piece, ring_chunk_sizes(piece, cfg.dp)[c["dp"]]
+
+
+def activation_bytes(cfg: MemoryConfig, rank: int = 0) -> int:
+    """Stored activation bytes on `rank` under the rules in the module docstring."""
+    c = rank_coords(cfg, rank)
+    layers = ring_chunk_sizes(cfg.layers, cfg.pp)[c["pp"]]
+    tokens = cfg.micro_batch * ring_chunk_sizes(cfg.seq_len, cfg.cp)[c["cp"]]
+    full = Fraction(cfg.act_bytes_per_token_per_layer) * tokens / cfg.tp   # one layer, all its activations
+    if not cfg.checkpointing or layers == 0:
+        return math.ceil(layers * full)
+    kept = Fraction(cfg.input_bytes_per_token) * tokens / cfg.tp          # one layer's input
+    return math.ceil(layers * kept + full)
+
+
+def per_rank_bytes(cfg: MemoryConfig, rank: int = 0) -> dict[str, int]:
+    """Bytes `rank` holds, by kind (KINDS) plus "total"; exact integers."""
+    piece, shard = local_params(cfg, rank)
+    pbytes = DTYPE_BYTES[cfg.param_dtype]
+    gbytes = DTYPE_BYTES[cfg.grad_dtype or cfg.param_dtype]
+    sbytes = 4 if cfg.master_weights else pbytes          # optimizer state dtype
+    s = cfg.zero_stage
+    out = {
+        "parameters": (shard if s >= 3 else piece) * pbytes,
+        "gradients": (shard if s >= 2 else piece) * gbytes,
+        "optimizer_state": (shard if s >= 1 else piece) * OPTIMIZER_SLOTS[cfg.optimizer] * sbytes,
+        "master_weights": (shard if s >= 1 else piece) * 4 if cfg.master_weights else 0,
+        "activations": activation_bytes(cfg, rank),
+        "batch": cfg.batch_bytes,
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def distinct_breakdowns(cfg: MemoryConfig) -> list[tuple[list[int], dict[str, int]]]:
+    """Every different per-rank breakdown with the ranks that share it (rank order)."""
+    groups: dict[tuple, tuple[list[int], dict[str, int]]] = {}
+    for r in range(cfg.world_size):
+        b = per_rank_bytes(cfg, r)
+        groups.setdefault(tuple(b.values()), ([], b))[0].append(r)
+    return list(groups.values())
+
+
+def format_bytes(n: int | float, binary: bool = False) -> str:
+    """'8.00 GB' (powers of 1000) or, with binary, '7.45 GiB' (powers of 1024)."""
+    require_real("n", n)
+    base, units = (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB")) if binary else \
+                  (1000, ("B", "kB", "MB", "GB", "TB", "PB"))
+    i = 0
+    while i < len(units) - 1 and n >= base ** (i + 1):
+        i += 1
+    return f"{int(n)} B" if i == 0 else f"{n / base ** i:.2f} {units[i]}"
+
+
+def format_breakdown(b: dict[str, int], binary: bool = False) -> str:
+    """Table: kind, bytes (exact), size with unit, share of the total."""
+    rows = [(k, str(b[k]), format_bytes(b[k], binary), f"{100 * b[k] / b['total']:.1f}%" if b["total"] else "-")
+            for k in (*KINDS, "total")]
+    w = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join(f"{r[0].ljust(w[0])}  {r[1].rjust(w[1])}  {r[2].rjust(w[2])}  {r[3].rjust(w[3])}" for r in rows)

@@ -1,0 +1,208 @@
+"""ZeRO stages 1, 2 and 3 on real ranks, checked byte for byte and against Adam on one process.
+
+All parameters are flattened into one fp32 vector of P elements, as in the
+ZeRO paper, and rank r owns the element range of chunk r of
+torch.tensor_split (costs.ring_chunk_sizes): a layer may straddle two ranks.
+What a rank keeps between steps, by stage:
+
+    stage 0 (replicated DP): parameters P, gradients P, Adam moments 2P
+    stage 1: parameters P, gradients P, Adam moments of its chunk only
+    stage 2: parameters P, gradient chunk, Adam moments of its chunk
+    stage 3: parameter chunk, gradient chunk, Adam moments of its chunk
+
+The step: gradients are reduce-scattered (each rank receives the summed
+gradient of its own chunk), each rank updates its chunk with Adam, and the
+updated chunks are all-gathered. Stage 3 keeps no full copy at rest: it
+all-gathers the parameters before forward, frees them, all-gathers them again
+before backward (as FSDP does, by resizing the storage to zero and back) and
+does not gather after the update. The tiny model is one unit here; real
+systems gather layer by layer to bound the transient full copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from wmdist import costs
+from wmdist.comm import Context, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from wmdist.models import flat_params, make_batch, make_model, shard_batch
+
+HELD_KINDS = ("parameters", "gradients", "optimizer_state")
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """One ZeRO training run: stage, steps, data and Adam hyperparameters."""
+    stage: int = 1
+    steps: int = 3              # optimizer steps; step k trains on make_batch(seed=seed + k)
+    batch_size: int = 12        # global batch, split over ranks by rows (any size >= world size)
+    seq_len: int = 6            # T of each trajectory
+    seed: int = 0
+    lr: float = 1e-2
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        costs.require_choice("stage", self.stage, costs.ZERO_STAGES)
+        costs.require_int("steps", self.steps, 0)
+        costs.require_int("batch_size", self.batch_size, 1)
+        costs.require_int("seq_len", self.seq_len, 1)
+        costs.require_real("lr", self.lr)
+
+
+def shard_range(numel: int, world_size: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of the flat elements rank `rank` owns (tensor_split layout)."""
+    sizes = costs.ring_chunk_sizes(numel, world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+    start = sum(sizes[:rank])
+    return start, start + sizes[rank]
+
+
+def adam_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                step: int, cfg: ZeroConfig) -> None:
+    """One Adam step in place, elementwise, with the same operations as torch.optim.Adam on CPU.
+
+    Elementwise means a chunk of the flat vector can be updated on its own:
+    the reason optimizer state shards with no communication at all.
+    """
+    beta1, beta2 = cfg.betas
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    step_size = cfg.lr / (1 - beta1 ** step)
+    denom = (exp_avg_sq.sqrt() / (1 - beta2 ** step) ** 0.5).add_(cfg.eps)
+    param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+class _PerExampleLoss(nn.Module):
+    """Wraps the model so torch.func.functional_call can compute its per-example loss."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model.per_example_loss(batch)
+
+
+@dataclass
+class RankState:
+    """What one rank keeps between steps. The module is on the meta device: code and shapes, no numbers."""
+    stage: int
+    numel: int                       # P
+    start: int                       # this rank's chunk is [start, stop)
+    stop: int
+    params: torch.Tensor             # (P,) for stages 0-2, (stop - start,) for stage 3
+    grads: torch.Tensor | None       # (P,) for stages 0-1, (stop - start,) for 2-3; None before step 1
+    exp_avg: torch.Tensor            # (P,) for stage 0, else (stop - start,)
+    exp_avg_sq: torch.Tensor
+    step: int
+    loss_module: nn.Module
+    layout: list[tuple[str, torch.Size, int, int]]   # (name, shape, start, stop) in the flat vector
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of storage this rank holds, by kind, read from its tensors."""
+        def size(*tensors: torch.Tensor | None) -> int:
+            return sum(t.untyped_storage().nbytes() for t in tensors if t is not None)
+        return {"parameters": size(self.params), "gradients": size(self.grads),
+                "optimizer_state": size(self.exp_avg, self.exp_avg_sq)}
+
+
+def init_state(ctx: Context, cfg: ZeroConfig) -> RankState:
+    """Build the model from cfg.seed, flatten it, keep what this rank's stage keeps."""
+    model = make_model(cfg.seed)
+    layout, offset = [], 0
+    for name, p in model.named_parameters():
+        layout.append((f"model.{name}", p.shape, offset, offset + p.numel()))
+        offset += p.numel()
+    flat = flat_params(model)                                                  # (P,)
+    start, stop = shard_range(offset, ctx.world_size, ctx.rank)
+    params = flat[start:stop].clone() if cfg.stage == 3 else flat
+    n_state = offset if cfg.stage == 0 else stop - start
+    return RankState(cfg.stage, offset, start, stop, params, None, torch.zeros(n_state), torch.zeros(n_state),
+                     0, _PerExampleLoss(model.to("meta")), layout)
+
+
+def _summed_loss(state: RankState, flat: torch.Tensor, batch: dict[str, torch.Tensor], global_batch: int
+                 ) -> torch.Tensor:
+    """Sum of this rank's per-example losses / global batch: summed over ranks, the global mean."""
+    views = {name: flat[a:b].view(shape) for name, shape, a, b in state.layout}
+    per_example = torch.func.functional_call(state.loss_module, views, (batch,))    # (B_r,)
+    return per_example.sum() / global_batch
+
+
+def train_step(ctx: Context, state: RankState, cfg: ZeroConfig) -> None:
+    """One ZeRO step on this rank's rows of batch number state.step, in the stage's schedule."""
+    n, sizes = ctx.world_size, costs.ring_chunk_sizes(state.numel, ctx.world_size)
+    batch = make_batch(cfg.batch_size, cfg.seq_len, seed=cfg.seed + state.step)
+    mine = shard_batch(batch, costs.ring_chunk_sizes(cfg.batch_size, n), ctx.rank)
+    if state.stage == 3:
+        leaf = ring_all_gather(ctx, state.params, sizes, "forward all-gather").requires_grad_()   # (P,)
+    else:
+        leaf = state.params.detach().requires_grad_()                        # (P,), shares storage
+    loss = _summed_loss(state, leaf, mine, cfg.batch_size)
+    if state.stage == 3:
+        storage = leaf.untyped_storage()
+        storage.resize_(0)                                  # free the full copy; saved views now point at nothing
+        again = ring_all_gather(ctx, state.params, sizes, "backward all-gather")
+        storage.resize_(state.numel * leaf.element_size())
+        leaf.data.copy_(again)                              # .data: autograd must not see this write
+        del again
+    loss.backward()
+    grad, state.step = leaf.grad, state.step + 1            # (P,) local gradient
+    if state.stage == 0:
+        state.grads = ring_all_reduce(ctx, grad, "gradient all-reduce")
+        adam_update(state.params, state.grads, state.exp_avg, state.exp_avg_sq, state.step, cfg)
+        return
+    grad_chunk = ring_reduce_scatter(ctx, grad, "gradient reduce-scatter")   # (stop - start,)
+    if state.stage == 1:
+        grad[state.start:state.stop] = grad_chunk           # the full buffer stays; its own chunk is reduced
+        state.grads, grad_chunk = grad, grad[state.start:state.stop]
+    else:
+        state.grads = grad_chunk                            # stage 2 and 3 drop the full gradient
+    del grad, leaf, loss
+    own = state.params if state.stage == 3 else state.params[state.start:state.stop]
+    adam_update(own, grad_chunk, state.exp_avg, state.exp_avg_sq, state.step, cfg)
+    if state.stage in (1, 2):
+        state.params.copy_(ring_all_gather(ctx, own.clone(), sizes, "parameter all-gather"))
+
+
+def zero_rank(ctx: Context, cfg: ZeroConfig) -> dict:
+    """Rank function: train cfg.steps steps; return own chunk, held bytes, ledger totals of the last step."""
+    state = init_state(ctx, cfg)
+    for _ in range(cfg.steps):
+        ctx.ledger.reset()                        # keep only the last step's communication
+        train_step(ctx, state, cfg)
+    own = state.params if state.stage == 3 else state.params[state.start:state.stop]
+    return {"chunk": own.clone(), "held": state.held_bytes(), "phases": ctx.ledger.by_phase(),
+            "rounds": ctx.ledger.totals()["rounds"]}
+
+
+def reference_adam(cfg: ZeroConfig) -> torch.Tensor:
+    """Single process, whole batch, torch.optim.Adam: the flat parameters after cfg.steps steps. (P,)"""
+    model = make_model(cfg.seed)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    for k in range(cfg.steps):
+        batch = make_batch(cfg.batch_size, cfg.seq_len, seed=cfg.seed + k)
+        opt.zero_grad()
+        (model.per_example_loss(batch).sum() / cfg.batch_size).backward()
+        opt.step()
+    return flat_params(model)
+
+
+def adam_tolerance(cfg: ZeroConfig, world_size: int) -> tuple[float, str]:
+    """Allowed max |difference| from single-process Adam, and why.
+
+    One rank adds the same gradient terms in the same order as one process:
+    bitwise equal. With N ranks the gradient is summed in another order, a
+    relative change of about N * 2^-24. Adam divides by sqrt(v), so a
+    relative gradient change moves an update (at most ~lr in size) by about
+    the same relative amount, except where the gradient nearly cancels; we
+    allow 100x that per step for those elements: steps * lr * 100 * N * 2^-24.
+    """
+    if world_size == 1:
+        return 0.0, "one rank: the same sums in the same order, bitwise equal"
+    tol = cfg.steps * cfg.lr * 100 * world_size * costs.FLOAT32_ROUNDOFF
+    return tol, f"gradient sums in another order (~N*2^-24 relative), {cfg.steps} Adam steps of size <= lr"

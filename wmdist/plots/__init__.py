@@ -1,1 +1,0 @@
-"""matplotlib figures from formulas and Reports: functions returning a Figure, no widgets."""

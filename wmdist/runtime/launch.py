@@ -1,0 +1,160 @@
+"""Run one function on N ranks and get back each rank's result.
+
+Locally, `run` starts N processes on gloo (127.0.0.1, a file rendezvous, no
+fixed port) and keeps them warm: the processes for a world size are started
+once, from a forkserver that has torch preloaded, and reused, so a repeated
+call from a notebook costs milliseconds. Functions defined in a notebook cell
+or a test body are shipped by value with cloudpickle.
+
+Under torchrun (RANK, WORLD_SIZE and MASTER_ADDR set) the same call runs the
+function in the already-launched process instead, on gloo or NCCL, any
+number of nodes: scaling out is torch.distributed's job, not ours.
+
+Any failure (a rank raises, exits, is killed, or outlives the timeout) ends the
+call with one RankFailure naming the rank, its traceback or signal and the
+last communication it entered; the pool is torn down, so the next call starts
+clean.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import inspect
+import os
+import sys
+from collections import OrderedDict
+from typing import Any, Callable
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from wmdist.comm import Context, Ledger, RankResources
+from wmdist.runtime.pool import DEFAULT_TIMEOUT_S, Pool, RankFailure
+
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_LOCAL_WORLD", "MAX_WARM_RANKS", "Pool", "RankFailure", "run", "shutdown",
+           "under_torchrun", "warm_pids"]
+
+MAX_LOCAL_WORLD = 32
+MAX_WARM_RANKS = 16            # warm pools kept, least recently used dropped first
+
+
+# Warm pools by world size. This is a cache of OS resources owned by this
+# interpreter (like a connection pool), not shared state between demos: each
+# call gets a fresh Context and Ledger.
+_pools: OrderedDict[int, Pool] = OrderedDict()
+# Under torchrun this process is the rank: its subgroups and buffers outlive one call, like a pool rank's.
+_torchrun_resources: list[RankResources] = []
+
+
+def _warm_pool(world_size: int) -> Pool:
+    pool = _pools.pop(world_size, None)
+    if pool is None or not pool.alive:
+        if pool is not None:
+            pool.close()
+        while _pools and sum(_pools) + world_size > MAX_WARM_RANKS:
+            _pools.popitem(last=False)[1].close()
+        pool = Pool(world_size).start()
+    _pools[world_size] = pool
+    return pool
+
+
+def shutdown() -> None:
+    """Stop every warm pool (also done automatically when the interpreter exits)."""
+    while _pools:
+        _pools.popitem()[1].close()
+
+
+atexit.register(shutdown)
+
+
+def warm_pids() -> dict[int, list[int]]:
+    """Process ids of the warm pools, by world size (for tests and benchmarks)."""
+    return {n: p.pids for n, p in _pools.items()}
+
+
+# --- validation and torchrun ------------------------------------------------------------
+
+def under_torchrun() -> bool:
+    """True inside a process launched by torchrun (or any launcher setting its variables)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def _validate(fn: Any, world_size: Any, args: tuple, kwargs: dict, timeout: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable taking (ctx, ...), got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not under_torchrun() and world_size > MAX_LOCAL_WORLD:
+        raise ValueError(f"world_size={world_size} is more local ranks than wmdist starts "
+                         f"(at most {MAX_LOCAL_WORLD}); use torchrun for larger jobs")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    try:
+        inspect.signature(fn).bind(None, *args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"fn {getattr(fn, '__qualname__', fn)!r} cannot be called as fn(ctx, *args, **kwargs) "
+                        f"with these arguments: {err}") from None
+    except ValueError:
+        pass   # builtins without a signature: let the call decide
+
+
+def _register_by_value(fn: Callable[..., Any]) -> None:
+    """Ship fn's module by value unless it is an installed package the ranks can import.
+
+    Test modules and scripts are not importable in a rank (their directory is
+    not on the rank's path), so their functions travel as code.
+    """
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    if module is None or module.__name__ == "__main__":
+        return   # cloudpickle already ships __main__ by value
+    top = module.__name__.split(".")[0]
+    if top in ("wmdist", "torch", "numpy", "builtins") or top in sys.stdlib_module_names:
+        return
+    with contextlib.suppress(Exception):
+        cloudpickle.register_pickle_by_value(module)
+
+
+def _run_torchrun(fn: Callable[..., Any], world_size: int, args: tuple, kwargs: dict) -> list[Any]:
+    env_world = int(os.environ["WORLD_SIZE"])
+    if world_size != env_world:
+        raise ValueError(f"world_size={world_size} but torchrun started WORLD_SIZE={env_world}")
+    if not dist.is_initialized():
+        backend = os.environ.get("WMDIST_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend)
+    backend = dist.get_backend()
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    rank = dist.get_rank()
+    if not _torchrun_resources:
+        _torchrun_resources.append(RankResources())
+    ctx = Context(rank, env_world, Ledger(rank), device=device, backend=backend, resources=_torchrun_resources[0])
+    result = fn(ctx, *args, **kwargs)
+    gathered: list[Any] = [None] * env_world
+    dist.all_gather_object(gathered, result)
+    return gathered
+
+
+def run(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT_S,
+        **kwargs: Any) -> list[Any]:
+    """Run fn(ctx, *args, **kwargs) on `world_size` ranks; return results in rank order.
+
+    `timeout` (seconds, per call) is the launcher's own option; every other
+    keyword goes to fn. Bad arguments are rejected before any process starts.
+    """
+    _validate(fn, world_size, args, kwargs, timeout)
+    if under_torchrun():
+        return _run_torchrun(fn, world_size, args, kwargs)
+    _register_by_value(fn)
+    try:
+        cloudpickle.dumps((fn, args, kwargs))
+    except Exception as err:
+        raise TypeError(f"fn or its arguments cannot be sent to the ranks: {err}") from None
+    pool = _warm_pool(world_size)
+    try:
+        return pool.run(fn, args, kwargs, timeout=float(timeout))
+    except BaseException:
+        _pools.pop(world_size, None)
+        raise
