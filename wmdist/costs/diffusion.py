@@ -115,3 +115,59 @@ def picard_evaluations(steps: int, iterations: int, window: int | None = None) -
 def picard_rounds(steps: int, iterations: int) -> int:
     """Sequential rounds of Picard iteration: one per iteration, never more than K."""
     return min(require_int("iterations", iterations, 1), require_int("steps", steps, 1))
+
+
+def step_split_slots(steps: int, world_size: int, samples: int = 1) -> int:
+    """Evaluation slots from the first step to the last sample when steps sit in contiguous blocks on ranks.
+
+    Samples stream through the ranks like microbatches through pipeline
+    stages: rank r spends b_r slots per sample (its block of steps), so the
+    last sample finishes after sum_r b_r + (M - 1) * max_r b_r slots (hand-offs
+    taken as free). For one sample that is K: no faster than one rank.
+    """
+    m = require_int("samples", samples, 1)
+    blocks = [b for b in ring_chunk_sizes(require_int("steps", steps, 1), require_int("world_size", world_size, 1)) if b]
+    return sum(blocks) + (m - 1) * max(blocks)
+
+
+def batched_slots(steps: int, world_size: int, samples: int) -> int:
+    """Evaluation slots when whole samples are spread over ranks: ceil(M / N) samples per rank, K steps each."""
+    n = require_int("world_size", world_size, 1)
+    return -(-require_int("samples", samples, 1) // n) * require_int("steps", steps, 1)
+
+
+def cyclic_step_counts(lo: int, hi: int, world_size: int) -> list[int]:
+    """Steps of [lo, hi) each rank evaluates when step j lives on rank j mod N (balanced within one)."""
+    n = require_int("world_size", world_size, 1)
+    lo = require_int("lo", lo, 0)
+    hi = require_int("hi", hi, lo)
+    return [len(range(lo + (r - lo) % n, hi, n)) for r in range(n)]
+
+
+def picard_gather_bytes(lo: int, hi: int, world_size: int, rank: int, state_elems: int,
+                        elem_size: int = 4) -> dict[str, int]:
+    """Bytes rank `rank` sends and receives to share one Picard round's velocities (steps lo..hi-1).
+
+    Every rank rebuilds the whole trajectory (the running sum needs every
+    velocity), so the round's new velocities are all-gathered: a ring over
+    chunks of c_r = (steps rank r evaluated) * state_elems numbers, which
+    sends all chunks but the right neighbour's and receives all but its own.
+    """
+    counts = cyclic_step_counts(lo, hi, world_size)
+    require_int("rank", rank, 0, world_size - 1)
+    per_step = require_int("state_elems", state_elems, 1) * require_int("elem_size", elem_size, 1)
+    total = sum(counts)
+    if world_size == 1:
+        return {"sent": 0, "recv": 0}
+    return {"sent": (total - counts[(rank + 1) % world_size]) * per_step, "recv": (total - counts[rank]) * per_step}
+
+
+def picard_critical_path(evaluations: list[int], world_size: int) -> int:
+    """Evaluation slots on the busiest rank, summed over Picard rounds: sum_i ceil(e_i / N).
+
+    The sequential sampler needs K slots. Picard pays only when this is
+    smaller, i.e. when few rounds suffice and N is close to the evaluations
+    per round.
+    """
+    n = require_int("world_size", world_size, 1)
+    return sum(-(-require_int("evaluations", e, 0) // n) for e in evaluations)

@@ -92,6 +92,32 @@ def blelloch_ops(steps: int) -> OpCount:
     return OpCount(composes=composes, applies=total, depth=depth + 1)
 
 
+def brent_steps(ops: OpCount, workers: int) -> float:
+    """Parallel steps a schedule needs on P workers, at most: depth + (work - depth) / P (Brent's bound).
+
+    Work counts composes and applies alike, one step each (fair for diagonal
+    A; for dense A a compose is a matrix product, n times an apply). One
+    worker does all the work; unlimited workers need only the depth. A scan
+    beats the T steps of the loop only once P is large enough to absorb its
+    extra work (workers_to_pay): about log2 T + 1 for Hillis-Steele, 4 or 5
+    for Blelloch, counting the T applies at the end.
+    """
+    p = require_int("workers", workers, 1)
+    work = ops.composes + ops.applies
+    return ops.depth + max(0, work - ops.depth) / p
+
+
+def workers_to_pay(ops: OpCount, steps: int) -> int:
+    """Fewest workers P with brent_steps(ops, P) < T, the loop's steps: from there on the schedule pays.
+
+    (W - D) / P < T - D, so P > (W - D) / (T - D). A schedule as deep as the loop never pays.
+    """
+    t = require_int("steps", steps, 1)
+    if ops.depth >= t:
+        raise ValueError(f"a schedule of depth {ops.depth} never beats the loop's {t} steps")
+    return (ops.composes + ops.applies - ops.depth) // (t - ops.depth) + 1
+
+
 def _incoming_ready(sizes: list[int]) -> list[int]:
     """Parallel step at which each chunk's incoming state exists (chunk 0: h0, at step 0).
 
