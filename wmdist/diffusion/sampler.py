@@ -30,6 +30,8 @@ from wmdist.costs.rounding import reordered_sum_bound
 from wmdist.costs.validate import require_int, require_real
 
 Velocity = Callable[[torch.Tensor, float], torch.Tensor]   # v(x (B, S, C), t) -> (B, S, C); a Denoiser fits
+# One Picard round: (states, noise levels, the steps to evaluate) -> the velocity at each of those steps, in order.
+RoundEvaluator = Callable[[list[torch.Tensor], list[float], range], list[torch.Tensor]]
 
 
 def time_grid(steps: int) -> list[float]:
@@ -100,7 +102,8 @@ class PicardResult:
 
 
 def picard_sample(model: Velocity, x_T: torch.Tensor, steps: int, iterations: int, window: int | None = None,
-                  tol: float | None = None, reference: torch.Tensor | None = None) -> PicardResult:
+                  tol: float | None = None, reference: torch.Tensor | None = None,
+                  evaluate: RoundEvaluator | None = None) -> PicardResult:
     """Parallel-in-time sampling: Picard iteration over the K solver steps (ParaDiGMS-style).
 
     Start from the guess x_k = x_T for every k. Each iteration evaluates the
@@ -132,7 +135,9 @@ def picard_sample(model: Velocity, x_T: torch.Tensor, steps: int, iterations: in
     per round. `iterations` caps the rounds; the loop also stops once every
     state is settled. `reference` is the sequential trajectory (K+1, B, S, C) to
     measure errors against; computed with `sample` (K more evaluations, not
-    counted) when not given.
+    counted) when not given. `evaluate` runs one round's independent calls
+    (default: `model` on each step in turn); `wmdist.diffusion.picard_ranks`
+    spreads them over ranks and gathers the velocities back.
     """
     ts = time_grid(steps)
     k_total = len(ts) - 1
@@ -152,8 +157,12 @@ def picard_sample(model: Velocity, x_T: torch.Tensor, steps: int, iterations: in
     with torch.no_grad():
         while exact < k_total and len(evaluations) < iterations:
             lo, hi = exact, min(exact + width, k_total)
-            for j in range(lo, hi):        # independent calls: the parallel round
-                drifts[j] = model(states[j], ts[j])
+            round_steps = range(lo, hi)    # independent calls: the parallel round
+            fresh = (evaluate(states, ts, round_steps) if evaluate is not None
+                     else [model(states[j], ts[j]) for j in round_steps])
+            if len(fresh) != hi - lo:
+                raise ValueError(f"evaluate must return {hi - lo} velocities (steps {lo}..{hi - 1}), got {len(fresh)}")
+            drifts[lo:hi] = fresh
             old = states[lo + 1: hi + 1]
             for k in range(lo, hi):        # the running sum, in the sequential sampler's order
                 states[k + 1] = euler_update(states[k], drifts[k], ts[k + 1] - ts[k])

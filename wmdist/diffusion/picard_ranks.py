@@ -1,0 +1,157 @@
+"""Parallel-in-time sampling on N ranks: Picard iteration over the steps, each round's evaluations spread out.
+
+Each round of `sampler.picard_sample` evaluates the velocity at every
+unsettled step of the current guess, and those evaluations are independent.
+Here step j's evaluation runs on rank j mod N (any run of consecutive steps
+is then shared within one evaluation per rank). The running sum that
+rebuilds the trajectory needs every velocity, so after its evaluations each
+rank all-gathers the round's new velocities (a counted ring over uneven
+chunks) and every rank rebuilds the same trajectory in the sequential
+sampler's order. The bookkeeping is `picard_sample` itself, so the result is
+bitwise the one-process Picard iterate, which after K rounds is bitwise the
+sequential sample.
+
+What it costs, measured against the sequential sampler's K evaluations in K
+sequential slots: more evaluations in total (up to K(K+1)/2 for K rounds),
+in sum_i ceil(e_i / N) slots on the busiest rank. It pays only when the
+iterate is good enough after few rounds and N is close to the evaluations
+per round.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from wmdist.comm import Context, ring_all_gather
+from wmdist.costs import diffusion as dcost
+from wmdist.costs.validate import require_int, require_real
+from wmdist.diffusion.denoiser import Denoiser
+from wmdist.diffusion.sampler import PicardResult, RoundEvaluator, picard_sample, running_sum_tolerance
+from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, reference_trajectory, require_world
+from wmdist.report import Check, Demo, Report, counts_per_rank, exact_check
+from wmdist.runtime import run
+
+
+def spread_evaluations(ctx: Context, model: Denoiser, counts: list[int]) -> RoundEvaluator:
+    """A Picard round evaluator for this rank: evaluate steps j with j mod N == rank, all-gather the rest.
+
+    Appends the number of evaluations this rank ran to `counts`, one entry per round.
+    """
+    n, me = ctx.world_size, ctx.rank
+
+    def evaluate(states: list[torch.Tensor], ts: list[float], steps: range) -> list[torch.Tensor]:
+        mine = [j for j in steps if j % n == me]
+        local = [model(states[j], ts[j]) for j in mine]                     # each (B, S, C)
+        shape, per_step = states[0].shape, states[0].numel()
+        owned = dcost.cyclic_step_counts(steps.start, steps.stop, n)
+        chunk = torch.cat([v.reshape(-1) for v in local]) if local else states[0].new_empty(0)
+        every = ring_all_gather(ctx, chunk, [c * per_step for c in owned], phase=f"round {len(counts)}")
+        pieces = [p.view(c, *shape) for p, c in zip(every.split([c * per_step for c in owned]), owned)]
+        counts.append(len(mine))
+        # Rank r's piece holds its steps in increasing order: step j is entry (j - first_r) // N of piece j mod N.
+        return [pieces[j % n][(j - steps.start - (j - steps.start) % n) // n] for j in steps]
+
+    return evaluate
+
+
+def picard_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, reference: torch.Tensor,
+                    iterations: int, window: int | None, tol: float | None) -> dict:
+    """Rank function: Picard iteration with each round's evaluations spread over the ranks."""
+    model, counts = Denoiser(spec.model), []
+    result = picard_sample(model, noise, spec.steps, iterations, window=window, tol=tol, reference=reference,
+                           evaluate=spread_evaluations(ctx, model, counts))
+    rounds = [ctx.ledger.totals(f"round {i}") for i in range(result.rounds)]
+    return {"result": result, "evaluations": counts,
+            "sent": [r["bytes_sent"] for r in rounds], "recv": [r["bytes_recv"] for r in rounds]}
+
+
+@dataclass(frozen=True)
+class PicardRun:
+    """One Picard run on N ranks, next to the sequential sampler's K evaluations in K slots."""
+    result: PicardResult                 # rank 0's (every rank holds the same trajectory, bitwise)
+    steps: int                           # K
+    world_size: int                      # N
+    rounding_level: float                # running_sum_tolerance of the sequential trajectory
+    first_at_rounding: int | None        # first round whose whole trajectory is within rounding_level
+
+    @property
+    def critical_path(self) -> int:
+        """Evaluation slots on the busiest rank, summed over rounds: the sequential sampler needs K."""
+        return dcost.picard_critical_path(self.result.evaluations, self.world_size)
+
+
+def _check_run(iterations: int, window: int | None, tol: float | None) -> None:
+    require_int("iterations", iterations, 1)
+    if window is not None:
+        require_int("window", window, 1)
+    if tol is not None:
+        require_real("tol", tol)
+
+
+def picard_demo(world_size: int, spec: SamplingSpec | None = None, iterations: int | None = None,
+                window: int | None = None, tol: float | None = None, noise: torch.Tensor | None = None) -> Report:
+    """Picard over the steps on N ranks (default: every step, K rounds) against the sequential sampler.
+
+    Default spec: 16 steps, or N when there are more ranks.
+    """
+    spec = spec or SamplingSpec(steps=max(16, require_int("world_size", world_size, 1)))
+    k_total = spec.steps
+    n = require_world(world_size, k_total, f"each rank needs a step to evaluate: there are {k_total} steps")
+    iterations = k_total if iterations is None else iterations
+    _check_run(iterations, window, tol)
+    x_T = check_noise(noise, spec)
+    ref = reference_trajectory(spec, x_T)                                   # (K+1, B, S, C)
+    begin = time.perf_counter()
+    outs = run(picard_on_ranks, n, spec, x_T, ref, iterations, window, tol)
+    seconds = time.perf_counter() - begin
+    with one_thread():
+        alone = picard_sample(Denoiser(spec.model), x_T, k_total, iterations, window=window, tol=tol, reference=ref)
+    result = outs[0]["result"]
+    level = running_sum_tolerance(ref)
+    first = next((i for i, e in enumerate(result.errors, start=1) if e <= level), None)
+    same = "same velocity calls on the same shapes; the gather copies bits; the sum runs in the same order"
+    checks = [exact_check("every rank holds the same trajectory", [o["result"].trajectory for o in outs],
+                          [result.trajectory] * n, "each rebuilds it from the same gathered velocities, in order"),
+              exact_check("N ranks == Picard in one process, every round's error", result.errors, alone.errors, same),
+              exact_check("N ranks == Picard in one process, final trajectory", result.trajectory, alone.trajectory,
+                          same)]
+    if result.rounds >= k_total and tol in (None, 0.0):
+        checks.append(exact_check("after K rounds: trajectory == sequential sampler", result.trajectory, ref,
+                                  "round i makes state i exact, and no float operation differs from the sequential one"))
+    if k_total > 1:
+        checks.append(Check("stopped after 1 round: sample differs from the sequential one", result.sample_errors[0],
+                            1000 * level, "1000x the rounding level of the running sum: not converged", must_differ=True))
+    exact = counts_per_rank("denoiser evaluations", [sum(o["evaluations"]) for o in outs],
+                            [sum(_owned(lo, hi, n)[r] for lo, hi in _schedule(result)) for r in range(n)])
+    exact += counts_per_rank("velocity bytes sent, all rounds", [sum(o["sent"]) for o in outs],
+                             [sum(dcost.picard_gather_bytes(lo, hi, n, r, x_T.numel())["sent"]
+                                  for lo, hi in _schedule(result)) for r in range(n)])
+    exact += counts_per_rank("velocity bytes received, round 1", [o["recv"][0] for o in outs],
+                             [dcost.picard_gather_bytes(*_schedule(result)[0], n, r, x_T.numel())["recv"]
+                              for r in range(n)], step=1)
+    if tol is None:
+        total = sum(dcost.picard_evaluations(k_total, iterations, window))
+        exact += counts_per_rank("evaluations, all ranks together", [o["result"].total_evaluations for o in outs],
+                                 [total] * n)
+        exact += counts_per_rank("rounds", [o["result"].rounds for o in outs],
+                                 [dcost.picard_rounds(k_total, iterations)] * n)
+    data = PicardRun(result, k_total, n, level, first)
+    params = {"steps": k_total, "batch": spec.batch, "iterations": iterations, "window": window, "tol": tol,
+              "sequential_evaluations": dcost.sequential_evaluations(k_total)}
+    return Report("diffusion-picard", n, checks, exact, seconds, params, data)
+
+
+def _schedule(result: PicardResult) -> list[tuple[int, int]]:
+    """(lo, hi) of the steps each round evaluated, read back from the settled counts and evaluations."""
+    starts = [0] + [s - 1 for s in result.settled[:-1]]
+    return [(lo, lo + e) for lo, e in zip(starts, result.evaluations)]
+
+
+def _owned(lo: int, hi: int, n: int) -> list[int]:
+    return dcost.cyclic_step_counts(lo, hi, n)
+
+
+DEMOS = [Demo("diffusion-picard", "Picard iteration over the steps on N ranks: error per round, extra work",
+              picard_demo, world_sizes=(2, 4), chapter="08")]

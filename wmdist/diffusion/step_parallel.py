@@ -1,0 +1,183 @@
+"""Solver steps on different ranks (hand-offs, no speed-up for one sample) against samples spread over ranks.
+
+Cut the K steps into N contiguous blocks (`costs.diffusion.step_owners`).
+Step k needs the whole state step k-1 produced, so at every change of owner
+the state travels point to point, B*S*C numbers, and nothing else does: no
+collective. For one sample the ranks therefore work strictly one after
+another (the timeline shows them waiting). Several samples can stream
+through the blocks like microbatches through pipeline stages, with a fill and
+a drain; spreading whole samples over the ranks needs no communication at all.
+
+Timing method, and why. Every rank shares this machine's two cores with the
+others and with other work, so raw wall times say more about the load than
+about the schedule. Each denoiser evaluation therefore runs the real (tiny)
+computation and then sleeps `eval_seconds` per sample, standing in for a
+real-size model; sleeping ranks do not compete for a core. The claims are
+made on the measured spans, not on wall time: how many ranks computed at once
+on average (busy time / elapsed), against the same number for an ideal
+schedule (`costs.diffusion.step_split_slots`, `batched_slots`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from itertools import combinations
+
+import torch
+
+from wmdist.comm import Context, barrier, isend, recv
+from wmdist.costs import diffusion as dcost
+from wmdist.costs.collectives import ring_chunk_sizes
+from wmdist.costs.validate import require_int, require_real
+from wmdist.diffusion.denoiser import Denoiser
+from wmdist.diffusion.sampler import euler_update, time_grid
+from wmdist.diffusion.sampler import sample as sequential_sample
+from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, require_world
+from wmdist.report import Demo, Report, close_check, counts_per_rank, exact_check
+from wmdist.runtime import run
+from wmdist.spans import Span, intersection
+
+CASES = ("1 sample, steps split", "N samples, steps split", "N samples, batched")
+
+
+def _evaluate(model: Denoiser, x: torch.Tensor, t: float, eval_seconds: float) -> torch.Tensor:
+    """The real velocity, then a sleep per sample standing in for a real-size model's evaluation."""
+    v = model(x, t)
+    time.sleep(eval_seconds * x.shape[0])
+    return v
+
+
+def steps_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval_seconds: float) -> dict:
+    """Rank function: run this rank's block of steps on every sample in turn, handing the state on.
+
+    Returns the finished samples (on the rank owning the last step), this
+    rank's spans (absolute perf_counter seconds) and its ledger totals.
+    """
+    model, ts = Denoiser(spec.model), time_grid(spec.steps)
+    owners = dcost.step_owners(spec.steps, ctx.world_size)
+    mine = [k for k, r in enumerate(owners) if r == ctx.rank]
+    before = owners[mine[0] - 1] if mine[0] > 0 else None
+    after = owners[mine[-1] + 1] if mine[-1] + 1 < spec.steps else None
+    barrier(ctx, phase="align clocks")
+    ctx.ledger.reset()                                   # count only what sampling sends
+    spans, pending, finished = [], [], []
+    for m in range(noise.shape[0]):
+        x = noise[m:m + 1].clone()                       # (1, S, C)
+        if before is not None:
+            t0 = time.perf_counter()
+            recv(ctx, x, before, phase="hand-off")
+            spans.append(Span(ctx.rank, t0, time.perf_counter(), "comm", f"wait for sample {m}"))
+        for k in mine:
+            t0 = time.perf_counter()
+            x = euler_update(x, _evaluate(model, x, ts[k], eval_seconds), ts[k + 1] - ts[k])
+            spans.append(Span(ctx.rank, t0, time.perf_counter(), "compute", f"sample {m}, step {k}"))
+        if after is not None:
+            pending.append(isend(ctx, x, after, phase="hand-off"))
+        else:
+            finished.append(x)
+    for p in pending:
+        p.wait()
+    return {"samples": torch.cat(finished) if finished else None, "spans": spans,
+            "p2p": ctx.ledger.totals("hand-off"), "collectives": len(ctx.ledger.select(kind="collective"))}
+
+
+def samples_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval_seconds: float) -> dict:
+    """Rank function: the sequential sampler on this rank's slice of the samples, no communication."""
+    model, ts = Denoiser(spec.model), time_grid(spec.steps)
+    sizes = ring_chunk_sizes(noise.shape[0], ctx.world_size)
+    start = sum(sizes[:ctx.rank])
+    x = noise[start:start + sizes[ctx.rank]].clone()     # (b_r, S, C)
+    barrier(ctx, phase="align clocks")
+    ctx.ledger.reset()
+    spans = []
+    for k in range(spec.steps if x.shape[0] else 0):
+        t0 = time.perf_counter()
+        x = euler_update(x, _evaluate(model, x, ts[k], eval_seconds), ts[k + 1] - ts[k])
+        spans.append(Span(ctx.rank, t0, time.perf_counter(), "compute", f"samples {start}..{start + len(x) - 1}, step {k}"))
+    return {"samples": x, "spans": spans, "p2p": ctx.ledger.totals(), "collectives": len(ctx.ledger.select(kind="collective"))}
+
+
+@dataclass(frozen=True)
+class StepTimelines:
+    """Per case (keys of CASES): every rank's spans from time 0, and what they add up to."""
+    timelines: dict[str, list[Span]]
+    elapsed: dict[str, float]          # first start to last end, seconds
+    concurrency: dict[str, float]      # busy compute seconds / elapsed: ranks computing at once, on average
+    ideal: dict[str, float]            # the same for the ideal schedule (sample-evaluations / slots)
+    cross_rank_overlap: dict[str, float]   # seconds two different ranks computed at the same time, summed over pairs
+
+
+def _from_zero(spans: list[Span]) -> list[Span]:
+    t0 = min(s.start for s in spans)
+    return [replace(s, start=s.start - t0, end=s.end - t0) for s in spans]
+
+
+def _cross_overlap(spans: list[Span]) -> float:
+    rows = {r: [(s.start, s.end) for s in spans if s.row == r and s.kind == "compute"] for r in {s.row for s in spans}}
+    return sum(intersection(rows[a], rows[b]) for a, b in combinations(sorted(rows), 2))
+
+
+def steps_demo(world_size: int, spec: SamplingSpec | None = None, eval_seconds: float = 0.02) -> Report:
+    """One sample with its steps split over N ranks, N samples streamed through the blocks, N samples batched.
+
+    Default spec: 8 steps, or N when there are more ranks (each rank owns a step).
+    """
+    spec = spec or SamplingSpec(steps=max(8, require_int("world_size", world_size, 1)))
+    n = require_world(world_size, spec.steps, f"each rank needs a step of its own: there are {spec.steps} steps")
+    d = require_real("eval_seconds", eval_seconds, 0.0, 1.0)
+    many = replace(spec, batch=n)
+    x_T = check_noise(None, many)                                           # (N, S, C)
+    begin = time.perf_counter()
+    outs = {CASES[0]: run(steps_on_ranks, n, spec, x_T[:1], d), CASES[1]: run(steps_on_ranks, n, spec, x_T, d),
+            CASES[2]: run(samples_on_ranks, n, spec, x_T, d)}
+    seconds = time.perf_counter() - begin
+    with one_thread():
+        model = Denoiser(spec.model)
+        alone = torch.cat([sequential_sample(model, x_T[m:m + 1], spec.steps) for m in range(n)])   # (N, S, C)
+        slices = [sequential_sample(model, piece, spec.steps) for piece in torch.tensor_split(x_T, n) if len(piece)]
+    last = dcost.step_owners(spec.steps, n)[-1]
+    same = "same operations on the same shapes, one thread each; hand-offs copy the state bit for bit"
+    checks = [exact_check("1 sample, steps split: sample == single-device sampler", outs[CASES[0]][last]["samples"],
+                          alone[:1], same),
+              exact_check("N samples, steps split: every sample == single-device sampler", outs[CASES[1]][last]["samples"],
+                          alone, same),
+              exact_check("N samples, batched: every rank's samples == single-device sampler on them",
+                          [o["samples"] for o in outs[CASES[2]] if len(o["samples"])], slices, same)]
+    timelines = {c: _from_zero([s for o in out for s in o["spans"]]) for c, out in outs.items()}
+    elapsed = {c: max(s.end for s in sp) for c, sp in timelines.items()}
+    busy = {c: sum(s.duration for s in sp if s.kind == "compute") for c, sp in timelines.items()}
+    concurrency = {c: busy[c] / elapsed[c] for c in CASES}
+    ideal = {CASES[0]: spec.steps / dcost.step_split_slots(spec.steps, n, 1),
+             CASES[1]: n * spec.steps / dcost.step_split_slots(spec.steps, n, n),
+             CASES[2]: n * spec.steps / dcost.batched_slots(spec.steps, n, n)}
+    overlap = {c: _cross_overlap(sp) for c, sp in timelines.items()}
+    checks.append(exact_check("1 sample, steps split: no two ranks ever compute at the same time",
+                              overlap[CASES[0]], 0.0, "causality: a rank starts only after the hand-off "
+                              "that follows the previous rank's last step (timestamps on one monotonic clock)"))
+    checks.append(close_check("N samples, batched: ranks computing at once, within half of the ideal N",
+                              concurrency[CASES[2]], ideal[CASES[2]], ideal[CASES[2]] / 2,
+                              "every rank sleeps K evaluations after one barrier: only start skew and late "
+                              "wake-ups lower it, and they would have to cost half the run"))
+    state = dcost.boundary_transfer_bytes(1, spec.model.tokens, spec.model.channels)
+    exact = []
+    for case, samples in ((CASES[0], 1), (CASES[1], n)):
+        owners = dcost.step_owners(spec.steps, n)
+        sends = [samples * int(r != owners[-1]) for r in range(n)]
+        recvs = [samples * int(r != owners[0]) for r in range(n)]
+        out = outs[case]
+        exact += counts_per_rank("hand-off bytes sent", [o["p2p"]["bytes_sent"] for o in out],
+                                 [s * state for s in sends], case=case)
+        exact += counts_per_rank("hand-off bytes received", [o["p2p"]["bytes_recv"] for o in out],
+                                 [r * state for r in recvs], case=case)
+        exact += counts_per_rank("hand-off messages", [o["p2p"]["messages"] for o in out], sends, case=case)
+    for case, out in outs.items():
+        exact += counts_per_rank("collective calls", [o["collectives"] for o in out], [0] * n, case=case)
+    exact += counts_per_rank("bytes sent", [o["p2p"]["bytes_sent"] for o in outs[CASES[2]]], [0] * n, case=CASES[2])
+    data = StepTimelines(timelines, elapsed, concurrency, ideal, overlap)
+    params = {"steps": spec.steps, "samples": n, "eval_seconds": d, "state_bytes": state,
+              "handoffs_per_sample": dcost.step_handoffs(spec.steps, n)}
+    return Report("diffusion-steps", n, checks, exact, seconds, params, data)
+
+
+DEMOS = [Demo("diffusion-steps", "Steps on different ranks (hand-offs, no speed-up) vs samples batched over ranks",
+              steps_demo, world_sizes=(2, 4), chapter="08")]
