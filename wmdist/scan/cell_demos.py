@@ -1,0 +1,88 @@
+"""Demo scan-cell: a Dreamer-style GRU core on N ranks, time split three ways, checked against one process.
+
+The chunks-from-zero pitfall must miss the loop by more than rounding can
+explain; the boundary hand-off must equal the loop bit for bit; the episode
+split must equal it within a bound derived along the trajectory (bounds.py).
+Cell calls and bytes per rank are counted and compared with their formulas.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from wmdist.costs.rounding import FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF
+from wmdist.costs.scan import handoff_bytes, time_chunk_sizes
+from wmdist.costs.validate import require_int
+from wmdist.report import Count, Demo, Report, close_check, counts_per_rank, differ_check, exact_check
+from wmdist.scan.boundaries import SCHEMES, check_inputs, run_boundaries, stitch, timeline, waits
+from wmdist.scan.bounds import propagated_bound
+from wmdist.scan.cell import GRUCell, rollout, step_errors
+from wmdist.spans import Span
+
+ROUNDOFF = {torch.float32: FLOAT32_ROUNDOFF, torch.float64: FLOAT64_ROUNDOFF}
+
+
+def episodes(batch: int = 8, steps: int = 37, state_size: int = 16, input_size: int = 8, seed: int = 0,
+             dtype: torch.dtype = torch.float32) -> tuple[GRUCell, torch.Tensor, torch.Tensor]:
+    """A seeded cell, inputs x (B, T, m) ~ N(0, 1) and initial states h0 (B, n) uniform in [-1, 1]."""
+    cell = GRUCell.seeded(state_size, input_size, seed=seed + 1, dtype=dtype)
+    g = torch.Generator().manual_seed(require_int("seed", seed, 0) + 2)
+    x = torch.randn(require_int("batch", batch, 1), require_int("steps", steps, 1), input_size, generator=g,
+                    dtype=torch.float64)
+    h0 = torch.rand(batch, state_size, generator=g, dtype=torch.float64) * 2 - 1
+    return cell, x.to(dtype), h0.to(dtype)
+
+
+@dataclass(frozen=True)
+class CellSplit:
+    """What scan-cell measured: the pitfall's error per step, the bound, timelines and waits."""
+    chunk_sizes: tuple[int, ...]
+    from_zero_errors: tuple[float, ...]   # max |from zero - loop| at each step t = 1 .. T
+    bound: float                          # largest gap rounding alone could open (bounds.propagated_bound)
+    timelines: dict[str, list[Span]]      # scheme -> spans, each from 0 at its first span
+    waits: tuple[float, ...]              # seconds each rank waited for its boundary state (hand-off)
+    least_waits: tuple[float, ...]        # what the sleeps alone force: the steps of every earlier chunk
+    step_seconds: float
+
+
+def cell_demo(world_size: int, steps: int = 37, batch: int = 8, step_seconds: float = 1e-4, seed: int = 0) -> Report:
+    """Chunks from zero (wrong), boundary hand-off (exact, sequential), episodes split (exact, parallel)."""
+    cell, x, h0 = episodes(batch, steps, seed=seed)
+    n = check_inputs(cell, x, h0, world_size, step_seconds, min_world_size=2)
+    start = time.perf_counter()
+    results = run_boundaries(n, cell, x, h0, step_seconds)
+    seconds = time.perf_counter() - start
+    exact = rollout(cell, x, h0)                                           # (B, T, n), one process
+    bound = propagated_bound(cell, x, h0, exact, ROUNDOFF[x.dtype])
+    sizes = time_chunk_sizes(x.shape[1], n)
+    why_bound = "rounding alone, propagated along the trajectory's Jacobians (bounds.propagated_bound)"
+    from_zero = stitch(results, "from zero")
+    checks = [differ_check("chunks started from zero are WRONG", from_zero, exact, bound, "more than " + why_bound),
+              exact_check("rank 0's chunk (started from h0) == loop", from_zero[:, :sizes[0]], exact[:, :sizes[0]],
+                          "the same start and the same operations as the loop"),
+              exact_check("boundary states handed rank to rank == loop", stitch(results, "hand-off"), exact,
+                          "every chunk starts from the true state bit for bit and repeats the loop's operations"),
+              close_check("episodes split over ranks == loop", stitch(results, "episodes"), exact, bound,
+                          "fewer rows per matrix product sum in another order: " + why_bound)]
+    counts: list[Count] = []
+    per_rank_calls = {"from zero": sizes, "hand-off": sizes, "episodes": [x.shape[1]] * n}
+    elem = h0.element_size()
+    traffic = [handoff_bytes(cell.state_size, x.shape[0], n, r, elem) for r in range(n)]
+    for name in SCHEMES:
+        counts += counts_per_rank("cell calls", [r[name].calls for r in results], per_rank_calls[name], case=name)
+        sent = [t["bytes_sent"] for t in traffic] if name == "hand-off" else [0] * n
+        recvd = [t["bytes_recv"] for t in traffic] if name == "hand-off" else [0] * n
+        counts += counts_per_rank("bytes sent", [r[name].bytes_sent for r in results], sent, case=name)
+        counts += counts_per_rank("bytes received", [r[name].bytes_recv for r in results], recvd, case=name)
+    least = tuple(step_seconds * x.shape[0] * sum(sizes[:r]) for r in range(n))
+    data = CellSplit(tuple(sizes), tuple(step_errors(from_zero, exact).tolist()), bound,
+                     {name: timeline(results, name) for name in SCHEMES}, tuple(waits(results)), least, step_seconds)
+    return Report("scan-cell", n, checks, counts, seconds,
+                  {"steps": x.shape[1], "batch": x.shape[0], "state_size": cell.state_size, "dtype": "float32",
+                   "step_seconds": step_seconds}, data)
+
+
+DEMOS = [Demo("scan-cell", "GRU core over N ranks: chunks from zero (wrong), boundary hand-off, episodes split",
+              cell_demo, world_sizes=(2, 4, 8), chapter="07", min_world_size=2)]

@@ -1,0 +1,137 @@
+"""Figures for chapter 07: pure functions of the demos' data (and of costs.scan), made under plt.ioff()."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from wmdist.costs.scan import blelloch_ops, brent_steps, chunked_ops, hillis_steele_ops, sequential_ops
+from wmdist.scan.affine_demos import ByteSweep
+from wmdist.scan.cell_demos import CellSplit
+from wmdist.scan.one_process import ScanTimes
+from wmdist.scan.picard_ranks import PicardSweeps
+from wmdist.spans import Span
+from wmdist.ui import timelines_figure
+
+
+def _subplots(*args: Any, **kwargs: Any) -> tuple[Figure, Any]:
+    """plt.subplots made under plt.ioff() and released from pyplot at once.
+
+    A figure pyplot still holds can be shown twice in Jupyter (once returned,
+    once flushed at the end of the cell, as happens to a kernel's first
+    figure); a released one is shown only where it is returned or displayed.
+    """
+    with plt.ioff():
+        fig, axes = plt.subplots(*args, **kwargs)
+    plt.close(fig)
+    return fig, axes
+
+
+STYLE = {("gathered", False): ("tab:red", "-o"), ("gathered", True): ("tab:orange", "--o"),
+         ("handoff", False): ("tab:blue", "-s")}
+
+
+def bytes_figure(sweep: ByteSweep) -> Figure:
+    """Bytes all ranks sent, against T (flat) and against the state size n, per combine and A structure."""
+    fig, (left, right) = _subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    series = [("gathered", False, "all-gather, dense A"), ("gathered", True, "all-gather, diagonal A"),
+              ("handoff", False, "hand-off, any A (one state per hop)")]
+    for combine, diagonal, label in series:
+        color, style = STYLE[(combine, diagonal)]
+        by_t = sweep.select(combine, diagonal, "steps")
+        left.plot([r.steps for r in by_t], [r.total for r in by_t], style, color=color, label=label)
+        by_n = sweep.select(combine, diagonal, "state_size")
+        right.plot([r.state_size for r in by_n], [r.total for r in by_n], style, color=color, label=label)
+    left.set(xscale="log", yscale="log", xlabel="time steps T", ylabel="bytes sent, all ranks together",
+             title=f"vs T (n = {sweep.fixed_state_size}, N = {sweep.world_size}): flat")
+    right.set(xscale="log", yscale="log", xlabel="state size n", ylabel="bytes sent, all ranks together",
+              title=f"vs n (T = {sweep.fixed_steps}): n^2 for dense summaries, n otherwise")
+    right.legend(fontsize=8)
+    return fig
+
+
+def ops_figure(steps: Sequence[int] = (4, 16, 64, 256, 1024, 4096), workers_at: int = 1024,
+               times: Sequence[ScanTimes] = ()) -> Figure:
+    """Work and depth of the loop and the scans vs T; parallel steps vs workers; measured times if given."""
+    if times:
+        fig, grid = _subplots(2, 2, figsize=(10, 7.2), layout="constrained")
+        ax = list(grid.flat)
+    else:
+        fig, ax = _subplots(1, 3, figsize=(12, 3.8), layout="constrained")
+    schedules = [("loop", sequential_ops, "k"), ("Hillis-Steele", hillis_steele_ops, "tab:red"),
+                 ("Blelloch (torch generic)", blelloch_ops, "tab:blue")]
+    for name, ops, color in schedules:
+        counts = [ops(t) for t in steps]
+        ax[0].plot(steps, [c.composes + c.applies for c in counts], "-o", color=color, label=name)
+        ax[1].plot(steps, [c.depth for c in counts], "-o", color=color, label=name)
+    ax[0].set(xscale="log", yscale="log", xlabel="T", ylabel="operations (composes + applies)", title="total work")
+    ax[1].set(xscale="log", yscale="log", xlabel="T", ylabel="dependent steps", title="depth")
+    t = workers_at
+    workers = [p for p in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if p <= t]
+    for name, ops, color in schedules:
+        ax[2].plot(workers, [brent_steps(ops(t), p) for p in workers], "-", color=color, label=name)
+    ax[2].plot(workers, [chunked_ops(t, p).depth for p in workers], "-", color="tab:green",
+               label="N chunks on N ranks")
+    ax[2].set(xscale="log", yscale="log", xlabel="workers P", ylabel="parallel steps (Brent bound)",
+              title=f"when it pays, T = {t}")
+    for a in ax[:3]:
+        a.legend(fontsize=7)
+    if times:
+        for st, color in zip(times, ("tab:purple", "tab:brown", "tab:gray")):
+            kind = f"{'diagonal' if st.diagonal else 'dense'} n={st.state_size}"
+            ax[3].plot(st.steps, st.loop_s, "-o", color=color, label=f"loop, {kind}")
+            ax[3].plot(st.steps, st.hillis_steele_s, "--s", color=color, label=f"Hillis-Steele, {kind}")
+            ax[3].plot(st.steps, st.torch_scan_s, ":^", color=color, label=f"torch scan, {kind}")
+        ax[3].set(xscale="log", yscale="log", xlabel="T", ylabel="seconds (best of repeats)",
+                  title="this machine, one process")
+        ax[3].legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    return fig
+
+
+def from_zero_figure(split: CellSplit) -> Figure:
+    """Error of chunks started from zero at every step; chunk boundaries dashed; the rounding bound dotted."""
+    errors = split.from_zero_errors
+    steps = range(1, len(errors) + 1)
+    fig, ax = _subplots(figsize=(8, 3.4), layout="constrained")
+    ax.semilogy([t for t, e in zip(steps, errors) if e > 0], [e for e in errors if e > 0], "-o", ms=3,
+                color="tab:red", label="chunks from zero (0 where not drawn: exact)")
+    ax.axhline(split.bound, color="k", ls=":", label="largest gap rounding could explain")
+    edge = 0
+    for size in split.chunk_sizes[:-1]:
+        edge += size
+        ax.axvline(edge + 0.5, color="0.6", ls="--", lw=1)
+    ax.set(xlabel="time step t (dashed: chunk boundaries)", ylabel="max |h_t - exact|",
+           title=f"{len(split.chunk_sizes)} chunks, every chunk after the first started from zero")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def picard_figure(sweeps: PicardSweeps) -> Figure:
+    """Left: error and start change per sweep (log). Right: work and depth so far, as multiples of the loop's T."""
+    k = list(range(1, sweeps.sweeps + 1))
+    fig, (left, right) = _subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+    for values, style, label in ((sweeps.errors, "-o", "error vs the loop"),
+                                 (sweeps.changes, "--s", "largest start change (what ranks see)")):
+        shown = [(i, v) for i, v in zip(k, values) if v > 0]
+        left.semilogy([i for i, _ in shown], [v for _, v in shown], style, label=label)
+    exact = [i for i, e in zip(k, sweeps.errors) if e == 0]
+    if exact:
+        left.axvline(exact[0], color="tab:green", ls=":", label=f"exact (error 0) from sweep {exact[0]}")
+    left.set(xlabel="sweep", ylabel="max abs", title=f"{len(sweeps.chunk_sizes)} chunks in parallel", xticks=k)
+    left.legend(fontsize=8)
+    right.plot(k, [w / sweeps.loop_steps for w in sweeps.work], "-o", color="tab:red", label="work / loop's work")
+    right.plot(k, [d / sweeps.loop_steps for d in sweeps.depth], "-s", color="tab:blue",
+               label="depth / loop's depth")
+    right.axhline(1.0, color="k", ls=":", lw=1)
+    right.set(xlabel="sweep", ylabel="multiple of the loop (T steps)", title="what the sweeps cost", xticks=k)
+    right.legend(fontsize=8)
+    return fig
+
+
+def schedules_figure(timelines: dict[str, list[Span]]) -> Figure:
+    """Per-rank timelines of several schemes, stacked on one time axis (wmdist.ui.timelines_figure)."""
+    fig = timelines_figure(timelines, row_label="rank", unit="ms")
+    plt.close(fig)                                      # see _subplots
+    return fig
