@@ -39,15 +39,20 @@ def _all_gather_rounds(ctx: Context, chunks: list[torch.Tensor], rank: int, n: i
 
 
 def ring_reduce_scatter(ctx: Context, flat: torch.Tensor, phase: str = "reduce-scatter",
-                        group: dist.ProcessGroup | None = None) -> torch.Tensor:
+                        group: dist.ProcessGroup | None = None, sizes: list[int] | None = None) -> torch.Tensor:
     """Sum a tensor (flattened) across the ring; return this rank's chunk of the sum (chunk r).
 
     N-1 rounds. The input is not modified. The result owns its memory (a copy
     of chunk r), so the full-size working buffer is freed on return: what a
-    ZeRO rank holds afterwards is really only its shard.
+    ZeRO rank holds afterwards is really only its shard. Chunks follow
+    torch.tensor_split's layout unless `sizes` (one element count per rank,
+    e.g. whole sequence rows) says otherwise, as in ring_all_gather.
     """
     group, r, n = resolve(ctx, group)
-    chunks = list(torch.tensor_split(flat.reshape(-1).clone(), n))      # N views of (~G/N,)
+    data = flat.reshape(-1).clone()
+    if sizes is not None and (len(sizes) != n or sum(sizes) != data.numel()):
+        raise ValueError(f"rank {r}: sizes {sizes} do not split {data.numel()} elements over {n} ranks")
+    chunks = list(torch.split(data, sizes) if sizes is not None else torch.tensor_split(data, n))  # N views
     _reduce_scatter_rounds(ctx, chunks, r, n, phase, group)
     return chunks[r].clone()
 

@@ -146,8 +146,8 @@ def block_schedule(shape: BlockShape, world_size: int, layout: str) -> list[Coll
                 Collective("mlp.fc1", "backward", "all-reduce", full),
                 Collective("attn.qkv", "backward", "all-reduce", full)]
     rows = _seq_chunks(shape, n, h)
-    gather = lambda site, d: Collective(site, d, "all-gather", rows)          # noqa: E731
-    scatter = lambda site, d: Collective(site, d, "reduce-scatter", rows)     # noqa: E731
+    gather = lambda site, d: Collective(site, d, "all-gather", rows)
+    scatter = lambda site, d: Collective(site, d, "reduce-scatter", rows)
     again = layout == "sp-regather"
     out = [gather("attn.qkv", "forward"), scatter("attn.out", "forward"),
            gather("mlp.fc1", "forward"), scatter("mlp.fc2", "forward"),
@@ -211,6 +211,18 @@ def megatron_layer_bytes(b: int, s: int, h: int, world_size: int, sequence_paral
     g = b * s * h * elem_size
     per = (n - 1) * g / n
     return (4 + 4) * per if require_bool("sequence_parallel", sequence_parallel) else 4 * 2 * per
+
+
+def megatron_group_bytes(b: int, s: int, h: int, world_size: int, elem_size: int = 4) -> int:
+    """Bytes all N ranks send together per layer per step, with or without SP: 8(N-1)G, G = b*s*h*elem.
+
+    A ring reduce-scatter or all-gather moves (N-1)G in all, however the
+    chunks are cut; an all-reduce twice that. So 4 all-reduces and 4 + 4
+    reduce-scatters / all-gathers move the same integer for every N.
+    """
+    for name, v in (("b", b), ("s", s), ("h", h), ("elem_size", elem_size)):
+        require_int(name, v, 1)
+    return 8 * (require_int("world_size", world_size, 1) - 1) * b * s * h * elem_size
 
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False) -> float:
