@@ -1,0 +1,139 @@
+"""Figures for chapter 05: pure functions of a BubbleView and of measured runs; no widgets, no display.
+
+The ideal slot diagram draws each rank's bars in one call per kind (fast
+enough for a slider at P = 8, M = 32, v = 4); measured timelines go through
+wmdist.ui.timeline_figure, the course's one Gantt chart for real spans.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from wmdist.costs import pipeline as pcosts
+from wmdist.pipeline.bubble import BubbleView
+from wmdist.pipeline.measure import ImbalanceCurve, MeasuredBubble
+from wmdist.pipeline.schedules import FORWARD, format_token
+from wmdist.spans import Span
+from wmdist.ui import timeline_figure, timelines_figure
+
+COLORS = {"forward": "tab:green", "backward": "tab:purple"}
+MAX_LABELLED = 24          # actions per rank up to which bars carry their token
+
+
+def slot_axes(ax: plt.Axes, view: BubbleView) -> None:
+    """The ideal slot diagram: one row per rank, forwards green, backwards purple, gaps are the bubble."""
+    sim, schedule = view.sim, view.schedule
+    with_stage = schedule.chunks > 1
+    min_width = sim.makespan * (0.03 if with_stage else 0.02)      # a bar narrower than its token stays blank
+    for rank, timings in enumerate(sim.timings):
+        for kind, color in ((FORWARD, COLORS["forward"]), ("B", COLORS["backward"])):
+            bars = [(float(t.start), float(t.end - t.start)) for t in timings if t.action.kind == kind]
+            ax.broken_barh(bars, (rank - 0.4, 0.8), facecolors=color, edgecolor="k", linewidth=0.3)
+        if len(timings) <= MAX_LABELLED:
+            for t in timings:
+                if t.end - t.start >= min_width:
+                    ax.text(float(t.start + t.end) / 2, rank, format_token(t.action, with_stage), ha="center",
+                            va="center", fontsize=6 if with_stage else 7, color="white")
+    ax.set_yticks(range(schedule.stages), [f"rank {r}" for r in range(schedule.stages)])
+    ax.set_ylim(schedule.stages - 0.5, -0.5)
+    ax.set_xlim(0, float(sim.makespan))
+    ax.set_xlabel("time (slots: a forward of one unit of work = 1, its backward = 2)")
+    ax.set_title(f"ideal slot diagram: {schedule.name}, P={schedule.stages}, M={schedule.microbatches}"
+                 + (f", v={schedule.chunks}" if with_stage else "") + f"; idle {view.idle:.3f} of the schedule",
+                 fontsize=10)
+
+
+def curve_axes(ax: plt.Axes, view: BubbleView) -> None:
+    """Idle fraction against M at this P: both conventions, the balanced formula, and the large-M limit."""
+    c, cfg = view.curve, view.config
+    v = f"v{cfg.chunks}" if cfg.chunks > 1 else ""
+    ax.plot(c.microbatches, c.idle, "o-", color="tab:red", ms=3, label="f = idle / whole schedule")
+    ax.plot(c.microbatches, c.over_ideal, "s-", color="tab:blue", ms=3, label="r = idle / ideal time")
+    ax.plot(c.microbatches, c.formula, "--", color="0.3", lw=1, label=f"(P-1)/({v}M+P-1), balanced")
+    if c.limit > 0:
+        ax.axhline(c.limit, color="tab:red", ls=":", lw=1, label=f"limit 1 - mean/max = {c.limit:.3f}")
+    ax.axvline(cfg.microbatches, color="0.6", lw=0.8)
+    ax.set(xscale="log", xlabel="microbatches M", ylabel="bubble", ylim=(0, min(1.5, max(c.over_ideal) * 1.1 + 0.05)),
+           title=f"bubble vs M at P={cfg.stages}: f = r/(1+r)")
+    ax.set_xticks(c.microbatches, [str(m) for m in c.microbatches])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
+
+
+def held_axes(ax: plt.Axes, view: BubbleView) -> None:
+    """Activation sets each rank holds at its peak (bars), and the closed form (x)."""
+    ranks = range(view.schedule.stages)
+    ax.bar(ranks, view.peak, color="tab:orange", label="simulated peak")
+    ax.plot(ranks, view.peak_formula, "kx", label="formula")
+    ax.set(xlabel="rank", ylabel="microbatch activation sets", title="activations in flight (peak per rank)")
+    ax.set_xticks(list(ranks))
+    ax.legend(fontsize=7)
+
+
+def in_slots(spans: Sequence[Span], slot_seconds: float) -> list[Span]:
+    """Measured spans rescaled to slot units (seconds / slot_seconds), to sit under the ideal diagram."""
+    return [Span(s.row, s.start / slot_seconds, s.end / slot_seconds, s.kind, s.label) for s in spans]
+
+
+def bubble_figure(view: BubbleView, measured: MeasuredBubble | None = None) -> Figure:
+    """The panel's figure: slot diagram, measured Gantt chart (when it matches), bubble curve, activations.
+
+    Laid out by hand (fixed margins in inches) rather than by matplotlib's
+    constrained layout, which would cost a slider more than everything else.
+    """
+    show = measured is not None and measured.schedule == view.schedule
+    rows = [0.55 + 0.3 * view.schedule.stages] * (2 if show else 1) + [2.4]
+    gap, top, bottom = 0.75, 0.35, 0.5
+    height = sum(rows) + gap * (len(rows) - 1) + top + bottom
+    with plt.ioff():
+        fig = plt.figure(figsize=(9.5, height))
+    grid = fig.add_gridspec(len(rows), 2, height_ratios=rows, left=0.09, right=0.98, top=1 - top / height,
+                            bottom=bottom / height, hspace=gap / (sum(rows) / len(rows)), wspace=0.22)
+    ideal = fig.add_subplot(grid[0, :])
+    slot_axes(ideal, view)
+    if show:
+        low = fig.add_subplot(grid[1, :])
+        timeline_figure(in_slots(measured.median_timeline, measured.work.slot_seconds), ax=low, unit="s")
+        low.set_xlabel(f"time (slots of {1e3 * measured.work.slot_seconds:g} ms)")
+        low.set_title(f"measured on {view.schedule.stages} ranks (median of {len(measured.idle)} steps): idle "
+                      f"{measured.median_idle:.3f}, ideal {measured.predicted:.3f}", fontsize=10)
+        end = max(float(view.sim.makespan), max(s.end for s in measured.median_timeline) / measured.work.slot_seconds)
+        ideal.set_xlim(0, end)
+        low.set_xlim(0, end)
+    curve_axes(fig.add_subplot(grid[-1, 0]), view)
+    held_axes(fig.add_subplot(grid[-1, 1]), view)
+    return fig
+
+
+def measured_vs_ideal(measured: MeasuredBubble) -> Figure:
+    """The measured timeline (median step) above the ideal-time one for the same stage times, one time axis."""
+    return timelines_figure({f"measured: idle {measured.median_idle:.3f} of the schedule": list(measured.median_timeline),
+                             f"ideal time (messages free): idle {measured.predicted:.3f}": list(measured.ideal)})
+
+
+def forward_idle(times: Sequence[float], microbatches: int) -> float:
+    """Idle fraction of a forward pipeline with stage times t: 1 - M sum(t) / (P (sum(t) + (M-1) max(t)))."""
+    return 1 - microbatches * sum(times) / (len(times) * pcosts.fill_drain_time(times, microbatches))
+
+
+def imbalance_figure(curve: ImbalanceCurve) -> Figure:
+    """Idle fraction against M with one slow stage: measured points on the ideal-time and balanced curves."""
+    work = curve.runs[0].work.work(curve.runs[0].schedule.stages)
+    dense = list(range(1, 2 * max(curve.microbatches) + 1))
+    with plt.ioff():
+        fig, ax = plt.subplots(figsize=(6.5, 3.4), layout="constrained")
+    ax.plot(dense, [forward_idle(work, m) for m in dense], "-", color="tab:orange",
+            label=f"ideal time, stage work {tuple(work)}")
+    ax.plot(dense, [forward_idle([1.0] * len(work), m) for m in dense], "--", color="0.4",
+            label="(P-1)/(M+P-1), balanced")
+    ax.plot(curve.microbatches, curve.measured, "o", color="tab:red", ms=7, label="measured (median of 3 steps)")
+    ax.axhline(curve.limit, color="tab:red", ls=":", label=f"limit 1 - mean/max = {curve.limit:.3f}")
+    ax.set(xscale="log", xlabel="microbatches M", ylabel="idle fraction of the schedule", ylim=(0, 0.85),
+           title="one slow stage: more microbatches do not remove the idle time")
+    ticks = sorted({1, 2, 4, 8, 16, 32, 64} & set(dense) | set(curve.microbatches))
+    ax.set_xticks(ticks, [str(m) for m in ticks])
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+    return fig

@@ -1,0 +1,180 @@
+"""The bubble measured: timed pipeline steps on real ranks, their timelines, and the idle fraction vs prediction.
+
+Each action sleeps a fixed time proportional to its stage's work (PipeWork
+slot_seconds, stage_work), so the stage times are known and the machine's
+load barely matters: sleeping ranks do not compete for the cores. The idle
+fraction of a step is the rank-time not covered by any action,
+1 - sum(busy) / (P * makespan), on time.monotonic() (one clock for all local
+ranks), from the step's first action to its last; it is what (P-1)/(M+P-1)
+predicts for balanced stages. The ideal-time prediction for the same stage
+times comes from the simulator (wmdist.pipeline.simulate), which charges
+nothing for messages: whatever a run measures above it is message latency,
+late wake-ups and Python overhead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+
+from wmdist.costs import pipeline as pcosts
+from wmdist.pipeline.executor import StageRun, run_pipeline
+from wmdist.pipeline.plan import MAX_STAGES, PipeWork, require_world, slow_stage_work
+from wmdist.pipeline.schedules import Schedule, make_schedule
+from wmdist.pipeline.simulate import simulate, spans
+from wmdist.report import Demo, Report, close_check, differ_check
+from wmdist.spans import Span
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class MeasuredBubble:
+    """Timed steps of one schedule on P ranks: every step's spans, idle fractions, and the ideal-time prediction."""
+    schedule: Schedule
+    work: PipeWork
+    timelines: tuple[tuple[Span, ...], ...]     # timelines[k]: all ranks' action spans of step k, seconds from its start
+    idle: tuple[float, ...]                     # idle[k]: 1 - busy / (P * makespan) of step k
+    ideal: tuple[Span, ...]                     # the ideal-time timeline for the same stage times (seconds)
+    predicted: float                            # its idle fraction
+
+    @property
+    def median_idle(self) -> float:
+        """The median idle fraction over the timed steps (robust to one step disturbed by the machine)."""
+        return statistics.median(self.idle)
+
+    @property
+    def median_timeline(self) -> tuple[Span, ...]:
+        """The spans of the step whose idle fraction is the median (for a Gantt chart)."""
+        k = sorted(range(len(self.idle)), key=lambda i: self.idle[i])[(len(self.idle) - 1) // 2]
+        return self.timelines[k]
+
+
+def idle_fraction(timeline: tuple[Span, ...] | list[Span], ranks: int) -> float:
+    """1 - (summed span time) / (ranks * makespan), the makespan running from the first start to the last end."""
+    makespan = max(s.end for s in timeline) - min(s.start for s in timeline)
+    return 1.0 - sum(s.duration for s in timeline) / (ranks * makespan)
+
+
+def from_zero(timeline: list[Span]) -> tuple[Span, ...]:
+    """The spans shifted so that the step's first action starts at 0."""
+    zero = min(s.start for s in timeline)
+    return tuple(Span(s.row, s.start - zero, s.end - zero, s.kind, s.label) for s in timeline)
+
+
+def ideal_timeline(schedule: Schedule, work: PipeWork) -> tuple[Span, ...]:
+    """Ideal-time spans (seconds) when a forward of stage s takes stage_work[s] * slot and a backward twice that.
+
+    Forward only (v = 1), every stage runs its forwards in microbatch order,
+    so forward (s, m) starts when both (s-1, m) and (s, m-1) have ended: the
+    fill-drain line of the text's basic schedule.
+    """
+    slot = Fraction(work.slot_seconds).limit_denominator(10**6)
+    times = [Fraction(w).limit_denominator(1000) * slot for w in work.work(schedule.virtual_stages)]
+    if not work.forward_only:
+        return tuple(spans(schedule, simulate(schedule, times, [2 * t for t in times])))
+    if schedule.chunks > 1:
+        raise ValueError("forward-only timing covers v = 1 schedules (the text's basic forward pipeline)")
+    end: dict[tuple[int, int], Fraction] = {}
+    out = []
+    for m in range(schedule.microbatches):
+        for s in range(schedule.stages):
+            start = max(end.get((s - 1, m), Fraction(0)), end.get((s, m - 1), Fraction(0)))
+            end[(s, m)] = start + times[s]
+            out.append(Span(s, float(start), float(end[(s, m)]), "forward", f"F{m}"))
+    return tuple(out)
+
+
+def measure_bubble(schedule: Schedule, work: PipeWork, progress: Progress | None = None) -> MeasuredBubble:
+    """Run `work.repeats` timed steps of `schedule` on P local ranks (one call each, for progress)."""
+    require_world(schedule.stages, schedule)
+    work.check(schedule)
+    if work.slot_seconds <= 0:
+        raise ValueError("slot_seconds must be > 0 to measure a bubble: the fixed sleep is the stages' work")
+    ideal = ideal_timeline(schedule, work)
+    one_step = dataclasses.replace(work, repeats=1)
+    timelines = []
+    for k in range(work.repeats):
+        if progress is not None:
+            progress(k, work.repeats, f"{schedule.name} on {schedule.stages} ranks, M={schedule.microbatches}: "
+                                      f"timed step {k + 1} of {work.repeats}")
+        runs: list[StageRun] = run_pipeline(schedule.stages, schedule, one_step)
+        timelines.append(from_zero([s for r in runs for s in r.spans[0]]))
+    idle = tuple(idle_fraction(t, schedule.stages) for t in timelines)
+    predicted = idle_fraction(ideal, schedule.stages)
+    if progress is not None:
+        progress(work.repeats, work.repeats, f"measured idle {statistics.median(idle):.3f} (ideal {predicted:.3f})")
+    return MeasuredBubble(schedule, work, tuple(timelines), idle, ideal, predicted)
+
+
+# --- demos -------------------------------------------------------------------------------------------
+
+SLOT_SECONDS = 0.05        # a forward's sleep: ms-scale message latency on a loaded machine stays small beside it
+IMBALANCE_SLOT = 0.02      # shorter, so that M = 32 with a slow stage fits in a few seconds
+ALLOWANCE = 0.05           # measured idle fraction vs ideal time (see the reasons below)
+WHY = ("the ideal time charges nothing for messages; here each hop costs ~0.1-5 ms of latency and late "
+       "wake-ups on a loaded machine, against slots of {:g} ms (median of 3 steps)")
+
+
+def bubble_demo(world_size: int, microbatches: int | None = None) -> Report:
+    """The text's balanced forward pipeline, timed: measured idle fraction vs (P-1)/(M+P-1), M = 2P by default."""
+    m = microbatches or 2 * world_size
+    schedule = make_schedule("gpipe", world_size, m)
+    work = PipeWork(batch_size=m, forward_only=True, slot_seconds=SLOT_SECONDS, repeats=3)
+    require_world(world_size, schedule)
+    work.check(schedule)
+    start = time.perf_counter()
+    measured = measure_bubble(schedule, work)
+    formula = pcosts.bubble_fraction(world_size, m)
+    checks = [close_check("measured idle fraction == (P-1)/(M+P-1)", measured.median_idle, formula, ALLOWANCE,
+                          WHY.format(1e3 * SLOT_SECONDS))]
+    return Report("pp-bubble", world_size, checks, [], time.perf_counter() - start,
+                  {"schedule": "gpipe (forwards only)", "microbatches": m, "slot_ms": 1e3 * SLOT_SECONDS,
+                   "formula": formula}, measured)
+
+
+@dataclass(frozen=True)
+class ImbalanceCurve:
+    """Idle fraction against M with one stage twice as slow: measured, ideal time, balanced formula."""
+    microbatches: tuple[int, ...]
+    measured: tuple[float, ...]                  # median of 3 timed steps each
+    predicted: tuple[float, ...]                 # ideal time with the same (unequal) stage times
+    balanced: tuple[float, ...]                  # (P-1)/(M+P-1)
+    limit: float                                 # 1 - mean/max stage time: where the idle fraction levels off
+    runs: tuple[MeasuredBubble, ...]
+
+
+def imbalance_demo(world_size: int, microbatches: tuple[int, ...] = (4, 16, 32)) -> Report:
+    """Stage 1 does twice the work: the idle fraction levels off at 1 - mean/max, whatever M (forwards only)."""
+    if world_size < 2:
+        raise ValueError(f"world_size must be >= 2: imbalance needs two stages, got {world_size}")
+    work = slow_stage_work(world_size)
+    plans = []
+    for m in microbatches:
+        schedule = make_schedule("gpipe", world_size, m)
+        spec = PipeWork(batch_size=m, forward_only=True, slot_seconds=IMBALANCE_SLOT, stage_work=work, repeats=3)
+        require_world(world_size, schedule)
+        spec.check(schedule)
+        plans.append((schedule, spec))
+    start = time.perf_counter()
+    runs = tuple(measure_bubble(schedule, spec) for schedule, spec in plans)
+    limit = 1 - sum(work) / (world_size * max(work))
+    curve = ImbalanceCurve(tuple(microbatches), tuple(r.median_idle for r in runs), tuple(r.predicted for r in runs),
+                           tuple(pcosts.bubble_fraction(world_size, m) for m in microbatches), limit, runs)
+    checks = [close_check(f"M={m}: measured idle == ideal time with the slow stage", got, want, ALLOWANCE,
+                          WHY.format(1e3 * IMBALANCE_SLOT))
+              for m, got, want in zip(microbatches, curve.measured, curve.predicted)]
+    checks.append(differ_check(f"M={microbatches[-1]}: measured idle is NOT the balanced (P-1)/(M+P-1)",
+                               curve.measured[-1], curve.balanced[-1], 2 * ALLOWANCE,
+                               "the slow stage sets the pace; more microbatches only amortize fill and drain"))
+    return Report("pp-imbalance", world_size, checks, [], time.perf_counter() - start,
+                  {"stage_work": work, "microbatches": list(microbatches), "limit": limit}, curve)
+
+
+DEMOS = [Demo("pp-bubble", "Measured bubble of a balanced forward pipeline vs (P-1)/(M+P-1)", bubble_demo,
+              world_sizes=(1, 2, 4), chapter="05", max_world_size=MAX_STAGES),
+         Demo("pp-imbalance", "One slow stage: idle fraction vs M levels off above zero", imbalance_demo,
+              world_sizes=(2, 4), chapter="05", max_world_size=MAX_STAGES, min_world_size=2)]

@@ -1,0 +1,125 @@
+"""Rollout training through a pipeline: one loss over a batch of trajectories, one optimizer step.
+
+A trajectory's transitions are not optimizer steps. The learner forms a
+single loss from E whole trajectories (here from E independent environments;
+in imagination-based training they would be rolled out by the model from E
+start states, and the accounting is the same) and takes one step. The
+environments are independent, so they can be grouped into microbatches that
+keep the pipeline busy; the time steps of one trajectory are causally linked
+(each token attends to its past), so a trajectory never gets cut across
+microbatches and its steps stay in order.
+
+The demo runs that step on P pipeline ranks (1F1B, microbatches = groups of
+whole trajectories) and compares the parameters after it with one process.
+Two tempting alternatives are computed in one process and shown to be
+different computations: cutting the trajectories along time into
+microbatches (later windows lose their context), and one optimizer step per
+transition (later transitions see parameters the earlier ones moved).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from wmdist.comm import Context
+from wmdist.costs.rounding import FLOAT32_ROUNDOFF
+from wmdist.pipeline.executor import StageRun, pipeline_rank
+from wmdist.pipeline.plan import MAX_STAGES, PipeWork, microbatch_sizes, require_world
+from wmdist.pipeline.schedules import Schedule, make_schedule
+from wmdist.pipeline.stages import batch_for, gradient_tolerance, model_for, one_thread, reference
+from wmdist.report import Demo, Report, close_check, differ_check, max_abs_error
+from wmdist.runtime import run
+
+LR = 0.05
+
+
+def rollout_rank(ctx: Context, schedule: Schedule, work: PipeWork, lr: float) -> tuple[StageRun, dict[str, torch.Tensor]]:
+    """Rank function: the pipeline computes the gradient of the one loss; this rank steps the parameters it owns."""
+    result = pipeline_rank(ctx, schedule, work)
+    owned = {n: p.detach() for n, p in model_for(work).named_parameters() if n in result.grads}
+    return result, {n: p - lr * result.grads[n] for n, p in owned.items()}      # one plain SGD step
+
+
+def single_step(work: PipeWork, lr: float) -> dict[str, torch.Tensor]:
+    """One process: the same loss over all E trajectories, one SGD step."""
+    model, batch = model_for(work), batch_for(work)
+    model.loss(batch).backward()
+    return {n: (p - lr * p.grad).detach() for n, p in model.named_parameters()}
+
+
+def step_per_transition(work: PipeWork, lr: float) -> dict[str, torch.Tensor]:
+    """The mistake: T optimizer steps, one per time step's transitions (lr / T each, the same total step size)."""
+    model, batch = model_for(work), batch_for(work)
+    opt = torch.optim.SGD(model.parameters(), lr=lr / work.seq_len)
+    for t in range(work.seq_len):
+        opt.zero_grad()
+        pred = model(batch["obs"], batch["actions"])                               # (E, T, O)
+        (pred[:, t] - batch["next_obs"][:, t]).pow(2).mean().backward()           # only transition t's error
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def time_cut_gradient(work: PipeWork, windows: int) -> dict[str, torch.Tensor]:
+    """The mistake: microbatches cut along time, each window run as a sequence of its own (its past is lost)."""
+    model, batch = model_for(work), batch_for(work)
+    for cut in torch.tensor_split(torch.arange(work.seq_len), windows):
+        obs, actions, target = (batch[k][:, cut] for k in ("obs", "actions", "next_obs"))
+        share = (model(obs, actions) - target).pow(2).sum() / target.numel() * len(cut) / work.seq_len
+        share.backward()                              # shares of the same mean loss, scaled by the window length
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """The pipeline's one step against one process, and the two mistakes' distances from the right answer."""
+    environments: int
+    horizon: int
+    microbatch_envs: tuple[tuple[int, ...], ...]   # which environments (trajectories) each microbatch carries
+    param_error: float                              # max |pipeline step - one-process step|
+    param_tolerance: float
+    time_cut_gap: float                             # max |time-cut gradient - full gradient|
+    per_transition_gap: float                       # max |T small steps - one step|, parameters
+
+
+def rollout_demo(world_size: int, environments: int | None = None, horizon: int = 8) -> Report:
+    """One optimizer step over E whole trajectories on a 1F1B pipeline of P = N ranks; two mistakes shown."""
+    m = 2 * world_size
+    work = PipeWork(batch_size=environments or 2 * m, seq_len=horizon)
+    schedule = make_schedule("1f1b", world_size, m)
+    require_world(world_size, schedule)
+    work.check(schedule)
+    start = time.perf_counter()
+    results = run(rollout_rank, world_size, schedule, work, LR)
+    seconds = time.perf_counter() - start
+    stepped = {n: v for _, params in results for n, v in params.items()}
+    ref = reference(work, m)
+    gtol = gradient_tolerance(work, ref.bound)
+    with one_thread():                                  # the ranks' kernels
+        right, cut, per_step = single_step(work, LR), time_cut_gradient(work, 2), step_per_transition(work, LR)
+    names = sorted(right)
+    ptol = LR * gtol + 2 * FLOAT32_ROUNDOFF * max(float(v.abs().max()) for v in right.values())
+    sizes = microbatch_sizes(work.batch_size, m)
+    envs = tuple(tuple(range(sum(sizes[:k]), sum(sizes[:k + 1]))) for k in range(m))
+    data = RolloutResult(work.batch_size, horizon, envs, max_abs_error([stepped[n] for n in names],
+                                                                       [right[n] for n in names]), ptol,
+                         max_abs_error([cut[n] for n in names], [ref.grads[n] for n in names]),
+                         max_abs_error([per_step[n] for n in names], [right[n] for n in names]))
+    checks = [
+        close_check("one step on the pipeline == one step in one process", [stepped[n] for n in names],
+                    [right[n] for n in names], ptol,
+                    "lr x the gradient's reordering bound, plus one rounding of each parameter"),
+        differ_check("microbatches cut along time: a DIFFERENT gradient", [cut[n] for n in names],
+                     [ref.grads[n] for n in names], 1000 * gtol,
+                     "the second window's tokens no longer see the first window: not rounding"),
+        differ_check("one optimizer step per transition: DIFFERENT parameters", [per_step[n] for n in names],
+                     [right[n] for n in names], 1000 * ptol,
+                     "later transitions are evaluated with parameters the earlier steps already moved")]
+    return Report("pp-rollout", world_size, checks, [], seconds,
+                  {"environments": work.batch_size, "horizon": horizon, "microbatches": m, "schedule": "1f1b",
+                   "lr": LR}, data)
+
+
+DEMOS = [Demo("pp-rollout", "Rollout training: one loss over whole trajectories, one step, on a 1F1B pipeline",
+              rollout_demo, world_sizes=(1, 2, 4), chapter="05", max_world_size=MAX_STAGES)]
