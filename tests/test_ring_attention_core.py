@@ -9,74 +9,16 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.costs import ring_attention as costs
-from wmdist.costs.rounding import FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF
 from wmdist.ring_attention import blockwise, layout
 from wmdist.ring_attention.blockwise import attend_block, attend_block_backward, block_is_future, merge
+from wmdist.ring_attention.tolerance import ROUNDOFF, SECOND_ORDER, exact_attention, rounding_bounds, tolerance
 
 torch.set_num_threads(1)
-ROUNDOFF = {torch.float32: FLOAT32_ROUNDOFF, torch.float64: FLOAT64_ROUNDOFF}
-SECOND_ORDER = 1.01   # the bounds are first order in u; E^2 terms are < 1% of them while E < 0.01 (asserted)
 
 
 def _inputs(shape, dtype, seed, count=4):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype) for _ in range(count)]
-
-
-def _exact(q, k, v, dout, causal):
-    """Attention and its gradients in float64, with the magnitudes the rounding bounds need."""
-    q, k, v, dout = (x.double() for x in (q, k, v, dout))
-    scale = q.shape[-1] ** -0.5
-    s = scale * q @ k.transpose(-2, -1)                                     # (B, H, S, S)
-    live = torch.ones(s.shape[-2:], dtype=torch.bool)
-    if causal:
-        live = torch.tril(live)
-    lse = torch.logsumexp(s.masked_fill(~live, -math.inf), -1)            # (B, H, S)
-    p = torch.exp(s - lse[..., None]) * live
-    o = p @ v
-    dp = dout @ v.transpose(-2, -1)
-    delta = (dout * o).sum(-1, keepdim=True)
-    ds = p * (dp - delta)
-    a = (scale * q.abs() @ k.abs().transpose(-2, -1))[..., live].max().item()
-    r = (lse[..., None] - s)[..., live].max().item()
-    m = max(lse.abs().max().item(), s[..., live].abs().max().item())
-    return {"q": q, "k": k, "v": v, "dout": dout, "scale": scale, "p": p, "o": o, "lse": lse, "dp": dp,
-            "delta": delta, "ds": ds, "magnitudes": (a, r, m)}
-
-
-def _bounds(ex, u, block_keys, key_blocks, exp_ulps):
-    """Elementwise first-order error bounds of one blockwise implementation (see costs.weight_rounding_bound).
-
-    Forward: |d out| <= E sum_j p |v|, |d lse| <= L. Backward recomputes
-    P from the saved lse (relative error E_P), then each product and sum adds
-    its own roundings: dP (Dv u), rowsum(dO * out) (Dv u plus out's error),
-    dS = P (dP - delta) scaled (3 u), and the sums over S rows (S + 1) u.
-    """
-    d, dv_dim, s_q, s_k = ex["q"].shape[-1], ex["v"].shape[-1], ex["q"].shape[-2], ex["k"].shape[-2]
-    args = (d, block_keys, key_blocks, *ex["magnitudes"], u, exp_ulps)
-    lse_err = costs.lse_rounding_bound(*args)
-    weight_err = costs.weight_rounding_bound(*args)
-    assert weight_err < 0.01
-    p, q, k, v, dout = ex["p"], ex["q"].abs(), ex["k"].abs(), ex["v"].abs(), ex["dout"]
-    out_err = weight_err * (p @ v)
-    a = ex["magnitudes"][0]
-    p_err = (d + 1) * u * a + lse_err + u * (ex["magnitudes"][1] + 2 * exp_ulps)
-    dv_err = (p.transpose(-2, -1) @ dout.abs()) * (p_err + (s_q + 1) * u)
-    delta_err = (dout.abs() * out_err).sum(-1, keepdim=True) + dv_dim * u * (dout * ex["o"]).abs().sum(-1, True)
-    ds_err = p * (dv_dim * u * (dout.abs() @ v.transpose(-2, -1)) + delta_err
-                  + (ex["dp"] - ex["delta"]).abs() * (p_err + 3 * u))
-    dq_err = ex["scale"] * (ds_err @ k + (s_k + 1) * u * (ex["ds"].abs() @ k))
-    dk_err = ex["scale"] * (ds_err.transpose(-2, -1) @ q + (s_q + 1) * u * (ex["ds"].abs().transpose(-2, -1) @ q))
-    return {"out": out_err, "lse": lse_err, "dq": dq_err, "dk": dk_err, "dv": dv_err}
-
-
-def _tolerance(ex, dtype, block_keys, key_blocks):
-    """Ours (tiles of block_keys, key_blocks merges, 1-ulp exp) plus SDPA's, taken at its worst:
-    every key its own block, and its 2-ulp vectorised exp. Both err; the gap is at most the sum."""
-    u, s_k = ROUNDOFF[dtype], ex["k"].shape[-2]
-    ours = _bounds(ex, u, block_keys, key_blocks, 1.0)
-    sdpa = _bounds(ex, u, s_k, s_k, 2.0)
-    return {name: SECOND_ORDER * (ours[name] + sdpa[name]) for name in ours}
 
 
 def _assert_within(got, want, bound, what):
@@ -98,12 +40,12 @@ def test_blockwise_equals_sdpa_values_and_gradients(dtype, causal, seq_len, bloc
     want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     grads = torch.autograd.grad(got.out, (q, k, v), dout)
     want_grads = torch.autograd.grad(want, (q, k, v), dout)
-    ex = _exact(q.detach(), k.detach(), v.detach(), dout, causal)
-    tol = _tolerance(ex, dtype, min(block, seq_len), math.ceil(seq_len / block))
-    _assert_within(got.out, want, tol["out"], "out")
-    _assert_within(got.lse, ex["lse"], tol["lse"], "lse")
+    ex = exact_attention(q, k, v, dout, causal)
+    tol = tolerance(ex, dtype, min(block, seq_len), math.ceil(seq_len / block))
+    _assert_within(got.out, want, tol.out, "out")
+    _assert_within(got.lse, ex.lse, tol.lse, "lse")
     for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
-        _assert_within(g, w, tol[name], name)
+        _assert_within(g, w, getattr(tol, name), name)
     assert got.largest_score_bytes == costs.score_tile_bytes(min(block, seq_len), min(block, seq_len), 3, 2,
                                                              q.element_size())
 
@@ -135,7 +77,7 @@ def _partials(seed, dtype, sizes=(3, 5, 4)):
     pos = torch.arange(6)
     parts = [attend_block(q, kb, vb, pos, torch.arange(kb.shape[2]), causal=False) for kb, vb in keys]
     k_all, v_all = torch.cat([kb for kb, _ in keys], 2), torch.cat([vb for _, vb in keys], 2)
-    return parts, _exact(q, k_all, v_all, torch.zeros_like(q), causal=False)
+    return parts, exact_attention(q, k_all, v_all, torch.zeros_like(q), causal=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -145,11 +87,11 @@ def test_merge_is_commutative_exactly_and_associative_up_to_rounding(dtype):
     assert torch.equal(ab[0], ba[0]) and torch.equal(ab[1], ba[1])        # same operations, operands swapped
     left, right = merge(*ab, *c), merge(*a, *merge(*b, *c))
     # Each grouping is blockwise attention over 3 blocks of at most 5 keys: bound both against the exact whole.
-    tol = _bounds(ex, ROUNDOFF[dtype], 5, 3, 1.0)
+    tol = rounding_bounds(ex, ROUNDOFF[dtype], 5, 3, 1.0)
     for got in (left, right):
-        _assert_within(got[0], ex["o"], SECOND_ORDER * tol["out"], "out")
-        _assert_within(got[1], ex["lse"], SECOND_ORDER * tol["lse"], "lse")
-    _assert_within(left[0], right[0], SECOND_ORDER * 2 * tol["out"], "regrouped out")
+        _assert_within(got[0], ex.o, SECOND_ORDER * tol.out, "out")
+        _assert_within(got[1], ex.lse, SECOND_ORDER * tol.lse, "lse")
+    _assert_within(left[0], right[0], SECOND_ORDER * 2 * tol.out, "regrouped out")
 
 
 def test_merge_with_an_empty_block_is_exact():
@@ -198,10 +140,10 @@ def test_block_functions_driven_as_a_ring_equal_sdpa(world_size, kind, causal):
     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
     want = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
     want_grads = torch.autograd.grad(want, (qr, kr, vr), dout)
-    tol = _tolerance(_exact(q, k, v, dout, causal), torch.float32, seq_len // world_size, world_size)
-    _assert_within(out, want, tol["out"], "out")
+    tol = tolerance(exact_attention(q, k, v, dout, causal), torch.float32, seq_len // world_size, world_size)
+    _assert_within(out, want, tol.out, "out")
     for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
-        _assert_within(g, w, tol[name], name)
+        _assert_within(g, w, getattr(tol, name), name)
     assert skipped == (layout.skipped_steps(seq_len, world_size, kind) if causal else [])
 
 

@@ -10,11 +10,10 @@ Conventions (every function below uses them):
   QK^T (head_dim multiply-adds per query-key pair) and PV (head_dim per pair),
   so 4 * head_dim FLOPs per pair and head. Softmax, scaling and masking are
   O(S^2) too but not counted.
-Caveats the numbers do not cover: causal pruning and the backward pass need
-their own accounting. Skipping an all-future block saves its FLOPs, not its
-bytes: the block still has to travel on to ranks that need it. The backward
-ring also circulates K, V and sends the gradients dK, dV back towards their
-owners, which this forward count leaves out.
+Causal pruning and the backward pass have their own accounting. Skipping an
+all-future block saves its FLOPs, not its bytes: the block still has to
+travel on to ranks that need it. The backward ring circulates K, V again and
+carries the gradients dK, dV to their owners (ring_backward_bytes_per_rank).
 """
 from __future__ import annotations
 
@@ -61,6 +60,30 @@ def ring_kv_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, batch: 
     """
     return ring_kv_sends(world_size, final_exchange) * kv_block_bytes(seq_len, world_size, kv_width, batch,
                                                                      elem_size)
+
+
+def ring_grad_sends(world_size: int, every_step: bool = False) -> int:
+    """dK, dV sends per rank in the backward ring: N-1, or N when a rank sends after every step (torch's template).
+
+    N-1: a block's partial gradient sum starts on the rank after its owner,
+    travels one step behind the block, and its last hop lands on the owner.
+    torch's template passes the sum on after every one of the N steps, the
+    last send delivering it home; it does so on one rank too (an
+    all_to_all_single with itself).
+    """
+    n = require_int("world_size", world_size, 1)
+    return n if require_bool("every_step", every_step) else n - 1
+
+
+def ring_backward_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, batch: int = 1, elem_size: int = 2,
+                                 every_step: bool = False) -> tuple[int, int]:
+    """(K, V bytes, dK, dV bytes) a rank sends in the backward ring: N-1 K, V blocks again, N-1 (or N) gradient blocks.
+
+    dK, dV have the shapes of K, V, so each gradient message is one KV block
+    (in the dtype the gradients are summed in).
+    """
+    block = kv_block_bytes(seq_len, world_size, kv_width, batch, elem_size)
+    return ring_kv_sends(world_size) * block, ring_grad_sends(world_size, every_step) * block
 
 
 def ring_kv_storage_bytes(seq_len: int, world_size: int, kv_width: int, batch: int = 1, elem_size: int = 2,

@@ -1,16 +1,25 @@
 """Chapter 06, long context: ring attention, built from attention one block at a time.
 
-blockwise.py: single-process attention over (query block, key/value block)
-pairs with online softmax: `attend_block` scores one pair and returns its
-partial output with the log-sum-exp of its scores, `merge` combines two
-partials exactly, `attend_block_backward` gives one pair's share of the
-gradients by recomputation, and `blockwise_attention` strings them together
-into full attention (equal to scaled_dot_product_attention) whose temporary
-score memory is bounded by the block size, measured by `peak_score_bytes`.
-A rank of the ring calls the same block functions on the key/value block it
-holds at each step.
-layout.py (pure, no torch): which global token positions each rank holds
-(contiguous or zigzag), which key/value block a rank holds at each ring step,
-how much causal work each (rank, step) pair does and which pairs are skipped.
-The bytes, FLOPs and memory these imply live in wmdist.costs.ring_attention.
+Single process:
+  blockwise.py   attention one (query block, key/value block) pair at a time, merged by online softmax
+                 (`attend_block`, `merge`, `attend_block_backward`, `blockwise_attention`).
+  profiling.py   the allocator measurement behind every memory claim (`measure_allocations`), and
+                 counting a library's collectives, with torch's autograd profiler.
+  layout.py      pure: which positions each rank holds (contiguous, zigzag), which K, V block it sees at
+                 each ring step, the causal work each (rank, step) does, which steps are skipped.
+  tolerance.py   the derived rounding bound between two attention implementations (elementwise).
+  traffic.py     pure: the traffic widget's model (bytes, FLOPs, memory, overlap, DP/TP/CP per step).
+On ranks:
+  ring.py        ring attention: queries stay, K, V travel with counted isend/irecv overlapped with the
+                 block computation; forward (N-1 sends, or the paper's N), backward (K, V again plus
+                 dK, dV partial sums, N-1 sends each); `ring_attention` as a differentiable op.
+  spec.py        the sizes of a run, refused before any process starts; seeded inputs.
+  demos.py       ring == SDPA (fp32, fp64, causal or not, forward and backward), bytes and work exact.
+  versus_torch.py  torch's private ring template on the same gloo ranks.
+  balance.py     causal load balance: contiguous vs zigzag, exact work, measured CPU time.
+  long_context.py  a context whose scores exceed a budget, run on N ranks; memory measured.
+  generation.py  prefill in parallel, new tokens one round each.
+  measure.py, panel.py, figures.py  the widget's "run it", its view, the chapter's plots.
+  exercises.py   the online-softmax merge exercise.
+The bytes, FLOPs and memory formulas live in wmdist.costs.ring_attention.
 """

@@ -23,7 +23,7 @@ Shapes: q (B, H, Sq, D), k (B, H, Sk, D), v (B, H, Sk, Dv), lse (B, H, Sq).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ import torch
 
 from wmdist.costs.ring_attention import full_scores_bytes, score_tile_bytes
 from wmdist.costs.validate import require_bool, require_int
+from wmdist.ring_attention.profiling import Allocations, measure_allocations
 
 
 def block_is_future(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
@@ -221,52 +222,6 @@ def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     out, lse, largest = _BlockwiseAttention.apply(q, k, v, block_size, causal, scale)
     return BlockwiseResult(out, lse, largest)
-
-
-@dataclass(frozen=True)
-class Allocations:
-    """What a call allocated, as torch.profiler's CPU allocator records saw it (bytes)."""
-    peak: int        # most bytes alive at once among allocations made during the call
-    end: int         # bytes of those allocations still alive when it returned: its results
-    largest: int     # largest single allocation
-
-    @property
-    def temporary(self) -> int:
-        """Peak working memory beyond the results the call returns."""
-        return self.peak - self.end
-
-
-def measure_allocations(fn: Callable[[], Any]) -> tuple[Any, Allocations]:
-    """Run fn() under torch.profiler(profile_memory=True) and replay its allocation records.
-
-    On CPU each record carries the allocator's running total of profiled
-    bytes alive (`total_allocated`), so the peak is exact, including buffers
-    kernels allocate internally. What else torch 2.13 offers on CPU falls
-    short: torch.cpu keeps no memory statistics, memory snapshots are
-    CUDA-only, FunctionEvent.cpu_memory_usage is a net total per op (no peak
-    inside a call), and export_memory_timeline is deprecated. The records
-    come from the profiler's event tree
-    (`prof.profiler.kineto_results.experimental_event_tree()`), an
-    experimental interface. Returns fn's result, kept alive, and the Allocations.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-    records: list[tuple[int, int, int]] = []          # (time, size: + alloc / - free, total alive after)
-    nodes = list(prof.profiler.kineto_results.experimental_event_tree())
-    while nodes:
-        node = nodes.pop()
-        fields = node.extra_fields
-        if hasattr(fields, "total_allocated") and hasattr(fields, "alloc_size"):
-            records.append((node.start_time_ns, fields.alloc_size, fields.total_allocated))
-        nodes.extend(node.children)
-    if not records:
-        return result, Allocations(0, 0, 0)
-    first = min(records, key=lambda rec: rec[0])
-    base = first[2] - first[1]                         # alive (from earlier profiled work) before the call
-    return result, Allocations(peak=max(rec[2] for rec in records) - base, end=sum(rec[1] for rec in records),
-                               largest=max(rec[1] for rec in records))
 
 
 @dataclass(frozen=True)

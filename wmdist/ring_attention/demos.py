@@ -1,0 +1,173 @@
+"""Ring attention on N ranks equals SDPA on the whole sequence, forward and backward, and sends what the formulas say.
+
+One call runs six cases on every rank (float32 and float64; full attention
+on the contiguous layout, causal on contiguous and on zigzag), each forward
+then backward, and the paper's N-sends loop once more. The parent assembles
+the ranks' rows into full tensors and compares them with
+torch.nn.functional.scaled_dot_product_attention, each element within the
+derived rounding bound of tolerance.py. The ledger's bytes per rank and
+phase, and the tiles, query-key pairs and skipped steps each rank reports,
+must equal their formulas exactly.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from wmdist.comm import Context
+from wmdist.costs import ring_attention as costs
+from wmdist.report import Check, Count, Demo, Report, counts_per_rank, exact_check
+from wmdist.ring_attention import layout as lay
+from wmdist.ring_attention.ring import (
+    BACKWARD_GRAD,
+    BACKWARD_KV,
+    FORWARD,
+    RingTrace,
+    positions,
+    ring_backward,
+    ring_forward,
+)
+from wmdist.ring_attention.spec import RingSpec, default_seq_len
+from wmdist.ring_attention.tolerance import REASON, bound_ratio, exact_attention, tolerance
+from wmdist.runtime import run
+from wmdist.spans import Span
+
+CASES = tuple((dtype, causal, layout) for dtype in ("float32", "float64")
+              for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")))
+PAPER = "paper loop, N sends"
+
+
+def case_name(dtype: str, causal: bool, layout: str) -> str:
+    """The case key of a Report row, e.g. "float32 causal zigzag"."""
+    return f"{dtype} {'causal' if causal else 'full'} {layout}"
+
+
+@dataclass(frozen=True)
+class RankCase:
+    """What one rank returns for one case: its rows of the results, its ledger bytes by phase, its traces."""
+    rows: list[int]
+    out: torch.Tensor            # (B, H, c, D)
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    sent: dict[str, int]         # bytes sent by ledger phase
+    forward: RingTrace
+    backward: RingTrace | None
+
+
+def _run_case(ctx: Context, spec: RingSpec, dtype: str, causal: bool, layout: str, final_exchange: bool,
+              backward: bool) -> RankCase:
+    q, k, v, dout = spec.inputs(dtype)
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+    q, k, v, dout = (x[:, :, rows].contiguous() for x in (q, k, v, dout))
+    ctx.ledger.reset()
+    out, lse, fwd = ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size, final_exchange)
+    grads, bwd = (None, None, None), None
+    if backward:
+        *grads, bwd = ring_backward(ctx, q, k, v, out, lse, dout, spec.seq_len, layout, causal, spec.block_size)
+    sent = {phase: t["bytes_sent"] for phase, t in ctx.ledger.by_phase().items()}
+    return RankCase(rows.tolist(), out, tuple(grads), sent, fwd, bwd)
+
+
+def ring_cases(ctx: Context, spec: RingSpec) -> dict[str, RankCase]:
+    """Rank function: every case forward and backward, then the paper's N-sends forward (N > 1)."""
+    out = {case_name(*c): _run_case(ctx, spec, *c, final_exchange=False, backward=True) for c in CASES}
+    if ctx.world_size > 1:
+        out[PAPER] = _run_case(ctx, spec, "float32", True, "contiguous", final_exchange=True, backward=False)
+    return out
+
+
+def _assemble(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
+    full = parts[0].new_empty(parts[0].shape[:2] + (spec.seq_len,) + parts[0].shape[3:])
+    for part, r in zip(parts, rows):
+        full[:, :, r] = part
+    return full
+
+
+def _checks(spec: RingSpec, n: int, results: list[dict[str, RankCase]], dtype: str, causal: bool,
+            layout: str) -> list[Check]:
+    """Output and three gradients of one case against SDPA on the full sequence, in units of the rounding bound."""
+    name = case_name(dtype, causal, layout)
+    ranks = [res[name] for res in results]
+    rows = [rc.rows for rc in ranks]
+    q, k, v, dout = spec.inputs(dtype)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    want = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    want_grads = torch.autograd.grad(want, leaves, dout)
+    tol = tolerance(exact_attention(q, k, v, dout, causal), getattr(torch, dtype), spec.tile(n), spec.key_blocks(n))
+    got = {"out": _assemble(spec, [rc.out for rc in ranks], rows)}
+    got.update({g: _assemble(spec, [rc.grads[i] for rc in ranks], rows) for i, g in enumerate(("dq", "dk", "dv"))})
+    wanted = dict(zip(("out", "dq", "dk", "dv"), (want, *want_grads)))
+    return [Check(f"{name}: {key} == SDPA", bound_ratio(got[key], wanted[key], getattr(tol, key)), 1.0, REASON)
+            for key in ("out", "dq", "dk", "dv")]
+
+
+def _counts(spec: RingSpec, n: int, results: list[dict[str, RankCase]], dtype: str, causal: bool,
+            layout: str) -> list[Count]:
+    """Bytes per phase (every case), and tiles, pairs and skipped steps (float32 cases), against their formulas."""
+    name = case_name(dtype, causal, layout)
+    ranks = [res[name] for res in results]
+    elem = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    args = (spec.seq_len, n, spec.kv_width, spec.batch, elem)
+    kv_back, grad_back = costs.ring_backward_bytes_per_rank(*args)
+    out = counts_per_rank("bytes sent", [rc.sent.get(FORWARD, 0) for rc in ranks],
+                          [costs.ring_kv_bytes_per_rank(*args)] * n, phase=FORWARD, case=name)
+    out += counts_per_rank("bytes sent", [rc.sent.get(BACKWARD_KV, 0) for rc in ranks], [kv_back] * n,
+                           phase=BACKWARD_KV, case=name)
+    out += counts_per_rank("bytes sent", [rc.sent.get(BACKWARD_GRAD, 0) for rc in ranks], [grad_back] * n,
+                           phase=BACKWARD_GRAD, case=name)
+    if dtype != "float32":
+        return out
+    tiles = [sum(row) for row in lay.tile_pairs(spec.seq_len, n, layout, spec.tile(n), causal)]
+    skipped = lay.skipped_steps(spec.seq_len, n, layout) if causal else []
+    for phase, pick in ((FORWARD, lambda rc: rc.forward), (BACKWARD_KV, lambda rc: rc.backward)):
+        out += counts_per_rank("tiles computed", [sum(pick(rc).tiles) for rc in ranks], tiles, phase=phase, case=name)
+    out += counts_per_rank("query-key pairs", [sum(rc.forward.pairs) for rc in ranks],
+                           lay.rank_work(spec.seq_len, n, layout, causal), phase=FORWARD, case=name)
+    out += counts_per_rank("steps skipped", [len(rc.forward.skipped) for rc in ranks],
+                           [sum(1 for r, _ in skipped if r == rank) for rank in range(n)], phase=FORWARD, case=name)
+    return out
+
+
+@dataclass(frozen=True)
+class RingDemoData:
+    """Per-rank timelines of one case (float32 causal zigzag), forward and backward, for a Gantt chart."""
+    forward: tuple[Span, ...]
+    backward: tuple[Span, ...]
+
+
+def ring_attention_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
+    """Ring attention on `world_size` ranks vs SDPA, six cases forward and backward, bytes and work counted exactly."""
+    spec = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
+    for layout in lay.LAYOUTS:
+        spec.check(world_size, layout)
+    start = time.perf_counter()
+    results = run(ring_cases, world_size, spec)
+    seconds = time.perf_counter() - start
+    checks = [c for case in CASES for c in _checks(spec, world_size, results, *case)]
+    exact = [c for case in CASES for c in _counts(spec, world_size, results, *case)]
+    if world_size > 1:
+        paper = [res[PAPER] for res in results]
+        base = [res[case_name("float32", True, "contiguous")] for res in results]
+        exact += counts_per_rank("bytes sent", [rc.sent.get(FORWARD, 0) for rc in paper],
+                                 [costs.ring_kv_bytes_per_rank(spec.seq_len, world_size, spec.kv_width, spec.batch, 4,
+                                                               final_exchange=True)] * world_size,
+                                 phase=FORWARD, case=PAPER)
+        checks.append(exact_check(f"{PAPER}: same output as N-1 sends", [rc.out for rc in paper],
+                                  [rc.out for rc in base],
+                                  "the same tiles merged in the same order; the last send only returns blocks home"))
+    zig = [res[case_name("float32", True, "zigzag")] for res in results]
+    data = RingDemoData(tuple(s for rc in zig for s in rc.forward.spans),
+                        tuple(s for rc in zig for s in rc.backward.spans))
+    params: dict[str, Any] = {"seq_len": spec.seq_len, "batch": spec.batch, "heads": spec.heads,
+                              "head_dim": spec.head_dim, "kv_width": spec.kv_width, "block_size": spec.block_size}
+    if world_size == 1:
+        params["note"] = "one rank has no neighbour: the paper's N-sends loop would send to itself, which gloo refuses"
+    return Report("ring-attention", world_size, checks, exact, seconds, params, data)
+
+
+DEMOS = [Demo("ring-attention", "Ring attention on N ranks == SDPA (fp32, fp64, causal or not, forward and "
+              "backward); KV bytes (N-1) S d_KV / N per rank", ring_attention_demo, world_sizes=tuple(range(1, 9)),
+              chapter="06")]

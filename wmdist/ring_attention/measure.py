@@ -1,0 +1,133 @@
+"""Measurements on this machine: a ring-attention run for the widget, and the F and B of the overlap condition.
+
+`measure_ring` runs the widget's setting scaled to what local ranks can
+hold (S at most RUN_MAX_SEQ, N at most RUN_MAX_RANKS) forward and backward
+and returns the ledger's bytes and each rank's allocator peak, next to the
+formulas at that S. `measure_link` times a ring step's exchange between two
+gloo ranks (both send and receive at once, as ring attention does) and
+`measure_matmul_flops` a float32 matrix product on one rank with one
+thread, as the ranks compute: medians over repeats, on a shared machine.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from wmdist.comm import Context, barrier, exchange
+from wmdist.costs import ring_attention as ra
+from wmdist.ring_attention.profiling import measure_allocations
+from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, positions, ring_backward, ring_forward
+from wmdist.ring_attention.spec import RingSpec
+from wmdist.ring_attention.traffic import RingMeasurement, TrafficConfig
+from wmdist.runtime import run
+
+RUN_MAX_SEQ, RUN_MAX_RANKS, RUN_MAX_WIDTH = 1024, 8, 1024
+Progress = Callable[[int, int, str], None]
+
+
+def run_setting(c: TrafficConfig) -> tuple[RingSpec, str]:
+    """The spec "run it" uses for a widget setting (S capped at RUN_MAX_SEQ), and its layout; ValueError if too big."""
+    if c.world_size > RUN_MAX_RANKS:
+        raise ValueError(f"run it starts at most {RUN_MAX_RANKS} local ranks; set N <= {RUN_MAX_RANKS}")
+    if c.batch * c.width > RUN_MAX_WIDTH:
+        raise ValueError(f"run it needs batch x heads x head width <= {RUN_MAX_WIDTH} on this machine, "
+                         f"got {c.batch * c.width}")
+    spec = RingSpec(min(c.seq_len, RUN_MAX_SEQ), batch=c.batch, heads=c.heads, head_dim=c.head_dim,
+                    block_size=c.block_size)
+    layout = "zigzag" if c.causal else "contiguous"
+    spec.check(c.world_size, layout)
+    return spec, layout
+
+
+def _measure_rank(ctx: Context, spec: RingSpec, layout: str, causal: bool, dtype: str) -> tuple[int, int, int]:
+    q, k, v, dout = spec.inputs(dtype)
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+    q, k, v, dout = (x[:, :, rows].contiguous() for x in (q, k, v, dout))
+    (out, lse, _), alloc = measure_allocations(
+        lambda: ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size))
+    ring_backward(ctx, q, k, v, out, lse, dout, spec.seq_len, layout, causal, spec.block_size)
+    back = ctx.ledger.totals(BACKWARD_KV)["bytes_sent"] + ctx.ledger.totals(BACKWARD_GRAD)["bytes_sent"]
+    return ctx.ledger.totals(FORWARD)["bytes_sent"], back, alloc.peak
+
+
+def measure_ring(c: TrafficConfig, progress: Progress | None = None) -> RingMeasurement:
+    """Run the setting (scaled down) on local ranks; bytes from the ledger, peaks from the allocator."""
+    spec, layout = run_setting(c)
+    n, e = c.world_size, c.elem
+    if progress:
+        progress(0, 1, f"ring attention, S={spec.seq_len} on {n} rank(s), forward and backward")
+    out = run(_measure_rank, n, spec, layout, c.causal, c.dtype)
+    if progress:
+        progress(1, 1, f"measured S={spec.seq_len} on {n} rank(s)")
+    args = (spec.seq_len, n, spec.kv_width, spec.batch, e)
+    return RingMeasurement(spec.seq_len, n, [o[0] for o in out], ra.ring_kv_bytes_per_rank(*args),
+                           [o[1] for o in out], sum(ra.ring_backward_bytes_per_rank(*args)), [o[2] for o in out],
+                           ra.ring_kv_storage_bytes(*args))
+
+
+def _time_exchange(ctx: Context, numel: int, repeats: int) -> list[float]:
+    data, into, other = torch.ones(numel), torch.empty(numel), 1 - ctx.rank
+    times = []
+    for _ in range(repeats):
+        barrier(ctx)
+        start = time.perf_counter()
+        exchange(ctx, data, other, into, other, phase="bandwidth")
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure_link(mib: int = 8, repeats: int = 7) -> float:
+    """Bytes per second one way between two gloo ranks, both sending at once (median over repeats)."""
+    numel = mib * 2 ** 20 // 4
+    out = run(_time_exchange, 2, numel, repeats)
+    return 4 * numel / statistics.median(max(a, b) for a, b in zip(*out))
+
+
+def _time_matmul(ctx: Context, size: int, repeats: int) -> list[float]:
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, generator=gen), torch.randn(size, size, generator=gen)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure_matmul_flops(size: int = 512, repeats: int = 7) -> float:
+    """float32 FLOP/s of one rank (one thread) on a size x size matrix product: 2 size^3 / median time."""
+    return 2 * size ** 3 / statistics.median(run(_time_matmul, 1, size, repeats)[0])
+
+
+def time_ring_forward(ctx: Context, spec: RingSpec, causal: bool, repeats: int) -> tuple[list[float], int]:
+    """Rank function: seconds of each ring forward (after a barrier), and the bytes held at peak in one more, tracked.
+
+    Bytes held = this rank's q, k, v rows plus the allocator's peak during the call.
+    """
+    layout = "zigzag" if causal else "contiguous"
+    q, k, v, _ = spec.inputs("float32")
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+    q, k, v = (x[:, :, rows].contiguous() for x in (q, k, v))
+    times = []
+    for _ in range(repeats):
+        barrier(ctx)
+        start = time.perf_counter()
+        ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size)
+        times.append(time.perf_counter() - start)
+    _, alloc = measure_allocations(lambda: ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size))
+    return times, 3 * q.numel() * q.element_size() + alloc.peak
+
+
+def time_sdpa(ctx: Context, spec: RingSpec, causal: bool, repeats: int) -> tuple[list[float], int]:
+    """Rank function (one rank): seconds of torch's default SDPA on the whole sequence, and its bytes held at peak."""
+    q, k, v, _ = spec.inputs("float32")
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        times.append(time.perf_counter() - start)
+    _, alloc = measure_allocations(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    return times, 3 * q.numel() * q.element_size() + alloc.peak

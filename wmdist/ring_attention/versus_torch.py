@@ -1,0 +1,158 @@
+"""Our ring against PyTorch's own, on the same gloo ranks: both equal SDPA; the dK, dV traffic differs.
+
+torch 2.13's public `context_parallel` does not run on CPU: it turns SDPA's
+inputs into DTensors, and the CPU flash kernel
+(aten._scaled_dot_product_flash_attention_for_cpu) has no sharding rule
+for them. The private template underneath, `_templated_ring_attention` and
+its backward in torch.distributed.tensor.experimental._context_parallel,
+takes a process group and any SDPA op returning (out, lse), so it runs on
+CPU gloo with the CPU kernels. It reads three process-wide options, set
+here for the call and restored after it: `rotate_method` "alltoall" (a
+true ring: each step one all_to_all_single in which rank r's whole buffer
+goes to r + 1; the default "allgather" gathers all of K, V at once),
+`enable_load_balance` (the zigzag layout, causal only) and `convert_to_f32`
+off (otherwise float64 merges are done in float32).
+Its sends are collectives inside torch, not wmdist.comm calls, so they are
+counted from the autograd profiler's record of each all_to_all_single input: one
+K, V block per forward step but the last, and in backward the same plus a
+dK, dV message after EVERY step, N rather than our N-1.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from wmdist.comm import Context
+from wmdist.costs import ring_attention as costs
+from wmdist.report import Check, Count, Demo, Report, counts_per_rank
+from wmdist.ring_attention.profiling import op_input_bytes
+from wmdist.ring_attention.ring import positions, ring_backward, ring_forward
+from wmdist.ring_attention.spec import RingSpec, default_seq_len
+from wmdist.ring_attention.tolerance import REASON, SECOND_ORDER, bound_ratio, exact_attention, sdpa_bounds, tolerance
+from wmdist.runtime import run
+
+CASES = (("float64", False, "contiguous"), ("float64", True, "contiguous"), ("float64", True, "zigzag"),
+         ("float32", True, "zigzag"))
+A2A = "_c10d_functional::all_to_all_single"
+
+
+@dataclass(frozen=True)
+class TorchCase:
+    """One rank's rows of torch's and our results for one case, and torch's all-to-all traffic."""
+    rows: list[int]
+    theirs: tuple[torch.Tensor, ...]     # out, dq, dk, dv, each (B, H, c, D)
+    ours: tuple[torch.Tensor, ...]
+    calls: tuple[int, int]              # all_to_all_single calls in forward, backward
+    sent: tuple[int, int]               # their input bytes
+
+
+def _torch_ring(ctx: Context, spec: RingSpec, dtype: str, causal: bool, layout: str) -> TorchCase:
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+
+    q, k, v, dout = spec.inputs(dtype)
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+    q, k, v, dout = (x[:, :, rows].contiguous() for x in (q, k, v, dout))
+    group, elem = ctx.group_of(range(ctx.world_size)), q.element_size()
+    options = cp._cp_options
+    saved = (options.rotate_method, options.enable_load_balance, options.convert_to_f32)
+    try:
+        cp.set_rotate_method("alltoall")
+        options.enable_load_balance, options.convert_to_f32 = layout == "zigzag", False
+        (out, lse), fwd_calls, fwd_bytes = op_input_bytes(lambda: cp._templated_ring_attention(
+            group, 2, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v,
+            is_causal=causal, dropout_p=0.0)[:2], A2A, elem)
+        grads, bwd_calls, bwd_bytes = op_input_bytes(lambda: cp._templated_ring_attention_backward(
+            group, 2, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+            grad_out=dout, grad_out_name="grad_out", query=q, key=k, value=v, out=out, logsumexp=lse,
+            is_causal=causal, dropout_p=0.0)[:3], A2A, elem)
+    finally:
+        options.rotate_method, options.enable_load_balance, options.convert_to_f32 = saved
+    o, l2, _ = ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size)
+    ours = (o, *ring_backward(ctx, q, k, v, o, l2, dout, spec.seq_len, layout, causal, spec.block_size)[:3])
+    return TorchCase(rows.tolist(), (out, *grads), ours, (fwd_calls, bwd_calls), (fwd_bytes, bwd_bytes))
+
+
+def template_missing() -> str | None:
+    """Why torch's private ring template cannot be driven here (None when it can): it is private API."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+    except ImportError as err:
+        return f"torch {torch.__version__} has no _context_parallel._attention module ({err})"
+    needed = ("_templated_ring_attention", "_templated_ring_attention_backward", "set_rotate_method", "_cp_options")
+    missing = [name for name in needed if not hasattr(cp, name)]
+    return f"torch {torch.__version__}'s _context_parallel._attention lacks {', '.join(missing)}" if missing else None
+
+
+def torch_cases(ctx: Context, spec: RingSpec) -> list[TorchCase]:
+    """Rank function: every case through torch's template and through ours."""
+    return [_torch_ring(ctx, spec, *case) for case in CASES]
+
+
+def _full(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
+    full = parts[0].new_empty(parts[0].shape[:2] + (spec.seq_len,) + parts[0].shape[3:])
+    for part, r in zip(parts, rows):
+        full[:, :, r] = part
+    return full
+
+
+def _case_report(spec: RingSpec, n: int, ranks: list[TorchCase], dtype: str, causal: bool,
+                 layout: str) -> tuple[list[Check], list[Count]]:
+    name = f"{dtype} {'causal' if causal else 'full'} {layout}"
+    q, k, v, dout = spec.inputs(dtype)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    want = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    wanted = (want, *torch.autograd.grad(want, leaves, dout))
+    ex = exact_attention(q, k, v, dout, causal)
+    theirs_tol = sdpa_bounds(ex, getattr(torch, dtype)).plus(sdpa_bounds(ex, getattr(torch, dtype)), SECOND_ORDER)
+    ours_tol = tolerance(ex, getattr(torch, dtype), spec.tile(n), spec.key_blocks(n))
+    rows = [rc.rows for rc in ranks]
+    checks = []
+    for i, key in enumerate(("out", "dq", "dk", "dv")):
+        theirs = _full(spec, [rc.theirs[i] for rc in ranks], rows)
+        ours = _full(spec, [rc.ours[i] for rc in ranks], rows)
+        checks += [Check(f"{name}: torch's {key} == SDPA", bound_ratio(theirs, wanted[i], getattr(theirs_tol, key)),
+                         1.0, "both fused kernels at their worst-case rounding bound (2-ulp exp, every key a block)"),
+                   Check(f"{name}: our {key} == torch's", bound_ratio(ours, theirs, getattr(ours_tol, key)), 1.0,
+                         REASON)]
+    elem = q.element_size()
+    kv_back, grad_back = costs.ring_backward_bytes_per_rank(spec.seq_len, n, spec.kv_width, spec.batch, elem,
+                                                            every_step=True)
+    fwd = costs.ring_kv_bytes_per_rank(spec.seq_len, n, spec.kv_width, spec.batch, elem)
+    counts = counts_per_rank("torch all_to_all bytes", [rc.sent[0] for rc in ranks], [fwd] * n, phase="forward",
+                             case=name)
+    counts += counts_per_rank("torch all_to_all bytes", [rc.sent[1] for rc in ranks], [kv_back + grad_back] * n,
+                              phase="backward", case=name)
+    block_sends = costs.ring_kv_sends(n) + costs.ring_grad_sends(n, every_step=True)
+    counts += counts_per_rank("torch all_to_all calls", [rc.calls[1] for rc in ranks], [block_sends] * n,
+                              phase="backward", case=name)
+    return checks, counts
+
+
+def versus_torch_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
+    """Our ring and torch's private ring template on the same ranks, both against SDPA; torch's traffic profiled."""
+    spec = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
+    for _, _, layout in CASES:
+        spec.check(world_size, layout)
+    missing = template_missing()
+    if missing is not None:
+        raise RuntimeError(f"cannot compare with torch's ring attention: {missing} (written against torch 2.13)")
+    start = time.perf_counter()
+    results = run(torch_cases, world_size, spec)
+    seconds = time.perf_counter() - start
+    checks: list[Check] = []
+    exact: list[Count] = []
+    for i, case in enumerate(CASES):
+        c, e = _case_report(spec, world_size, [res[i] for res in results], *case)
+        checks += c
+        exact += e
+    return Report("ring-attention-vs-torch", world_size, checks, exact, seconds,
+                  {"seq_len": spec.seq_len, "kv_width": spec.kv_width, "torch": torch.__version__,
+                   "template": "_templated_ring_attention, rotate 'alltoall', convert_to_f32 off"})
+
+
+DEMOS = [Demo("ring-attention-vs-torch", "Our ring vs torch's private _templated_ring_attention on CPU gloo: both "
+              "== SDPA; torch sends dK, dV N times per rank, we N-1", versus_torch_demo,
+              world_sizes=(1, 2, 3, 4), chapter="06")]
