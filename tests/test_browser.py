@@ -1,15 +1,20 @@
-"""One real-browser smoke test: the course's panels render and answer in JupyterLab, in headless Chromium.
+"""The course's panels in a real browser: every panel of every notebook, in JupyterLab, in headless Chromium.
 
-Everything else tests the panels by setting `.value` in Python (docs/widgets.md). This test
-checks the part those tests cannot reach: the JupyterLab front end, ipywidgets' JavaScript
-and the kernel round trip. It starts a throw-away JupyterLab server, opens a two-cell notebook
-that shows ScalingPanel and MemoryPanel, and runs all cells. Then it presses a key on one slider
-of each panel and waits for the summary that the kernel computes to show the text that the pure
-model predicts for the new setting, and for the plot in the panel's Output to be redrawn.
+Everything else tests the panels by setting `.value` in Python (docs/widgets.md). These tests
+check what those cannot reach: the JupyterLab front end, ipywidgets' JavaScript and the kernel
+round trip. One throw-away JupyterLab server serves copies of the course's notebooks (the
+repository's files are never opened for writing) and a two-panel scratch notebook.
 
-It needs the Debian `chromium` package and the `playwright` Python package. Playwright's own
-browser download (`playwright install`) is never used. If either is missing, the test is skipped.
-When CI=true it fails instead, because CI installs both (.ci/run, the `test` extra).
+- `test_panels_answer_with_the_pure_models_numbers`: a key press on one slider of two panels;
+  the summary the kernel computes must show the text the pure model predicts for the new value.
+- `test_every_panel_of_every_notebook`: each notebook that shows a panel runs all its cells
+  (none may error); on every panel a slider moves and both the figure and the numbers change,
+  no readout or status text is clipped, and its "run it" button shows progress and then the
+  measured overlay. A screenshot of each panel is saved as an artifact under build/browser/.
+
+Needs the Debian `chromium` package and the `playwright` Python package; Playwright's own browser
+download (`playwright install`) is never used. If either is missing the tests are skipped, and
+fail instead when CI=true, because CI installs both (.ci/run, the `test` extra).
 """
 from __future__ import annotations
 
@@ -31,10 +36,23 @@ from conftest import free_port
 from wmdist.data_parallel.scaling import ScalingParams, scaling_curve
 from wmdist.memory.footprint import MemoryConfig, format_bytes, per_rank_bytes
 
-WAIT_S = 60                    # the bound on every single wait
-MS = WAIT_S * 1000             # the same, for Playwright (which counts in ms; its expect() defaults to 5 s)
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "build" / "browser"
+WAIT_S = 120                   # the bound on every single wait
+MS = WAIT_S * 1000             # the same, for Playwright (which counts in ms)
+RUN_ALL_S = 600                # a whole notebook, on a loaded 2-core machine
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
+
+
+def _panel_notebooks() -> list[str]:
+    """Notebooks with at least one code cell that builds a panel."""
+    out = []
+    for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        if any(c.cell_type == "code" and "Panel(" in c.source for c in cells):
+            out.append(path.name)
+    return out
 
 
 def _tools() -> tuple[str, object]:
@@ -56,7 +74,7 @@ def _tools() -> tuple[str, object]:
     return chromium, sync_playwright
 
 
-def _write_notebook(path: Path) -> None:
+def _write_scratch_notebook(path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell("from wmdist.data_parallel.panel import ScalingPanel\nScalingPanel()"),
@@ -89,15 +107,15 @@ def _wait_for_server(proc: subprocess.Popen, url: str, log: Path) -> None:
     raise AssertionError(f"jupyter lab did not answer within {WAIT_S} s:\n{log.read_text()[-3000:]}")
 
 
-def _stop(proc: subprocess.Popen | None, extra: list[psutil.Process]) -> None:
+def _stop(proc: subprocess.Popen | None) -> None:
     """Stop the server (it shuts its kernels down), then kill whatever of its tree is still there.
 
     Process objects, not pids: psutil will not signal a pid that has been reused since.
     """
-    procs = list(extra)
+    procs: list[psutil.Process] = []
     if proc is not None:
         try:
-            procs += psutil.Process(proc.pid).children(recursive=True)
+            procs = psutil.Process(proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             pass
         if proc.poll() is None:
@@ -126,51 +144,27 @@ def _alive_descendants() -> set[int]:
     return out
 
 
-_PLOT_JS = """([out, old]) => {
-    const imgs = out.querySelectorAll('img');
-    if (imgs.length !== 1) return false;
-    const src = imgs[0].getAttribute('src');
-    return src !== old && imgs[0].complete && imgs[0].naturalWidth > 100 ? src : false;
-}"""
-
-
-def _plot(page, panel, other_than: str | None = None) -> str:
-    """Wait until the panel's Output widget shows one loaded plot image, other than `other_than`; its src."""
-    out = panel.locator(".widget-output").first
-    out.wait_for(state="attached", timeout=MS)
-    return page.wait_for_function(_PLOT_JS, arg=[out.element_handle(), other_than], timeout=MS).json_value()
-
-
-# The texts the kernel must show after one ArrowRight, computed here by the same pure models.
-
-def _allreduce_expected(n: int) -> str:
-    at = scaling_curve(ScalingParams(max_workers=n)).at(n)
-    return f"At N = {n}: all-reduce T = {at['allreduce']:.3g} s"
-
-
-def _memory_expected(log10_params: float) -> tuple[str, str]:
-    total = per_rank_bytes(MemoryConfig(params=int(round(10 ** log10_params))))["total"]
-    return f"Total {format_bytes(total)}", f"{total:,}"
-
-
-def test_panels_render_and_answer_in_a_real_browser(tmp_path):
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """(browser, base url): a JupyterLab server over copies of the notebooks, and headless Chromium."""
     chromium, sync_playwright = _tools()
-    from playwright.sync_api import expect
-
-    root, settings, workspaces = tmp_path / "root", tmp_path / "settings", tmp_path / "workspaces"
-    for d in (root, settings, workspaces, tmp_path / "config", tmp_path / "data", tmp_path / "runtime"):
+    tmp = tmp_path_factory.mktemp("lab")
+    root, settings, workspaces = tmp / "root", tmp / "settings", tmp / "workspaces"
+    for d in (root, settings, workspaces, tmp / "config", tmp / "data", tmp / "runtime"):
         d.mkdir()
-    _write_notebook(root / "panels.ipynb")
+    for name in _panel_notebooks():
+        shutil.copy(REPO / "notebooks" / name, root / name)
+    _write_scratch_notebook(root / "panels.ipynb")
     _write_settings(settings)
     port = free_port()
     base = f"http://127.0.0.1:{port}/"
     env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND",)}   # the kernel must use the inline backend
-    env.update(JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(settings),
+    env.update(JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"),
+               JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(workspaces))
-    log = tmp_path / "jupyter.log"
+    log = tmp / "jupyter.log"
     before = _alive_descendants()
-    proc, kernels = None, []
+    proc = None
     try:
         with open(log, "w") as log_file:
             proc = subprocess.Popen(
@@ -180,76 +174,164 @@ def test_panels_render_and_answer_in_a_real_browser(tmp_path):
                  f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={workspaces}",
                  "--ServerApp.terminals_enabled=False"],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=root)
-
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
-                                         timeout=MS)   # while the server starts
-            page = None
+            browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS, timeout=MS)
             try:
                 _wait_for_server(proc, base, log)
-                page = browser.new_page(viewport={"width": 1600, "height": 2200})
-                page.set_default_timeout(MS)
-                page.goto(base + "lab/tree/panels.ipynb", timeout=MS)
-                page.wait_for_function(
-                    "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-                    " const k = w && w.sessionContext && w.sessionContext.session"
-                    "   && w.sessionContext.session.kernel;"
-                    " return !!k && w.context.path === 'panels.ipynb' && k.status === 'idle'; }",
-                    timeout=MS)
-                kernels = psutil.Process(proc.pid).children(recursive=True)   # killed in the end if still alive
-                # Not awaited here: the command's promise ends when every cell has run; the bounded waits below
-                # wait for what the cells show instead.
-                page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-
-                cells = page.locator(".jp-Notebook .jp-CodeCell")
-                expect(cells).to_have_count(2, timeout=MS)
-                allreduce, memory = cells.nth(0), cells.nth(1)
-                allreduce_summary = allreduce.locator(".widget-html-content", has_text="At N =")
-                memory_summary = memory.locator(".widget-html-content", has_text="Fullest rank")
-
-                # Both panels rendered from the kernel: the default summaries and a plot in each Output.
-                expect(allreduce_summary).to_contain_text(_allreduce_expected(32), timeout=MS)
-                expect(memory_summary).to_contain_text(_memory_expected(9.0)[0], timeout=MS)
-                allreduce_plot, memory_plot = _plot(page, allreduce), _plot(page, memory)
-
-                # ScalingPanel: "N max" 32 -> 33 with the keyboard on the noUi handle. Wait for the
-                # expected text itself: a reply computed for an intermediate value could come first.
-                slider = allreduce.locator(".widget-slider", has_text="N max")
-                slider.locator(".noUi-handle").press("ArrowRight")
-                expect(slider).to_contain_text("33", timeout=MS)
-                expect(allreduce_summary).to_contain_text(_allreduce_expected(33), timeout=MS)
-                _plot(page, allreduce, other_than=allreduce_plot)      # redrawn after the summary
-
-                # MemoryPanel: "parameters P" 10^9 -> 10^9.1 (the log slider's step is 0.1 in the exponent).
-                memory.locator(".widget-slider", has_text="parameters P").locator(".noUi-handle").press("ArrowRight")
-                total_text, total_bytes = _memory_expected(9.1)
-                expect(memory_summary).to_contain_text(total_text, timeout=MS)
-                expect(memory_summary).to_contain_text(total_bytes, timeout=MS)
-                _plot(page, memory, other_than=memory_plot)
-                page.screenshot(path=str(tmp_path / "panels.png"))
-            except Exception:
-                try:                                 # what the page showed when a wait ran out
-                    page.screenshot(path=str(tmp_path / "failure.png"), timeout=10_000)
-                    print(f"screenshot of the failure: {tmp_path / 'failure.png'}")
-                except Exception:
-                    pass
-                print(f"server log: {log}")
-                raise
+                yield browser, base
             finally:
                 browser.close()
     finally:
-        _stop(proc, kernels)
-
+        _stop(proc)
     deadline = time.monotonic() + 15
     while (left := _alive_descendants() - before) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if left:                                         # report them, but do not leave them running
-        names = {}
-        for pid in left:
-            try:
-                p = psutil.Process(pid)
-                names[pid] = " ".join(p.cmdline())[:200]
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        raise AssertionError(f"processes left behind: {names}")
+    for pid in left:                                 # do not leave them running, and say so
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, f"processes left behind by the browser tests: {left}"
+
+
+KERNEL_READY_JS = """(path) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return !!k && w.context.path === path && k.status === 'idle'; }"""
+BUSY_JS = """() => { const w = window.jupyterapp.shell.currentWidget;
+  const k = w.sessionContext.session && w.sessionContext.session.kernel;
+  const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')].map(e => e.textContent);
+  const unrun = w.content.model ? [...Array(w.content.model.cells.length).keys()].filter(i => {
+      const c = w.content.model.cells.get(i); return c.type === 'code' && c.executionCount === null; }).length : 0;
+  return {idle: !!k && k.status === 'idle', busy: prompts.some(p => p.includes('*')), unrun: unrun}; }"""
+ERRORS_JS = """() => { const cells = window.jupyterapp.shell.currentWidget.content.model.cells; const out = [];
+  for (let i = 0; i < cells.length; i++) { const j = cells.get(i).toJSON();
+    for (const o of (j.outputs || [])) if (o.output_type === 'error') out.push(`cell ${i}: ${o.ename}: ${o.evalue}`); }
+  return out; }"""
+PLOT_JS = """([out, old]) => {
+    const imgs = out.querySelectorAll('img');
+    if (imgs.length !== 1) return false;
+    const src = imgs[0].getAttribute('src');
+    return src !== old && imgs[0].complete && imgs[0].naturalWidth > 100 ? src : false;
+}"""
+CLIPPED_JS = """(panel) => {
+  const bad = [];
+  const clipped = e => e.offsetWidth === 0 || e.scrollWidth > e.clientWidth + 1;
+  for (const e of panel.querySelectorAll('.widget-readout, .widget-label, .widget-inline-hbox > label'))
+    if (e.offsetParent !== null && clipped(e)) bad.push(`readout/label '${e.textContent.trim()}'`);
+  for (const e of panel.querySelectorAll('.wmdist-status, .wmdist-status *'))
+    if (e.scrollWidth > e.clientWidth + 1) bad.push(`status '${e.textContent.trim().slice(0, 60)}'`);
+  return bad; }"""
+
+
+def _open(browser, base: str, name: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(MS)
+    page.goto(base + f"lab/tree/{name}", timeout=MS)
+    page.wait_for_function(KERNEL_READY_JS, arg=name, timeout=MS)
+    return page
+
+
+def _run_all(page) -> None:
+    """Run every cell and wait until all have run and the kernel is idle again (checked three times)."""
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    deadline, stable = time.monotonic() + RUN_ALL_S, 0
+    while time.monotonic() < deadline:
+        st = page.evaluate(BUSY_JS)
+        stable = stable + 1 if st["idle"] and not st["busy"] and st["unrun"] == 0 else 0
+        if stable >= 3:
+            return
+        time.sleep(1)
+    raise AssertionError(f"Run All still busy after {RUN_ALL_S} s: {page.evaluate(BUSY_JS)}")
+
+
+def _plot(page, panel, other_than: str | None = None) -> str:
+    """Wait until the panel's figure shows one loaded image other than `other_than`; return its src."""
+    out = panel.locator(".wmdist-figure").first
+    out.wait_for(state="attached", timeout=MS)
+    return page.wait_for_function(PLOT_JS, arg=[out.element_handle(), other_than], timeout=MS).json_value()
+
+
+def _shoot(panel, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    panel.scroll_into_view_if_needed()
+    panel.screenshot(path=str(path))
+
+
+# The texts the kernel must show after one ArrowRight, computed here by the same pure models.
+
+def _scaling_expected(n: int) -> str:
+    at = scaling_curve(ScalingParams(max_workers=n)).at(n)
+    return f"At N = {n}: all-reduce T = {at['allreduce']:.3g} s"
+
+
+def _memory_expected(log10_params: float) -> tuple[str, str]:
+    total = per_rank_bytes(MemoryConfig(params=int(round(10 ** log10_params))))["total"]
+    return f"Total {format_bytes(total)}", f"{total:,}"
+
+
+def test_panels_answer_with_the_pure_models_numbers(lab):
+    from playwright.sync_api import expect
+    browser, base = lab
+    page = _open(browser, base, "panels.ipynb")
+    try:
+        _run_all(page)
+        scaling, memory = page.locator(".wmdist-panel").nth(0), page.locator(".wmdist-panel").nth(1)
+        expect(scaling.locator(".wmdist-summary")).to_contain_text(_scaling_expected(32), timeout=MS)
+        expect(memory.locator(".wmdist-summary")).to_contain_text(_memory_expected(9.0)[0], timeout=MS)
+        scaling_plot, memory_plot = _plot(page, scaling), _plot(page, memory)
+        # "N max" 32 -> 33 with the keyboard. Wait for the expected text itself: a reply computed for an
+        # intermediate value could come first.
+        slider = scaling.locator(".widget-slider", has_text="N max")
+        slider.locator(".noUi-handle").press("ArrowRight")
+        expect(slider).to_contain_text("33", timeout=MS)
+        expect(scaling.locator(".wmdist-summary")).to_contain_text(_scaling_expected(33), timeout=MS)
+        _plot(page, scaling, other_than=scaling_plot)
+        # "parameters P" 10^9 -> 10^9.1 (the log slider's step is 0.1 in the exponent).
+        memory.locator(".widget-slider", has_text="parameters P").locator(".noUi-handle").press("ArrowRight")
+        total_text, total_bytes = _memory_expected(9.1)
+        expect(memory.locator(".wmdist-summary")).to_contain_text(total_text, timeout=MS)
+        expect(memory.locator(".wmdist-summary")).to_contain_text(total_bytes, timeout=MS)
+        _plot(page, memory, other_than=memory_plot)
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("name", _panel_notebooks())
+def test_every_panel_of_every_notebook(lab, name):
+    from playwright.sync_api import expect
+    browser, base = lab
+    page = _open(browser, base, name)
+    stem = Path(name).stem
+    try:
+        _run_all(page)
+        assert page.evaluate(ERRORS_JS) == [], f"{name}: cells raised"
+        panels = page.locator(".wmdist-panel")
+        assert panels.count() >= 1, f"{name} builds a panel but none rendered"
+        for i in range(panels.count()):
+            panel = panels.nth(i)
+            panel.scroll_into_view_if_needed()
+            summary = panel.locator(".wmdist-summary")
+            before_text, before_plot = summary.inner_text(), _plot(page, panel)
+            assert page.evaluate(CLIPPED_JS, panel.element_handle()) == [], f"{name} panel {i} before any action"
+            _shoot(panel, ARTIFACTS / f"{stem}_panel{i}.png")
+            handle = panel.locator(".widget-slider .noUi-handle").first
+            handle.press("ArrowRight")
+            if summary.inner_text() == before_text:      # a slider at its maximum moves the other way
+                handle.press("ArrowLeft")
+            expect(summary).not_to_have_text(before_text, timeout=MS)
+            _plot(page, panel, other_than=before_plot)   # the kernel redrew the figure too
+            assert page.evaluate(CLIPPED_JS, panel.element_handle()) == [], f"{name} panel {i} after a slider"
+            run = panel.locator(".wmdist-run")
+            if run.is_visible():
+                plot = _plot(page, panel)
+                run.click()
+                expect(panel.locator(".wmdist-progress")).to_be_visible(timeout=MS)
+                expect(run).to_be_enabled(timeout=RUN_ALL_S * 1000)
+                status = panel.locator(".wmdist-status").inner_text()
+                assert "failed" not in status and "cannot" not in status, f"{name} panel {i}: {status}"
+                _plot(page, panel, other_than=plot)      # the measured overlay is drawn
+                assert page.evaluate(CLIPPED_JS, panel.element_handle()) == [], f"{name} panel {i} after run"
+            _shoot(panel, ARTIFACTS / f"{stem}_panel{i}_after.png")
+        assert page.evaluate(ERRORS_JS) == [], f"{name}: a cell shows an error after the interactions"
+    finally:
+        page.close()

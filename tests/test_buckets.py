@@ -7,6 +7,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from wmdist.data_parallel import buckets as bk  # noqa: E402
 from wmdist.models import make_model  # noqa: E402
@@ -72,7 +73,7 @@ def test_timeline_plot_has_one_bar_per_span():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 2"]
     plt.close(fig)
     fig = timelines_figure({"a": spans, "b": spans[:1]})
-    assert [a.get_title() for a in fig.axes] == ["a", "b"]
+    assert [a.get_title(loc="left") for a in fig.axes] == ["a", "b"]
     plt.close(fig)
     with pytest.raises(ValueError, match="unit"):
         timeline_figure(spans, unit="h")
@@ -105,3 +106,10 @@ def test_timeline_structure(report4):
     for label, rows in report4.data.overlap.items():
         assert rows == overlap(report4.data.timelines[label])
         assert all(0.0 <= o.hidden <= o.comm for o in rows)
+
+
+def test_sum_tolerance_is_the_reordering_bound_written_out():
+    """Pinned from above: (2(N-1) + 2) 2^-24 max_j sum_r |g_r,j| / N, computed here by hand (a 10x looser one fails)."""
+    g = [torch.randn(50, generator=torch.Generator().manual_seed(r)) for r in range(4)]
+    partial = max(sum(abs(float(x[j])) for x in g) for j in range(50))
+    assert bk.sum_tolerance(g) == pytest.approx((2 * 3 + 2) * 2.0 ** -24 * partial / 4, rel=1e-12)

@@ -10,7 +10,20 @@ from wmdist.memory.activation_recompute import RolloutConfig, activation_bytes, 
 def test_saved_bytes_match_formula_and_gradients_agree(segment):
     report = checkpointing_report(segment=segment, repeats=1)
     assert report.passed, str(report)
-    assert len(report.exact) == 4 and len(report.checks) == 2
+    assert len(report.exact) == 6 and len(report.checks) == 2
+
+
+def test_peak_counts_the_segment_being_recomputed():
+    """Measured from the saved tensors alive at once: resident inputs plus the segment recomputed in backward
+    (99,328 B of 622,592 for k = 8), not the resident 21,504 B alone."""
+    report = checkpointing_report(segment=8, repeats=1)
+    peak = report.measured(quantity="saved bytes", case="with checkpoints: peak")[0]
+    resident = report.measured(quantity="saved bytes", case="with checkpoints: resident")[0]
+    segment = report.measured(quantity="saved bytes", case="with checkpoints: largest segment")[0]
+    assert peak == resident + segment == 99_328
+    assert report.data.peak_ratio == pytest.approx(99_328 / 622_592) and report.data.memory_ratio < report.data.peak_ratio
+    short = activation_bytes(RolloutConfig(segment=10))   # 6 full segments of 10 and one of 4: the peak is at a full one
+    assert short["peak"] == 5 * 32 * 24 * 4 + short["largest segment"]
 
 
 def test_checkpointing_keeps_fewer_bytes_and_recomputes_all():

@@ -1,11 +1,17 @@
-"""The `wmdist` command: list, verify (table, JSON, exit status) and usage errors."""
+"""The `wmdist` command: list, verify (table, JSON, exit status), usage errors, pipes and signals."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
+
+from conftest import alive
 
 from wmdist.cli import main
 from wmdist.report import Check, Report
@@ -45,12 +51,16 @@ def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
     (["verify", "no-such-demo"], "unknown demo(s): no-such-demo"),
     (["verify", "-n", "0"], "expected a positive integer, got 0"),
     (["verify", "-n", "two"], "expected a positive integer, got 'two'"),
+    (["verify", "-n", "64", "ring-allreduce"], "world size 64 is more local ranks than wmdist starts (at most 32)"),
+    (["verify", "-n", "1", "latent-seeds"], "latent-seeds needs at least 2 ranks, got 1"),
+    (["verify", "-n", "2", "activation-checkpointing"], "activation-checkpointing runs in one process only, got 2"),
     (["bench", "nope"], "unknown benchmark(s): nope"),
 ])
 def test_usage_errors_are_one_clear_line(args, message):
     done = wmdist(*args)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") <= 2, "usage line and one error line"
 
 
 def test_verify_reports_progress_before_each_run_and_at_the_end():
@@ -61,14 +71,56 @@ def test_verify_reports_progress_before_each_run_and_at_the_end():
     assert seen == [(i, 8, f"ring-allreduce on {i + 1} rank(s)") for i in range(8)] + [(8, 8, "done")]
 
 
-def test_verify_refuses_a_named_demo_below_its_minimum_world_size():
+def test_verify_refuses_a_named_demo_outside_its_sizes_before_anything_runs(monkeypatch):
     from wmdist.demos import verify
-    with pytest.raises(ValueError, match="latent-seeds need more than 1 rank"):
+    from wmdist.runtime import Pool
+
+    monkeypatch.setattr(Pool, "start", lambda self, *a, **k: pytest.fail("a pool was started"))
+    with pytest.raises(ValueError, match="latent-seeds needs at least 2 ranks, got 1"):
         verify(["latent-seeds"], world_size=1)
+    with pytest.raises(ValueError, match="activation-checkpointing runs in one process only, got 2"):
+        verify(["activation-checkpointing"], world_size=2)
+    with pytest.raises(ValueError, match="at most 32"):
+        verify(["ring-allreduce"], world_size=64)
 
 
-def test_progress_widget_follows_calls():
-    from wmdist.ui.progress import Progress
-    p = Progress("demos")
-    p(2, 5, "zero-1 on 4 rank(s)")
-    assert (p.bar.value, p.bar.max, p.label.value) == (2, 5, "zero-1 on 4 rank(s)")
+def test_verify_at_one_size_leaves_out_the_demos_that_cannot_run_there():
+    import numpy as np
+
+    from wmdist.demos import plan
+    runs, left_out = plan(None, np.int64(2))
+    assert ("activation-checkpointing", 2) not in runs and "one process only" in left_out["activation-checkpointing"]
+    assert ("ring-allreduce", 2) in runs and all(n == 2 for _, n in runs)
+    assert "latent-seeds" in plan(None, 1)[1]
+
+
+def test_verify_piped_into_a_reader_that_stops_exits_quietly():
+    # `wmdist verify ... | head`: the reader leaves before the table is printed.
+    proc = subprocess.Popen([sys.executable, "-m", "wmdist", "verify", "ring-allreduce", "-n", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_verify_ended_by_a_signal_leaves_no_directory_or_process(tmp_path, sig):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "wmdist", "verify", "ring-allreduce", "-n", "3"],
+                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "TMPDIR": str(tmp)})
+    deadline = time.monotonic() + 240
+    while not list(tmp.glob("wmdist-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)                                # the pool is starting
+    assert proc.poll() is None, "verify finished before it could be interrupted"
+    time.sleep(0.5)
+    family = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == -sig, (tmp_path / "stderr.txt").read_text()
+    deadline = time.monotonic() + 10
+    while alive(family) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive(family) == []
+    assert sorted(p.name for p in tmp.iterdir()) == []

@@ -102,9 +102,59 @@ def _wrong_answers():
         held = lambda sharded: shard if sharded else params  # noqa: E731
         return 2 * held(stage >= 3) + 2 * held(stage >= 2) + 12 * held(stage >= 1)
 
+    def fold_backwards(ctx, A, b, h0):                       # composes with the earlier step on the left
+        from wmdist.comm import recv, send
+        fold_A, fold_b = A[0], b[0]
+        for t in range(1, len(b)):
+            fold_A, fold_b = fold_A @ A[t], fold_A @ b[t] + fold_b
+        h_in = h0 if ctx.rank == 0 else recv(ctx, torch.empty_like(h0), ctx.rank - 1)
+        if ctx.rank < ctx.world_size - 1:
+            send(ctx, fold_A @ h_in + fold_b, ctx.rank + 1)
+        return h_in
+
+    def shard_at_token_zero(ctx, model, x, start, t):      # gathers K/V but forgets where its shard starts
+        from wmdist.comm import ring_all_gather
+        from wmdist.costs.diffusion import token_shard_bounds
+        mine = torch.stack(model.project_kv(x, t)).movedim(3, 0).contiguous()
+        sizes = [(b - a) * mine[0].numel() for a, b in token_shard_bounds(model.cfg.tokens, ctx.world_size)]
+        k_all, v_all = ring_all_gather(ctx, mine.reshape(-1), sizes).view(-1, *mine.shape[1:]).movedim(0, 3)
+        return model.denoise_shard(x, (k_all, v_all), t)
+
+    def bias_on_every_rank(ctx, x_shard, w_shard, bias):    # adds the bias before the sum: N copies of it
+        return ring_all_reduce(ctx, x_shard @ w_shard.T + bias)
+
+    def same_warmup_everywhere(stages, microbatches, rank):  # every rank warms up like rank 0 (GPipe-like memory)
+        warmup = min(stages - 1, microbatches)
+        order = [f"F{m}" for m in range(warmup)]
+        for m in range(microbatches - warmup):
+            order += [f"F{warmup + m}", f"B{m}"]
+        return order + [f"B{m}" for m in range(microbatches - warmup, microbatches)]
+
+    def plain_average(ctx, out_a, lse_a, out_b, lse_b):     # ignores how much of the softmax each block holds
+        return (out_a + out_b) / 2
+
+    def forwards_its_input(ctx, microbatches, weight):         # passes x on instead of its own output y
+        from wmdist.comm import recv, send
+        outputs = []
+        for x in microbatches:
+            if ctx.rank > 0:
+                x = recv(ctx, torch.empty_like(x), ctx.rank - 1)
+            if ctx.rank < ctx.world_size - 1:
+                send(ctx, x, ctx.rank + 1)
+            outputs.append(torch.tanh(x @ weight))
+        return torch.stack(outputs)
+
+    def consecutive_ranks(rank, axis, dp, tp, pp, cp):       # treats every axis as the fastest-varying one
+        size = {"dp": dp, "tp": tp, "pp": pp, "cp": cp}[axis]
+        start = rank // size * size
+        return tuple(range(start, start + size))
+
     return {"ring pass": wrong_direction, "weighted mean of unequal shards": plain_mean,
             "score-function estimate": local_score, "ZeRO shard update": no_bias_correction,
-            "ZeRO bytes": even_shards}
+            "ZeRO bytes": even_shards, "incoming state": fold_backwards,
+            "token-sharded denoising step": shard_at_token_zero, "row-parallel forward": bias_on_every_rank,
+            "1F1B action list": same_warmup_everywhere, "online-softmax merge": plain_average,
+            "pipeline stage forward": forwards_its_input, "my group along an axis": consecutive_ranks}
 
 
 def _registry():
@@ -123,7 +173,7 @@ def test_every_checker_passes_its_solution_and_fails_a_wrong_answer(name):
     verdict = check(exercise, _wrong_answers()[name])
     assert not verdict.passed and verdict.status == "wrong"
     if exercise.make_inputs is not None:                      # a rank exercise names the rank and the element
-        assert re.match(r"rank \d+, (element \[\d+\]|the value): expected ", verdict.details[0]), verdict.details
+        assert re.match(r"rank \d+, (element \[\d+(, \d+)*\]|the value): expected ", verdict.details[0]), verdict.details
     else:
         assert verdict.details[0].startswith("fn(") and "expected" in verdict.details[0]
 

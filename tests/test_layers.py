@@ -19,7 +19,8 @@ TOP = ("demos", "bench", "cli", "__main__", "__init__")
 CAPSTONE = "mesh"
 PURE = ["costs", "knobs.py", "spans.py", "comm/mesh.py", "memory/footprint.py", "memory/remedies.py",
         "data_parallel/scaling.py", "pipeline/schedules.py", "pipeline/simulate.py", "pipeline/plan.py",
-        "pipeline/bubble.py", "ring_attention/layout.py", "ring_attention/traffic.py"]
+        "pipeline/bubble.py", "ring_attention/layout.py", "ring_attention/traffic.py",
+        "mesh/spec.py", "mesh/patterns.py", "memory/transient.py", "memory/presets.py"]
 NOT_IN_PURE = {"torch", "ipywidgets", "matplotlib", "IPython"}
 ALLOWED_TORCH_DISTRIBUTED = ("torch.distributed.checkpoint", "torch.distributed.optim",
                              "torch.distributed.pipelining", "torch.distributed.tensor",

@@ -1,17 +1,14 @@
-"""The memory model against the text's figures and the ZeRO paper's formulas; CLI; panel."""
+"""The memory model against the text's figures and the ZeRO paper's formulas; the transient peak; the panel."""
 from __future__ import annotations
-
-import json
 
 import matplotlib
 import pytest
 
 matplotlib.use("Agg")
 
-from wmdist.cli import main                                            # noqa: E402
 from wmdist.costs import ring_chunk_sizes                              # noqa: E402
 from wmdist.exercises import check                                     # noqa: E402
-from wmdist.memory import footprint as M, remedies                     # noqa: E402
+from wmdist.memory import footprint as M, remedies, transient          # noqa: E402
 from wmdist.memory.exercises import ZERO_BYTES, zero_bytes_solution    # noqa: E402
 from wmdist.memory.footprint import KINDS, MemoryConfig, per_rank_bytes  # noqa: E402
 from wmdist.report import Count, Report                                # noqa: E402
@@ -98,6 +95,8 @@ def test_limit_and_remedies():
     assert {r.name for r in remedies.remedies_for("activations")} >= {"activation checkpointing", "context parallel"}
     assert "ZeRO-3" in {r.name for r in remedies.remedies_for("parameters")}
     assert "ZeRO-2" not in {r.name for r in remedies.remedies_for("parameters")}
+    offload = {r.name for r in remedies.remedies_for("optimizer_state")} & {"offload to host memory or NVMe"}
+    assert offload and "offload to host memory or NVMe" not in {r.name for r in remedies.remedies_for("activations")}
 
 
 @pytest.mark.parametrize("kwargs,word", [
@@ -116,40 +115,23 @@ def test_rank_out_of_range():
         per_rank_bytes(MemoryConfig(10, dp=2, tp=2), 4)
 
 
-def _cli(argv):
-    return main(["memory", *argv])
-
-
-def test_cli_json_and_table(capsys):
-    assert _cli(["--params", str(G), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out == per_rank_bytes(MemoryConfig(G)) and out["optimizer_state"] == 8 * G
-    assert _cli(["--params", "10", "--zero", "3", "--dp", "4", "--rank", "3", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["parameters"] == 8
-    assert _cli(["--params", str(G), "--dtype", "fp16", "--master-weights", "--zero", "1", "--world-size", "8"]) == 0
-    table = capsys.readouterr().out
-    assert "rank 0 of 8" in table and "ZeRO-1" in table and "(dp=8" in table
-    lines = {ln.split()[0]: ln.split() for ln in table.splitlines()[1:]}
-    assert lines["optimizer_state"][1:4] == [str(10 ** 9), "1.00", "GB"]   # 2 fp32 moments of P/8
-    assert lines["master_weights"][1:4] == [str(5 * 10 ** 8), "500.00", "MB"]
-    assert lines["total"][1:4] == [str(55 * 10 ** 8), "5.50", "GB"]        # 4P + 12P/8
-    assert _cli(["--params", str(G), "--binary"]) == 0
-    assert "7.45 GiB" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("argv,word", [
-    (["--params", "-5"], "--params: params"), (["--params", "10", "--zero", "4"], "--zero: zero_stage"),
-    (["--params", "10", "--dtype", "fp13"], "--dtype: param_dtype"),
-    (["--params", "10", "--tp", "3", "--world-size", "8"], "divisible"),
-    (["--params", "10", "--dp", "3", "--world", "8"], "--world-size 8 != dp"), (["--params", "10", "--rank", "2"], "--rank: rank must be < world size 1"),
-])
-def test_cli_errors(capsys, argv, word):
-    with pytest.raises(SystemExit) as exc:
-        _cli(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert word in err and "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith("wmdist memory: error:")
+def test_transient_peak_rule():
+    cfg = MemoryConfig(1000, "bf16", zero_stage=3, dp=4, layers=10)
+    steady = per_rank_bytes(cfg)["total"]
+    assert transient.transient_peak(cfg).peak == steady + 1000 * (2 + 2)          # whole model gathered
+    assert transient.transient_peak(cfg, unit=100).peak == steady + 100 * (2 + 2)  # one layer at a time
+    two = MemoryConfig(1000, "bf16", zero_stage=2, dp=4)
+    assert transient.transient_peak(two).extra == 1000 * 2
+    for stage in (0, 1):
+        assert transient.transient_peak(MemoryConfig(1000, zero_stage=stage, dp=4)).extra == 0
+    # the demo's points: the peak over them is the calculator's rule at unit = the whole model
+    for stage in range(4):
+        for r in range(3):
+            held = transient.zero_step_held(2105, 3, r, stage)
+            peak = max(sum(h.values()) for h in held.values())
+            cfg = MemoryConfig(2105, optimizer="adam", zero_stage=stage, dp=3)
+            b = per_rank_bytes(cfg, r)
+            assert peak == transient.transient_peak(cfg, r).peak - b["activations"] - b["batch"]
 
 
 def test_exercise_checker():
@@ -195,6 +177,35 @@ def test_panel_updates_on_value():
     c["seq_len"].value = -1
     assert "cannot compute" in panel.status.value and "seq_len" in panel.error
     assert panel.result is None and panel.shown is None              # no stale figure left on screen
+    c["seq_len"].value = 0
+    panel.extra["capacity_gb"].value = -1.0                          # a bad capacity clears the figure too
+    assert panel.shown is None and "capacity" in panel.error
+    panel.extra["capacity_gb"].value = 80.0
+    assert panel.shown is not None
+
+
+def test_panel_shows_its_simplifications_and_the_transient_peak():
+    from wmdist.memory.panel import MemoryPanel
+    panel = MemoryPanel(params=1e9)
+    summary = panel.summary.value
+    assert "sequence parallelism" in summary and "1F1B" in summary and "steady state" in summary
+    assert "Within a step ZeRO" not in summary                       # ZeRO-0: no transient
+    panel.controls["dp"].value = 8
+    panel.controls["zero_stage"].value = 3
+    peak = transient.transient_peak(MemoryConfig(G, zero_stage=3, dp=8))
+    assert "Within a step ZeRO-3" in panel.summary.value and M.format_bytes(peak.peak) in panel.summary.value
+    assert "checks the rules, not the size" in panel.measure_note.value
+    assert [p.get_hatch() for p in panel.shown.axes[0].patches].count("//") == 1   # the peak box on the bar
+
+
+def test_degree_sliders_stop_only_at_listed_degrees():
+    from wmdist.memory.panel import MemoryPanel
+    panel = MemoryPanel(config=MemoryConfig(G, dp=7))                # a degree the list lacks is added, not refused
+    dp = panel.controls["dp"]
+    assert list(dp.options)[:8] == [1, 2, 3, 4, 6, 7, 8, 12] and dp.value == 7
+    assert max(dp.options) == 256 and 129 not in dp.options
+    dp.value = 256
+    assert panel.result.groups and panel.config.dp == 256
 
 
 def test_panel_measure_button_with_fake_report(monkeypatch):
@@ -212,8 +223,9 @@ def test_panel_measure_button_with_fake_report(monkeypatch):
     panel.measure_ranks.value = 3
     panel.run_button.click()
     assert calls == [(3, 2)] and "FAIL" in panel.status.value
+    assert "measured: zero-memory on 3 real ranks" in panel.shown.texts[0].get_text()   # the figure says so too
     assert "FAIL" in panel.summary.value and panel.summary.value.count("MISMATCH") == 2
-    assert "tiny model" in panel.summary.value
+    assert "tiny model" in panel.summary.value and "not the configuration above" in panel.summary.value
 
     def broken(world_size, stage):
         raise ModuleNotFoundError("No module named 'wmdist.zero'")

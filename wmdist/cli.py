@@ -70,7 +70,10 @@ def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     for why in left_out.values() if printing else ():
         print(f"left out: {why}", file=sys.stderr)
     quiet = runtime.under_torchrun() or not sys.stderr.isatty()
-    reports = verify(args.names or None, world, progress=None if quiet else _progress_line)
+    try:
+        reports = verify(args.names or None, world, progress=None if quiet else _progress_line)
+    except ValueError as err:       # a demo's own check of its arguments, made before its ranks run
+        parser.error(str(err))
     failed = any(not r.passed for r in reports)
     if printing:
         try:
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _leave_torchrun(code: int) -> None:
-    """Exit a torchrun worker without gloo's teardown abort (see pool._worker_main)."""
+    """Exit a torchrun worker without gloo's teardown abort (see runtime.rank.worker_main)."""
     import torch.distributed as dist
 
     sys.stdout.flush()

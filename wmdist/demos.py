@@ -9,17 +9,28 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Callable
 
+from wmdist import runtime
 from wmdist.exercises import Exercise
 from wmdist.report import Demo, Report
 
 
 def _chapter_modules() -> list[ModuleType]:
     from wmdist.data_parallel import buckets, pitfalls, ring, versus_ddp
+    from wmdist.diffusion import exercises as diffusion_exercises, picard_ranks, step_parallel, token_parallel
     from wmdist.latents import demos as latent_demos, training as latent_training
     from wmdist.memory import activation_recompute, exercises as memory_exercises, sharded_checkpoint, zero_demos
+    from wmdist.mesh import demos as mesh_demos, exercises as mesh_exercises
+    from wmdist.pipeline import (demos as pp_demos, exercises as pp_exercises, measure as pp_measure,
+                                 rollout as pp_rollout, versus_torch as pp_torch)
+    from wmdist.ring_attention import (balance as ra_balance, demos as ra_demos, exercises as ra_exercises,
+                                       generation as ra_generation, long_context as ra_long, versus_torch as ra_torch)
+    from wmdist.scan import demos as scan_demos
+    from wmdist.tensor_parallel import demos as tp_demos, exercises as tp_exercises
 
     return [ring, versus_ddp, pitfalls, buckets, latent_training, latent_demos, zero_demos, activation_recompute,
-            sharded_checkpoint, memory_exercises]
+            sharded_checkpoint, memory_exercises, scan_demos, token_parallel, step_parallel, picard_ranks,
+            diffusion_exercises, tp_demos, tp_exercises, pp_demos, pp_torch, pp_measure, pp_rollout, pp_exercises,
+            ra_demos, ra_torch, ra_balance, ra_long, ra_generation, ra_exercises, mesh_demos, mesh_exercises]
 
 
 def registry() -> dict[str, Demo]:
@@ -33,33 +44,54 @@ def exercises() -> dict[str, Exercise]:
     return {e.name: e for m in _chapter_modules() for e in getattr(m, "EXERCISES", [])}
 
 
-def verify(names: list[str] | None = None, world_size: int | None = None,
-           progress: Callable[[int, int, str], None] | None = None) -> list[Report]:
-    """Run demos (all, or those named) at their world sizes (or only at `world_size`).
+def plan(names: list[str] | None = None, world_size: int | None = None) -> tuple[list[tuple[str, int]], dict[str, str]]:
+    """The (demo name, world size) runs `verify` makes, and the demos it leaves out with the reason.
 
-    `progress(done, total, text)` is called before each run and once at the end.
-
-    With `world_size` and no names, demos that need more ranks are left out; a
-    named demo that needs more ranks, or an unknown name, raises ValueError
-    before anything runs.
+    Everything is checked here, before anything runs: an unknown name, a world
+    size that is not a positive integer or is more local ranks than wmdist
+    starts, or a named demo that cannot run at `world_size` raise ValueError.
+    Unnamed demos that cannot run at `world_size` are left out.
     """
     demos = registry()
     unknown = [n for n in names or [] if n not in demos]
     if unknown:
         raise ValueError(f"unknown demo(s) {', '.join(unknown)}; known: {', '.join(demos)}")
-    if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1):
-        raise ValueError(f"world size must be a positive integer, got {world_size!r}")
-    if world_size is not None:
-        small = [n for n in names or [] if demos[n].min_world_size > world_size]
-        if small:
-            raise ValueError(f"demo(s) {', '.join(small)} need more than {world_size} rank(s)")
-    chosen = names or [n for n, d in demos.items() if world_size is None or d.min_world_size <= world_size]
-    plan = [(name, n) for name in chosen for n in ((world_size,) if world_size is not None else demos[name].world_sizes)]
+    if world_size is None:
+        return [(name, n) for name in names or demos for n in demos[name].world_sizes], {}
+    try:
+        world_size = runtime.as_world_size(world_size)
+    except ValueError:
+        raise ValueError(f"world size must be a positive integer, got {world_size!r}") from None
+    if world_size > runtime.MAX_LOCAL_WORLD and not runtime.under_torchrun():
+        raise ValueError(f"world size {world_size} is more local ranks than wmdist starts "
+                         f"(at most {runtime.MAX_LOCAL_WORLD}); use torchrun for larger jobs")
+    refused = {name: why for name in names or demos if (why := demos[name].refuses(world_size))}
+    if names and refused:
+        raise ValueError("; ".join(refused.values()))
+    return [(name, world_size) for name in names or demos if name not in refused], refused
+
+
+def verify(names: list[str] | None = None, world_size: int | None = None,
+           progress: Callable[[int, int, str], None] | None = None) -> list[Report]:
+    """Run demos (all, or those named) at their world sizes (or only at `world_size`).
+
+    `progress(done, total, text)` is called before each run and once at the end.
+    Checks come first (see `plan`): with `world_size` and no names, demos that
+    cannot run at that size are left out; a named one raises ValueError before
+    anything runs. A demo whose report gives another world size than it was
+    asked for is an error, never a silent PASS at the wrong size.
+    """
+    runs, _ = plan(names, world_size)
+    demos = registry()
     reports = []
-    for done, (name, n) in enumerate(plan):
+    for done, (name, n) in enumerate(runs):
         if progress is not None:
-            progress(done, len(plan), f"{name} on {n} rank(s)")
-        reports.append(demos[name].run(n))
+            progress(done, len(runs), f"{name} on {n} rank(s)")
+        report = demos[name].run(n)
+        if report.world_size != n:
+            raise RuntimeError(f"demo {name} was asked for {n} rank(s) but its report says {report.world_size}; "
+                               f"it should declare the sizes it accepts (Demo.min_world_size/max_world_size)")
+        reports.append(report)
     if progress is not None:
-        progress(len(plan), len(plan), "done")
+        progress(len(runs), len(runs), "done")
     return reports

@@ -7,7 +7,9 @@ T (time steps), O (observation features), A (action features), Z (latent).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -150,3 +152,40 @@ def set_flat_grads(model: nn.Module, flat: torch.Tensor) -> None:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def linear_term_sums(model: nn.Module, loss: Callable[[nn.Module], torch.Tensor]) -> torch.Tensor:
+    """Run loss(model).backward() and return, per parameter entry, the sum of |terms| its gradient adds up: (P,).
+
+    Every nn.Linear gradient is a sum over the rows its input had (batch x
+    time, and one block of rows per call of a module used at every time
+    step): the weight entry (j, i) adds x[row, i] * dy[row, j], the bias
+    entry j adds dy[row, j]. Summing |x| |dy| (float64) instead gives the
+    partial-sum bound that `costs.reordered_sum_bound` needs for "the same
+    gradient summed in another order" (per shard, then across ranks). The
+    gradients themselves are left in .grad as usual. Entries of parameters
+    that are not in an nn.Linear (e.g. BatchNorm's) are 0: not covered.
+    """
+    sums = {id(p): torch.zeros(p.shape, dtype=torch.float64) for p in model.parameters()}
+    inputs: dict[int, list[torch.Tensor]] = {}
+
+    def keep_input(mod: nn.Module, args: tuple, _out: torch.Tensor) -> None:
+        inputs.setdefault(id(mod), []).append(args[0].detach().reshape(-1, args[0].shape[-1]).abs().double())
+
+    def add_terms(mod: nn.Module, _grad_in: tuple, grad_out: tuple) -> None:
+        x = inputs[id(mod)].pop()                                           # (rows, in): backward runs calls in reverse
+        dy = grad_out[0].detach().reshape(-1, grad_out[0].shape[-1]).abs().double()   # (rows, out)
+        sums[id(mod.weight)] += dy.T @ x
+        if mod.bias is not None:
+            sums[id(mod.bias)] += dy.sum(0)
+
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    handles = [h for m in linears for h in (m.register_forward_hook(keep_input), m.register_full_backward_hook(add_terms))]
+    try:
+        with warnings.catch_warnings():      # the first layer's input needs no gradient: torch says so, that is fine
+            warnings.simplefilter("ignore", UserWarning)
+            loss(model).backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.cat([sums[id(p)].reshape(-1) for p in model.parameters()])

@@ -21,6 +21,13 @@ from wmdist.comm.ledger import counted
 from wmdist.comm.p2p import Pending, global_rank, nbytes, resolve
 
 
+def _split_dim0(op: str, tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """The tensor, contiguous, after checking that its dim 0 splits into n equal pieces."""
+    if tensor.dim() == 0 or tensor.shape[0] % n:
+        raise ValueError(f"{op} needs dim 0 divisible by the group size {n}, got shape {tuple(tensor.shape)}")
+    return tensor.contiguous()
+
+
 def all_reduce(ctx: Context, tensor: torch.Tensor, phase: str = "all_reduce",
                group: dist.ProcessGroup | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """Sum `tensor` over the group in place; with async_op, return a Pending handle at once."""
@@ -46,9 +53,7 @@ def reduce_scatter(ctx: Context, tensor: torch.Tensor, phase: str = "reduce_scat
                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Sum `tensor` over the group and keep this rank's 1/N of it along dim 0 (dim 0 must divide by N)."""
     group, _, n = resolve(ctx, group)
-    if tensor.dim() == 0 or tensor.shape[0] % n:
-        raise ValueError(f"reduce_scatter needs dim 0 divisible by the group size {n}, got shape {tuple(tensor.shape)}")
-    data = tensor.contiguous()
+    data = _split_dim0("reduce_scatter", tensor, n)
     out = data.new_empty((data.shape[0] // n, *data.shape[1:]))
     with counted(ctx, "reduce_scatter", phase, sent=nbytes(data), recv=nbytes(out)):
         dist.reduce_scatter_single(out, data, group=group)
@@ -69,9 +74,7 @@ def all_to_all(ctx: Context, tensor: torch.Tensor, phase: str = "all_to_all",
                group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Piece j of `tensor` (dim 0 split in N equal pieces) goes to rank j; piece i of the result came from rank i."""
     group, _, n = resolve(ctx, group)
-    if tensor.dim() == 0 or tensor.shape[0] % n:
-        raise ValueError(f"all_to_all needs dim 0 divisible by the group size {n}, got shape {tuple(tensor.shape)}")
-    data = tensor.contiguous()
+    data = _split_dim0("all_to_all", tensor, n)
     out = torch.empty_like(data)
     moved = nbytes(data) - nbytes(data) // n
     with counted(ctx, "all_to_all", phase, sent=moved, recv=moved):

@@ -8,7 +8,7 @@ demo state (the ledger) is made fresh for every call.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable
 
 import torch
@@ -54,7 +54,9 @@ class Context:
     """What a rank function receives: who it is and how to talk.
 
     `group` is the default process group for counted ops (None: the world);
-    `ctx.group_of(ranks)` and `ctx.axis_group(mesh, axis)` give cached subgroups.
+    `ctx.group_of(ranks)` and `ctx.axis_group(mesh, axis)` give cached subgroups;
+    `ctx.along(mesh, axis)` is this rank seen from one mesh axis. `phase_prefix`
+    starts every phase recorded through this context ("tp/" on a tp view).
     """
     rank: int
     world_size: int
@@ -63,6 +65,7 @@ class Context:
     backend: str = "gloo"
     group: dist.ProcessGroup | None = None
     resources: RankResources = field(default_factory=RankResources, repr=False)
+    phase_prefix: str = ""
 
     def group_of(self, ranks: Iterable[int]) -> dist.ProcessGroup:
         """The process group of these global ranks, cached on this rank's process.
@@ -82,6 +85,20 @@ class Context:
         if mesh.world_size != self.world_size:
             raise ValueError(f"mesh {mesh} has {mesh.world_size} ranks, this run has {self.world_size}")
         return self.group_of(mesh.axis_ranks(self.rank, axis))
+
+    def along(self, mesh: Mesh, axis: str) -> Context:
+        """This rank seen from one mesh axis: rank = its coordinate, world_size = the axis size, group = the axis group.
+
+        The view shares this context's ledger and resources, and every phase
+        recorded through it starts with "<axis>/", so a function written for
+        "all ranks of the run" (a ring all-reduce, ring attention, a pipeline's
+        sends) runs unchanged on one axis of a mesh and its bytes are counted
+        under that axis. Call group_of / axis_group on the run's own context:
+        they take global ranks.
+        """
+        group = self.axis_group(mesh, axis)
+        return replace(self, rank=mesh.coords(self.rank)[axis], world_size=mesh.size(axis), group=group,
+                       phase_prefix=f"{self.phase_prefix}{axis}/")
 
     def scratch(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A reusable receive buffer (see RankResources.scratch); its contents are garbage."""

@@ -117,12 +117,16 @@ def counted(ctx: Context, op: str, phase: str, *, sent: int = 0, recv: int = 0, 
     """The counting seam: note `op` on entry, record it once the body returns.
 
     `sent`/`recv` are this rank's bytes; `messages` defaults to one message
-    when anything is sent. A body that raises is not recorded, and the
+    when anything is sent. On an axis view (`ctx.phase_prefix`, e.g. "tp/")
+    the phase is recorded under that prefix unless it already starts with it.
+    A body that raises is not recorded, and the
     ledger keeps it as the op in progress, which is what a failure report
     should name.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if not phase.startswith(ctx.phase_prefix):      # an axis view (Context.along) names its axis once
+        phase = ctx.phase_prefix + phase
     ledger = ctx.ledger
     ledger.enter(_describe(op, phase, sent, recv, peer, src))
     yield

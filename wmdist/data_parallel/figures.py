@@ -19,9 +19,9 @@ def scaling_figure(curve: ScalingCurve, fit: Fit | None = None) -> Figure:
     ax = axes.flat
 
     ax[0].plot(n, curve.allreduce, color="k", label="T(N)")
-    ax[0].plot(n, curve.latency, color="tab:red", label="latency 2(N-1)a")
-    ax[0].plot(n, curve.bandwidth, color="tab:blue", label="bytes 2(N-1)/N bG")
-    ax[0].axhline(curve.byte_limit, color="tab:blue", ls="--", lw=1, label="2bG (byte limit)")
+    ax[0].plot(n, curve.latency, color="tab:red", label="latency 2(N-1)α")
+    ax[0].plot(n, curve.bandwidth, color="tab:blue", label="bytes 2(N-1)/N βG")
+    ax[0].axhline(curve.byte_limit, color="tab:blue", ls="--", lw=1, label="2βG (byte limit)")
     ax[0].set(title="all-reduce time", xlabel="workers N", ylabel="seconds")
 
     ax[1].plot(n, curve.compute, color="tab:green", label="compute C/N")
@@ -43,7 +43,8 @@ def scaling_figure(curve: ScalingCurve, fit: Fit | None = None) -> Figure:
         ax[5].set_axis_off()
         ax[5].text(0, 0.5, fit_summary(fit), va="center", family="monospace", fontsize=9)
     for a in (ax[0], ax[1], speed_ax):
-        a.legend(fontsize=8)
+        a.legend(fontsize=9)
+    plt.close(fig)   # returned, not left in pyplot: a cell shows it once
     return fig
 
 
@@ -55,20 +56,32 @@ def measured_axes(ax: plt.Axes, fit: Fit) -> None:
                                             key=lambda m: m.world_size)
         ns = [m.world_size for m in pts]
         color = plt.cm.viridis(i / max(1, len(sizes) - 1))
-        ax.plot(ns, [m.seconds for m in pts], "o", color=color, label=f"{size / MIB:g} MiB")
+        ax.plot(ns, [m.seconds for m in pts], "o", color=color,
+                label=f"{size / MIB:g} MiB" if size >= MIB else f"{size / 1024:g} KiB")
         grid = list(range(2, max(ns) + 1))
         ax.plot(grid, [fit.predict(k, size) for k in grid], "-", color=color, lw=1)
     ax.set(title="this machine: measured (dots) vs fit", xlabel="workers N", ylabel="seconds", yscale="log")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
 
 
 def fit_summary(fit: Fit) -> str:
     """The fitted numbers as a few lines of text."""
     return (f"fitted on {len(fit.measurements)} points\n"
-            f"a = {fit.alpha * 1e6:.3g} us per round\n"
-            f"b = {fit.beta:.3g} s/B\n"
+            f"α = {fit.alpha * 1e6:.3g} µs per round\n"
+            f"β = {fit.beta:.3g} s/B\n"
             f"contention g = {fit.contention:.2g}\n"
             f"  (on {fit.cores} cores)\n"
             f"  ({fit.bandwidth_bytes_per_s / 1e9:.3g} GB/s)\n"
             f"median rel. error {fit.median_rel_error:.1%}\n"
             f"max rel. error    {fit.max_rel_error:.1%}")
+
+
+def fit_figure(fit: Fit) -> Figure:
+    """Measured all-reduce times against the fitted model (left) and the fitted numbers (right)."""
+    with plt.ioff():
+        fig, (ax, text) = plt.subplots(1, 2, figsize=(9.0, 3.4), layout="constrained", width_ratios=(2, 1))
+    measured_axes(ax, fit)
+    text.set_axis_off()
+    text.text(0, 0.5, fit_summary(fit), va="center", family="monospace", fontsize=9)
+    plt.close(fig)   # returned, not left in pyplot: a cell shows it once
+    return fig

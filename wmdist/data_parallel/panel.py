@@ -31,7 +31,7 @@ def parse_world_sizes(text: str) -> tuple[int, ...]:
 
 
 class ScalingPanel(Panel):
-    """Speedup and efficiency of data parallelism under T(N) = 2(N-1)a + 2(N-1)/N bG.
+    """Speedup and efficiency of data parallelism under T(N) = 2(N-1)α + 2(N-1)/N βG.
 
     `result` is the current ScalingCurve; `measured` the last Fit (or None).
     """
@@ -45,7 +45,7 @@ class ScalingPanel(Panel):
         self.measure_sizes = W.Text(value=", ".join(map(str, measure_world_sizes)), description="N to measure",
                                     style=style, layout=width)
         self.repeats = W.IntSlider(value=repeats, min=1, max=9, description="repeats", style=style, layout=width)
-        self.apply_button = W.Button(description="Use fitted a, b", disabled=True, layout=width)
+        self.apply_button = W.Button(description="Use fitted α, β", disabled=True, layout=width)
         self.apply_button.on_click(lambda _: self.apply_fit())
         super().__init__(params or ScalingParams(), extra_widgets=[self.measure_sizes, self.repeats, self.apply_button])
 
@@ -59,25 +59,25 @@ class ScalingPanel(Panel):
         n = c.workers[-1]
         at, best = c.at(n), c.fastest
         return (f"At N = {n}: all-reduce T = {at['allreduce']:.3g} s (latency {at['latency']:.3g} s + "
-                f"bytes {at['bandwidth']:.3g} s; byte limit 2bG = {c.byte_limit:.3g} s), compute "
+                f"bytes {at['bandwidth']:.3g} s; byte limit 2βG = {c.byte_limit:.3g} s), compute "
                 f"{at['compute']:.3g} s, step {at['total']:.3g} s, speedup {at['speedup']:.3g}x, "
                 f"efficiency {at['efficiency']:.0%}. Fastest step at N = {best} "
                 f"(speedup {c.speedup[best - 1]:.3g}x).")
 
     def measure(self, config: ScalingParams, progress: Any) -> Fit:
-        """Time real ring all-reduces on local ranks and fit a, b and the contention g."""
+        """Time real ring all-reduces on local ranks and fit α, β and the contention g."""
         sizes = parse_world_sizes(self.measure_sizes.value)
         measurements = measure_allreduce(sizes, self.measure_sizes_bytes, self.repeats.value, progress=progress)
         cores = os.cpu_count() or 1
         fit = fit_alpha_beta(measurements, cores=cores)
         crowded = (f"; contention g = {fit.contention:.2f} for N > {cores} cores" if max(sizes) > cores else "")
-        self._set_run_status(f"fit: a = {fit.alpha:.3g} s, b = {fit.beta:.3g} s/B{crowded}; median relative "
+        self._set_run_status(f"fit: α = {fit.alpha:.3g} s, β = {fit.beta:.3g} s/B{crowded}; median relative "
                              f"error {fit.median_rel_error:.0%} over {len(measurements)} points")
         self.apply_button.disabled = False
         return fit
 
     def apply_fit(self) -> None:
-        """Set the a and b sliders to this machine's fitted values (clipped to the slider range)."""
+        """Set the α and β sliders to this machine's fitted values (clipped to the slider range)."""
         if self.measured is None:
             return
         for name, value in (("alpha", self.measured.alpha), ("beta", self.measured.beta)):

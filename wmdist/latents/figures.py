@@ -18,10 +18,11 @@ def estimator_figure(stats: dict[str, EstimatorStats]) -> Figure:
     left.barh(names, z, color=["tab:red" if abs(v) > 4 else "tab:green" for v in z])
     left.set(xlabel="bias / standard error", title="bias against the exact gradient")
     left.invert_yaxis()
-    left.legend(fontsize=8)
+    left.legend(fontsize=9)
     right.barh(names, [stats[n].variance for n in names], color="tab:blue")
     right.set(xscale="log", xlabel="variance of one draw", title="noise per draw")
     right.invert_yaxis()
+    plt.close(fig)   # returned, not left in pyplot: a cell shows it once
     return fig
 
 
@@ -35,5 +36,6 @@ def seeds_figure(stats: dict[str, SeedStats], world_size: int) -> Figure:
     ax.axhline(one, color="k", ls="--", lw=1, label="one rank's variance")
     ax.axhline(one / world_size, color="k", ls=":", lw=1, label=f"variance / N (N = {world_size})")
     ax.set(ylabel="variance of the average", title="averaging over ranks: it depends on covariance")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
+    plt.close(fig)   # returned, not left in pyplot: a cell shows it once
     return fig

@@ -1,9 +1,14 @@
 """Chapters 00 and 03: what each rank holds, and sharding it away.
 
     footprint.py             bytes per rank by tensor kind (pure): MemoryConfig, per_rank_bytes
+    transient.py             ZeRO's peak within a step next to the steady state (pure)
+    presets.py               public transformer shapes and Korthikanti et al.'s activation bytes (pure)
     remedies.py              the limiting kind and the remedies that target it (pure)
-    zero.py                  ZeRO-1/2/3 on flat element ranges: the rank side and the Adam reference
-    zero_demos.py            ZeRO runs checked: bytes held and sent vs formulas, weights vs Adam and torch
+    command.py               `wmdist memory`: the model from a terminal
+    zero.py                  ZeRO-1/2/3 on flat element ranges: the rank side, with held-bytes probes
+    zero_reference.py        single-process Adam and the (measured) tolerance of comparing with it
+    zero_demos.py            ZeRO runs checked: bytes held (steady and within a step) and sent vs formulas,
+                             weights vs Adam and torch
     activation_recompute.py  activation checkpointing on the dynamics unroll: bytes kept vs recompute
     sharded_checkpoint.py    resumable torch.distributed.checkpoint saves, resharded on another world size
     exercises.py             ZeRO bytes (pure) and the sharded update (ranks)

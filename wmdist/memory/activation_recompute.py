@@ -53,15 +53,59 @@ def activation_bytes(cfg: RolloutConfig, elem_size: int = 4) -> dict[str, int]:
     T steps stay resident. With segments of k steps only the S-1 inner segment
     input states (BZ each) stay resident (the first is an input), every step is
     recomputed once in backward, and at most one segment's steps are held at once.
+    The peak is what is alive at once: without checkpoints all T steps at the
+    end of forward; with them, while segment s (0-based) is recomputed, the
+    inputs of segments 1..s (later ones are done and freed) plus segment s's
+    own saved tensors. Counting only the resident inputs would miss that.
     """
     m = cfg.model
-    per_step = cfg.batch * (3 * m.latent_dim + m.action_dim) * elem_size
+    per_step, state = cfg.batch * (3 * m.latent_dim + m.action_dim) * elem_size, cfg.batch * m.latent_dim * elem_size
     if cfg.segment == 0:
-        return {"resident": cfg.seq_len * per_step, "recomputed": 0, "largest segment": 0}
-    segments = math.ceil(cfg.seq_len / cfg.segment)
-    return {"resident": (segments - 1) * cfg.batch * m.latent_dim * elem_size,
+        return {"resident": cfg.seq_len * per_step, "recomputed": 0, "largest segment": 0,
+                "peak": cfg.seq_len * per_step}
+    starts = range(0, cfg.seq_len, cfg.segment)
+    return {"resident": (len(starts) - 1) * state,
             "recomputed": cfg.seq_len * per_step,
-            "largest segment": min(cfg.segment, cfg.seq_len) * per_step}
+            "largest segment": min(cfg.segment, cfg.seq_len) * per_step,
+            "peak": max(s * state + min(cfg.segment, cfg.seq_len - t) * per_step for s, t in enumerate(starts))}
+
+
+class _LiveBytes:
+    """Bytes of the distinct storages autograd holds for backward right now, and the most ever held at once."""
+
+    def __init__(self, skip: set[int]):
+        self.skip, self.refs, self.sizes = skip, {}, {}
+        self.now = self.peak = 0
+
+    def add(self, t: torch.Tensor) -> None:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in self.skip:
+            return
+        if not self.refs.get(ptr):
+            self.sizes[ptr] = t.untyped_storage().nbytes()
+            self.now += self.sizes[ptr]
+            self.peak = max(self.peak, self.now)
+        self.refs[ptr] = self.refs.get(ptr, 0) + 1
+
+    def drop(self, t: torch.Tensor) -> None:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in self.skip:
+            return
+        self.refs[ptr] -= 1
+        if not self.refs[ptr]:
+            self.now -= self.sizes[ptr]
+
+
+class _Saved:
+    """What the pack hook hands autograd: the tensor, counted live until autograd lets go of this holder."""
+    __slots__ = ("tensor", "live")
+
+    def __init__(self, tensor: torch.Tensor, live: _LiveBytes):
+        self.tensor, self.live = tensor, live
+        live.add(tensor)
+
+    def __del__(self) -> None:
+        self.live.drop(self.tensor)
 
 
 def _segment(cell: DynamicsCell, h: torch.Tensor, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -102,17 +146,18 @@ def measure(cfg: RolloutConfig) -> dict:
     counted: dict[int, torch.Tensor] = {}       # storage address -> a tensor on it (kept so no address is reused)
     bytes_by_phase = {"forward": 0, "backward": 0}
     phase, segments = ["forward"], []           # segments: bytes saved by each recomputed segment
+    live = _LiveBytes(skip)                     # what autograd holds at once: the peak
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> _Saved:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in skip and ptr not in counted:
             counted[ptr] = t
             bytes_by_phase[phase[0]] += t.untyped_storage().nbytes()
             if phase[0] == "backward" and segments:
                 segments[-1] += t.untyped_storage().nbytes()
-        return t
+        return _Saved(t, live)
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda held: held.tensor):
         hs = rollout(cell, h0, z, a, cfg.segment, segments)                   # (B, T, Z)
         phase[0] = "backward"
         (hs * weight).sum().backward()
@@ -121,7 +166,7 @@ def measure(cfg: RolloutConfig) -> dict:
     (rollout(cell, h0, z, a, cfg.segment) * weight).sum().backward()
     seconds = time.perf_counter() - start
     return {"resident": bytes_by_phase["forward"], "recomputed": bytes_by_phase["backward"],
-            "largest segment": max(segments, default=0), "grads": grads, "seconds": seconds}
+            "largest segment": max(segments, default=0), "peak": live.peak, "grads": grads, "seconds": seconds}
 
 
 def step_contributions(cfg: RolloutConfig) -> list[torch.Tensor]:
@@ -153,10 +198,15 @@ def _relative_to_bound(got: torch.Tensor, expected: torch.Tensor, bound: torch.T
 
 @dataclass(frozen=True)
 class RecomputeCost:
-    """What checkpointing traded: the fastest timed pass without and with it, and resident bytes with / without."""
+    """What checkpointing traded: the fastest timed pass without and with it, and saved bytes with / without.
+
+    memory_ratio compares the bytes resident after forward; peak_ratio the most
+    held at once, which includes the segment being recomputed during backward.
+    """
     seconds_plain: float
     seconds_checkpointed: float
     memory_ratio: float
+    peak_ratio: float
 
     @property
     def time_ratio(self) -> float:
@@ -188,13 +238,16 @@ def checkpointing_report(world_size: int = 1, segment: int = 8, seq_len: int = 6
     predicted, measured = activation_bytes(cfg), ckpt[0]
     exact = counts_per_rank("saved bytes", [plain[0]["resident"]], [activation_bytes(plain_cfg)["resident"]],
                             case="without checkpoints")
-    for key in ("resident", "recomputed", "largest segment"):
+    exact += counts_per_rank("saved bytes", [plain[0]["peak"]], [activation_bytes(plain_cfg)["peak"]],
+                             case="without checkpoints: peak")
+    for key in ("resident", "recomputed", "largest segment", "peak"):
         exact += counts_per_rank("saved bytes", [measured[key]], [predicted[key]], case=f"with checkpoints: {key}")
     fastest = lambda runs: min(r["seconds"] for r in runs)   # noqa: E731 - the least disturbed run
-    data = RecomputeCost(fastest(plain), fastest(ckpt), measured["resident"] / plain[0]["resident"])
+    data = RecomputeCost(fastest(plain), fastest(ckpt), measured["resident"] / plain[0]["resident"],
+                         measured["peak"] / plain[0]["peak"])
     return Report("activation-checkpointing", 1, checks, exact, seconds,
                   {"seq_len": seq_len, "segment": segment, "batch": cfg.batch}, data)
 
 
 DEMOS = [Demo("activation-checkpointing", "Checkpointed dynamics unroll: saved bytes vs formula, gradients, time",
-              checkpointing_report, world_sizes=(1,), chapter="03")]
+              checkpointing_report, world_sizes=(1,), chapter="03", max_world_size=1)]

@@ -1,4 +1,4 @@
-"""Chapter 00 and 03 exercises: model-state bytes per rank under ZeRO, and ZeRO's sharded update."""
+"""Chapter 03 exercises: model-state bytes per rank under ZeRO (pure), and ZeRO's sharded update (ranks)."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -10,7 +10,7 @@ from wmdist.exercises import Exercise
 from wmdist.memory.zero import shard_range
 
 
-# --- chapter 00: bytes of model state per rank under ZeRO (pure) ------------------------
+# --- bytes of model state per rank under ZeRO (pure) -------------------------------------
 
 def zero_bytes_solution(params: int, stage: int, dp: int, dp_rank: int) -> int:
     """Model-state bytes on one rank for fp16 mixed-precision Adam: 2 (params) + 2 (grads) + 12 (fp32 copies)."""
@@ -40,7 +40,7 @@ ZERO_BYTES = Exercise(
 )
 
 
-# --- chapter 03: the sharded Adam update ------------------------------------------------
+# --- the sharded Adam update (on ranks) -------------------------------------------------
 
 def shard_update_inputs(rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank r holds the same parameters (101,) and its own local gradient (101,): 101 is prime, chunks differ."""

@@ -20,11 +20,17 @@ def _label(ranks: Sequence[int]) -> str:
 
 
 def memory_bars(groups: Sequence[tuple[Sequence[int], dict[str, int]]], capacity_bytes: float | None = None,
-                binary: bool = False, title: str = "") -> Figure:
-    """One stacked bar per distinct breakdown (labelled by its ranks); a dashed capacity line."""
+                binary: bool = False, title: str = "", peak: tuple[int, int] | None = None,
+                note: str = "") -> Figure:
+    """One stacked bar per distinct breakdown (labelled by its ranks); a dashed capacity line.
+
+    `peak=(group index, bytes)` draws that group's transient peak within a step
+    as a hatched, unfilled box on top of its steady-state bar; `note` is a line
+    under the plot (e.g. what a real run measured).
+    """
     unit, name = (1024 ** 3, "GiB") if binary else (1e9, "GB")
     with plt.ioff():
-        fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(groups) + 2.5), 3.6))
+        fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(groups) + 2.5), 3.1))
     x = range(len(groups))
     bottom = [0.0] * len(groups)
     for kind in KINDS:
@@ -32,6 +38,10 @@ def memory_bars(groups: Sequence[tuple[Sequence[int], dict[str, int]]], capacity
         if any(h):
             ax.bar(x, h, bottom=bottom, color=COLORS[kind], label=kind.replace("_", " "))
             bottom = [a + c for a, c in zip(bottom, h)]
+    if peak is not None and peak[1] > groups[peak[0]][1]["total"]:
+        steady = groups[peak[0]][1]["total"] / unit
+        ax.bar([peak[0]], [peak[1] / unit - steady], bottom=[steady], fill=False, hatch="//", edgecolor="0.3",
+               label="peak within a step")
     if capacity_bytes is not None:
         ax.axhline(capacity_bytes / unit, color="black", linestyle="--", linewidth=1.2,
                    label=f"device capacity ({capacity_bytes / unit:.3g} {name})")
@@ -39,5 +49,8 @@ def memory_bars(groups: Sequence[tuple[Sequence[int], dict[str, int]]], capacity
     ax.set_ylabel(f"bytes held per rank ({name})")
     ax.set_title(title or "memory per rank by tensor kind")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
-    fig.tight_layout()
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=8, color="0.3", va="bottom")
+    fig.tight_layout(rect=(0, 0.05 if note else 0, 1, 1))
+    plt.close(fig)   # returned, not left in pyplot: a cell shows it once
     return fig

@@ -11,7 +11,10 @@ Accounting rules (each one a choice; the docs and the tests follow them):
 * Model parallelism first. The P parameters, as one flat vector, are split
   over the tp * pp model-parallel ranks with the torch.tensor_split layout
   (`costs.ring_chunk_sizes`: the first P % (tp*pp) pieces hold one element
-  more); model-parallel index = pp_rank * tp + tp_rank.
+  more); model-parallel index = pp_rank * tp + tp_rank. A real layout is
+  not an even split (LayerNorms whole on every tp rank, the embedding on the
+  first stage): `param_pieces` then gives each piece's exact element count
+  (e.g. costs.mesh.rank_params for the transformer world model).
 * Then ZeRO over dp. That local piece is split again over dp with the same
   layout. Stage 1 keeps only the rank's shard of optimizer state and master
   weights, stage 2 also of gradients, stage 3 also of parameters. These are
@@ -23,15 +26,26 @@ Accounting rules (each one a choice; the docs and the tests follow them):
   parameter dtype. Step counters (a few bytes) are not counted.
 * Master weights: an fp32 copy of the parameters, when `master_weights`.
   With adam this gives the ZeRO paper's K = 12 bytes/param (4 + 4 + 4).
+* Gradients: `grad_dtype` (default: the parameter dtype), plus, with
+  `grad_accum_dtype`, a separate accumulation buffer beside them (fp32 next
+  to bf16 gradients: 2 + 2 + 4 + 12 = 20 bytes/param with Adam and master
+  weights). Both are counted as gradients and shard from stage 2 on.
 * Activations. pp splits the layers (tensor_split layout over pp stages), cp
-  splits each sequence's tokens (same layout over cp ranks), tp divides the
-  per-layer activation bytes. That last one is a simplification: it holds
-  with sequence parallelism alongside TP; without it, LayerNorm and dropout
-  activations stay replicated on every TP rank. Microbatches in flight in a
-  pipeline are not counted either (GPipe keeps M, 1F1B up to P on stage 0).
-  Stored bytes = ceil(layers_local * micro_batch * tokens_local * bytes / tp).
+  splits each sequence's tokens (same layout over cp ranks). Of a layer's
+  A = `act_bytes_per_token_per_layer`, tp divides the part its matmuls
+  shard (A - R); the part R = `act_replicated_bytes_per_token_per_layer`
+  (LayerNorm inputs and outputs, residual stream, dropout masks) stays whole
+  on every TP rank, unless `sequence_parallel`, which splits it along the
+  sequence, i.e. divides it by tp too (Korthikanti et al. 2022). R = 0 (the
+  default) treats every byte as sharded. Per layer and token:
+  (A - R) / tp + R (without SP) or A / tp (with SP); even shards assumed,
+  and the chapter 04 runs match it exactly when tp divides the heads, the
+  hidden width and the sequence. Microbatches in flight in a pipeline are
+  not counted (GPipe keeps M, 1F1B up to P on stage 0).
+  Stored bytes = ceil(layers_local * micro_batch * tokens_local * that).
   With checkpointing a rank keeps only each local layer's input
-  (`input_bytes_per_token`) plus one layer's full activations, recomputed
+  (`input_bytes_per_token`; the layer input is in the replicated region, so
+  divided by tp only with SP) plus one layer's full activations, recomputed
   during its backward.
 * Batch: `batch_bytes` per rank, as given.
 """
@@ -49,7 +63,7 @@ DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, 
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}   # state tensors per parameter
 KINDS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations", "batch")
 PANEL_DTYPES = ("fp32", "bf16", "fp16", "fp8")
-DEGREE = dict(low=1, high=64)     # slider range of each parallel degree
+DEGREE = dict(options=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256))   # stops of each parallel degree's slider
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,7 @@ class MemoryConfig:
     params: int = knob(10 ** 9, "parameters P", low=1e3, high=1e12, log=True, step=0.1, fmt=".3g")
     param_dtype: str = knob("fp32", "param dtype", options=PANEL_DTYPES)
     grad_dtype: str | None = knob(None, "grad dtype", options=(("same", None), *((d, d) for d in PANEL_DTYPES)))
+    grad_accum_dtype: str | None = knob(None, "grad accum buffer", options=(("none", None), ("fp32", "fp32")))
     optimizer: str = knob("adam", "optimizer", options=tuple(OPTIMIZER_SLOTS))
     master_weights: bool = knob(False, "fp32 master weights")   # moments then fp32 too
     zero_stage: int = knob(0, "ZeRO stage", low=0, high=3)      # sharding over the data-parallel degree
@@ -66,12 +81,15 @@ class MemoryConfig:
     pp: int = knob(1, "pp degree", **DEGREE)
     cp: int = knob(1, "cp degree", **DEGREE)
     layers: int = knob(1, "layers", low=1, high=128)
-    act_bytes_per_token_per_layer: float = knob(0.0, "activation B/token/layer", text=True)
+    act_bytes_per_token_per_layer: float = knob(0.0, "act. B/token/layer", text=True)
     seq_len: int = knob(0, "sequence length", text=True)                 # tokens per sequence
     micro_batch: int = knob(1, "micro-batch", low=1, high=64)            # sequences per rank
     checkpointing: bool = knob(False, "activation checkpointing")        # keep layer inputs, recompute one layer
     batch_bytes: int = knob(0, "batch bytes per rank", text=True)
     input_bytes_per_token: float = knob(0.0, "layer-input B/token", text=True)   # what checkpointing keeps
+    sequence_parallel: bool = knob(False, "sequence parallel (with tp)")   # also split the replicated part
+    act_replicated_bytes_per_token_per_layer: float = knob(0.0, "of which TP-replicated", text=True)
+    param_pieces: tuple[int, ...] | None = None   # exact elements per model-parallel piece; None: even split
 
     def __post_init__(self) -> None:
         require_int("params", self.params, 0)
@@ -79,15 +97,28 @@ class MemoryConfig:
             require_int(name, getattr(self, name), 1)
         for name in ("layers", "seq_len", "batch_bytes"):
             require_int(name, getattr(self, name), 0)
-        for name in ("act_bytes_per_token_per_layer", "input_bytes_per_token"):
+        for name in ("act_bytes_per_token_per_layer", "input_bytes_per_token",
+                     "act_replicated_bytes_per_token_per_layer"):
             require_real(name, getattr(self, name))
+        if self.act_replicated_bytes_per_token_per_layer > self.act_bytes_per_token_per_layer:
+            raise ValueError(f"act_replicated_bytes_per_token_per_layer ({self.act_replicated_bytes_per_token_per_layer})"
+                             f" must be <= act_bytes_per_token_per_layer ({self.act_bytes_per_token_per_layer})")
         require_choice("param_dtype", self.param_dtype, DTYPE_BYTES)
         if self.grad_dtype is not None:
             require_choice("grad_dtype", self.grad_dtype, DTYPE_BYTES)
+        if self.grad_accum_dtype is not None:
+            require_choice("grad_accum_dtype", self.grad_accum_dtype, DTYPE_BYTES)
         require_choice("optimizer", self.optimizer, OPTIMIZER_SLOTS)
         require_choice("zero_stage", self.zero_stage, (0, 1, 2, 3))
         require_bool("master_weights", self.master_weights)
         require_bool("checkpointing", self.checkpointing)
+        require_bool("sequence_parallel", self.sequence_parallel)
+        if self.param_pieces is not None:
+            if not isinstance(self.param_pieces, tuple) or len(self.param_pieces) != self.tp * self.pp:
+                raise ValueError(f"param_pieces must be a tuple of tp * pp = {self.tp * self.pp} element counts "
+                                 f"(index pp_rank * tp + tp_rank), got {self.param_pieces!r}")
+            for i, n in enumerate(self.param_pieces):
+                require_int(f"param_pieces[{i}]", n, 0)
 
     @property
     def mesh(self) -> Mesh:
@@ -111,7 +142,8 @@ def rank_coords(cfg: MemoryConfig, rank: int) -> dict[str, int]:
 def local_params(cfg: MemoryConfig, rank: int = 0) -> tuple[int, int]:
     """(model-parallel piece, this rank's ZeRO shard of it), in elements."""
     c = rank_coords(cfg, rank)
-    piece = ring_chunk_sizes(cfg.params, cfg.tp * cfg.pp)[c["pp"] * cfg.tp + c["tp"]]
+    pieces = cfg.param_pieces or ring_chunk_sizes(cfg.params, cfg.tp * cfg.pp)
+    piece = pieces[c["pp"] * cfg.tp + c["tp"]]
     return piece, ring_chunk_sizes(piece, cfg.dp)[c["dp"]]
 
 
@@ -120,10 +152,12 @@ def activation_bytes(cfg: MemoryConfig, rank: int = 0) -> int:
     c = rank_coords(cfg, rank)
     layers = ring_chunk_sizes(cfg.layers, cfg.pp)[c["pp"]]
     tokens = cfg.micro_batch * ring_chunk_sizes(cfg.seq_len, cfg.cp)[c["cp"]]
-    full = Fraction(cfg.act_bytes_per_token_per_layer) * tokens / cfg.tp   # one layer, all its activations
+    whole = cfg.tp if cfg.sequence_parallel else 1                        # what the replicated region is split by
+    replicated = Fraction(cfg.act_replicated_bytes_per_token_per_layer)
+    full = tokens * ((Fraction(cfg.act_bytes_per_token_per_layer) - replicated) / cfg.tp + replicated / whole)
     if not cfg.checkpointing or layers == 0:
         return math.ceil(layers * full)
-    kept = Fraction(cfg.input_bytes_per_token) * tokens / cfg.tp          # one layer's input
+    kept = Fraction(cfg.input_bytes_per_token) * tokens / whole             # one layer's input
     return math.ceil(layers * kept + full)
 
 
@@ -132,6 +166,7 @@ def per_rank_bytes(cfg: MemoryConfig, rank: int = 0) -> dict[str, int]:
     piece, shard = local_params(cfg, rank)
     pbytes = DTYPE_BYTES[cfg.param_dtype]
     gbytes = DTYPE_BYTES[cfg.grad_dtype or cfg.param_dtype]
+    gbytes += DTYPE_BYTES[cfg.grad_accum_dtype] if cfg.grad_accum_dtype else 0   # a second buffer beside them
     sbytes = 4 if cfg.master_weights else pbytes          # optimizer state dtype
     s = cfg.zero_stage
     out = {

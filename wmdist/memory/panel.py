@@ -1,9 +1,10 @@
 """MemoryPanel: what each rank holds, which kind is the limit, and which remedy targets it.
 
 A thin view over wmdist.memory.footprint (the controls are MemoryConfig's
-knobs). The run button trains the course's tiny model with real ZeRO on a few
-gloo ranks (wmdist.memory.zero_demos) and shows the bytes each rank actually
-held next to the model's prediction for that tiny model.
+knobs) and wmdist.memory.transient (the peak within a step). The run button
+trains the course's tiny model with real ZeRO on a few gloo ranks
+(wmdist.memory.zero_demos) and shows the bytes each rank actually held next to
+the model's prediction for that tiny model, not for the configuration set here.
 """
 from __future__ import annotations
 
@@ -15,39 +16,50 @@ import ipywidgets as W
 from matplotlib.figure import Figure
 
 from wmdist.memory.figures import memory_bars
-from wmdist.memory.footprint import KINDS, MemoryConfig, distinct_breakdowns, format_bytes, per_rank_bytes
+from wmdist.memory.footprint import KINDS, MemoryConfig, distinct_breakdowns, format_bytes, local_params, per_rank_bytes
 from wmdist.memory.remedies import limiting_kind, remedies_for
+from wmdist.memory.transient import TransientPeak, transient_peak
 from wmdist.ui import Panel
 from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH
 
 MAX_BARS_WORLD = 1024   # above this many ranks, show ranks 0..7 of the dp group instead of every distinct one
-CAVEATS = ("Simplifications: activations are divided by tp as if sequence parallelism were on (without it, "
-           "LayerNorm and dropout activations stay whole on every TP rank); microbatches in flight in a pipeline "
-           "are not counted (GPipe keeps M, 1F1B up to P on the first stage); ZeRO bytes are steady state "
-           "(stage 2 briefly holds the full gradient, stage 3 the full parameters).")
+CAVEATS = ("<b>What this model simplifies.</b> Activations under tp: only the part marked <i>of which "
+           "TP-replicated</i> stays whole on every tp rank (Korthikanti et al.: 10 of a transformer layer's 34 "
+           "bytes per token and width, LayerNorm and dropout); left at 0 it treats every activation as sharded, "
+           "which overstates the saving unless sequence parallelism is on. Pipelines: one micro-batch's "
+           "activations per stage; GPipe keeps all M in flight, 1F1B up to P on the first stage. ZeRO: the table "
+           "is the steady state between steps; the peak within a step is given under the table.")
 
 
 @dataclass(frozen=True)
 class Breakdown:
-    """Every distinct per-rank breakdown (with its ranks), and the fullest rank's."""
+    """Every distinct per-rank breakdown (with its ranks), the fullest rank's, and its peak within a step
+    (the whole model gathered at once, and one layer at a time)."""
     groups: list[tuple[list[int], dict[str, int]]]
     fullest_rank: int
     fullest: dict[str, int]
+    peak_whole: TransientPeak
+    peak_layer: TransientPeak
 
 
 class MemoryPanel(Panel):
     """Controls -> MemoryConfig -> per-rank bytes -> stacked bars, the limit and its remedies."""
 
-    run_label = "measure: real ZeRO run (tiny model)"
+    run_label = "measure: real ZeRO (tiny model)"
+    control_columns = 2
 
     def __init__(self, params: float = 1e9, config: MemoryConfig | None = None):
         style, width = {"description_width": LABEL_WIDTH}, W.Layout(width=CONTROL_WIDTH)
         extra = {"capacity_gb": W.FloatText(value=80.0, description="device capacity (GB)", style=style, layout=width),
                  "binary": W.Checkbox(value=False, description="binary units (GiB)", indent=False, layout=width)}
-        self.measure_ranks = W.IntSlider(value=4, min=2, max=4, description="measure on ranks", style=style,
+        self.measure_ranks = W.IntSlider(value=4, min=2, max=4, description="ranks to measure on", style=style,
                                          layout=width)
+        self.measure_note = W.HTML("<div style='font-size:90%; white-space:normal; line-height:1.35'>The button trains the course's "
+                                   "tiny model (2,105 fp32 parameters, Adam) at this ZeRO stage on real ranks: "
+                                   "it checks the rules, not the size, dtypes or degrees set above.</div>",
+                                   layout=width)
         super().__init__(config or MemoryConfig(params=int(params)), extra_controls=extra,
-                         extra_widgets=[self.measure_ranks])
+                         extra_widgets=[self.measure_ranks, self.measure_note])
 
     def compute(self, config: MemoryConfig) -> Breakdown:
         capacity = self.extra["capacity_gb"].value
@@ -58,25 +70,37 @@ class MemoryPanel(Panel):
         else:
             groups = [([r], per_rank_bytes(config, r)) for r in range(min(config.dp, 8))]
         ranks, fullest = max(groups, key=lambda g: g[1]["total"])
-        return Breakdown(groups, ranks[0], fullest)
+        layer = max(1, local_params(config, ranks[0])[0] // max(config.layers, 1))
+        return Breakdown(groups, ranks[0], fullest, transient_peak(config, ranks[0]),
+                         transient_peak(config, ranks[0], layer))
 
     def figure(self, config: MemoryConfig, result: Breakdown) -> Figure:
+        index = next(i for i, (ranks, _) in enumerate(result.groups) if result.fullest_rank in ranks)
+        run = self.measured
+        note = "" if run is None else (f"measured: {run.name} on {run.world_size} real ranks, course's tiny model: "
+                                       f"{'PASS' if run.passed else 'FAIL'} (table below)")
         return memory_bars(result.groups, self.extra["capacity_gb"].value * 1e9, self.extra["binary"].value,
-                           f"{config.world_size} rank(s), ZeRO-{config.zero_stage}")
+                           f"{config.world_size} rank(s), ZeRO-{config.zero_stage}", (index, result.peak_whole.peak),
+                           note)
 
     def describe(self, config: MemoryConfig, result: Breakdown) -> str:
         binary, cap, b = self.extra["binary"].value, self.extra["capacity_gb"].value * 1e9, result.fullest
         kind = limiting_kind(b)
+        size = lambda n: format_bytes(n, binary)   # noqa: E731 - one unit choice for the whole summary
         rows = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td style='text-align:right'>{b[k]:,}</td>"
-                       f"<td style='text-align:right'>{format_bytes(b[k], binary)}</td></tr>" for k in (*KINDS, "total"))
-        fixes = "".join(f"<li><b>{r.name}</b>: {html.escape(r.how)}</li>" for r in remedies_for(kind))
-        verdict = (f"fits in {format_bytes(cap, binary)}" if b["total"] <= cap else
-                   f"<b style='color:#b00'>does not fit</b> in {format_bytes(cap, binary)}")
+                       f"<td style='text-align:right'>{size(b[k])}</td></tr>" for k in (*KINDS, "total"))
+        fixes = "; ".join(f"<b>{r.name}</b> ({html.escape(r.how)})" for r in remedies_for(kind))
+        verdict = (f"fits in {size(cap)}" if b["total"] <= cap else
+                   f"<b style='color:#b00'>does not fit</b> in {size(cap)}")
+        whole, layer = result.peak_whole, result.peak_layer
+        peak = (f"<p>Within a step ZeRO-{config.zero_stage} briefly holds more ({html.escape(whole.what)}): peak "
+                f"<b>{size(whole.peak)}</b> with the whole model gathered at once (as our demo does), "
+                f"{size(layer.peak)} one layer at a time (as FSDP does).</p>" if whole.extra else "")
         return (f"<p>Fullest rank: {result.fullest_rank} of {config.world_size}. Total "
-                f"{format_bytes(b['total'], binary)}: {verdict}.</p>"
-                f"<table><tr><th>kind</th><th>bytes</th><th>size</th></tr>{rows}</table>"
-                f"<p>Largest kind (the limit): <b>{kind.replace('_', ' ')}</b>. Remedies that target it:</p>"
-                f"<ul>{fixes}</ul><p>More replicated data-parallel workers do not shrink any of these.</p>"
+                f"{size(b['total'])}: {verdict}.</p>"
+                f"<table><tr><th>kind</th><th>bytes</th><th>size</th></tr>{rows}</table>{peak}"
+                f"<p>Largest kind (the limit): <b>{kind.replace('_', ' ')}</b>. Remedies that target it: {fixes}. "
+                f"More replicated data-parallel workers shrink none of these.</p>"
                 f"<p style='font-size:90%'>{CAVEATS}</p>{self._measured_html()}")
 
     def measure(self, config: MemoryConfig, progress: Any) -> Any:

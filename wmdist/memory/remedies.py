@@ -31,6 +31,8 @@ REMEDIES = (
            "keeps layer inputs only and recomputes the rest in backward: compute for memory"),
     Remedy("context parallel", ("activations",), "splits each sequence's token positions across ranks"),
     Remedy("smaller micro-batch", ("activations", "batch"), "fewer sequences per step (accumulate gradients)"),
+    Remedy("offload to host memory or NVMe", ("optimizer_state", "master_weights", "gradients", "parameters"),
+           "keeps state off the device between uses (ZeRO-Offload, ZeRO-Infinity); pays in transfers and CPU time"),
     Remedy("more replicated DP workers", (),
            "each replica still holds everything: faster, not smaller per rank"),
 )

@@ -29,8 +29,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from wmdist.comm import Context, barrier, counted
-from wmdist.memory.zero import (RankState, ZeroConfig, adam_tolerance, init_state, reference_adam, train_step,
-                                zero_rank)
+from wmdist.memory.zero import RankState, ZeroConfig, init_state, train_step, zero_rank
+from wmdist.memory.zero_reference import adam_tolerance, reference_adam
 from wmdist.report import Check, Demo, Report, close_check, exact_check
 from wmdist.runtime import RankFailure, run
 

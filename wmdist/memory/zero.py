@@ -17,10 +17,20 @@ all-gathers the parameters before forward, frees them, all-gathers them again
 before backward (as FSDP does, by resizing the storage to zero and back) and
 does not gather after the update. The tiny model is one unit here; real
 systems gather layer by layer to bound the transient full copy.
+
+Bytes held are steady state between steps. Within a step, stage 2 builds the
+full local gradient before reduce-scattering it, and stage 3 holds the full
+parameters (gathered) and the full gradient after backward: `train_step`
+reads what the rank holds at three points of the step (PROBE_POINTS) so the
+demo can show that transient peak next to the steady state
+(wmdist.memory.transient predicts both). Gradients are not re-allocated each
+step: stages 0 and 1 let backward accumulate into the kept full buffer,
+stages 2 and 3 copy the reduced chunk into the kept shard buffer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -43,9 +53,13 @@ class ZeroConfig:
     lr: float = 1e-2
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    keep_gathered: bool = False  # a broken stage 3 that never frees its gathered parameters (a pitfall)
 
     def __post_init__(self) -> None:
         costs.require_choice("stage", self.stage, costs.ZERO_STAGES)
+        costs.require_bool("keep_gathered", self.keep_gathered)
+        if self.keep_gathered and self.stage != 3:
+            raise ValueError(f"keep_gathered needs stage 3 (only stage 3 gathers parameters), got stage {self.stage}")
         costs.require_int("steps", self.steps, 0)
         costs.require_int("batch_size", self.batch_size, 1)
         costs.require_int("seq_len", self.seq_len, 1)
@@ -95,18 +109,32 @@ class RankState:
     start: int                       # this rank's chunk is [start, stop)
     stop: int
     params: torch.Tensor             # (P,) for stages 0-2, (stop - start,) for stage 3
-    grads: torch.Tensor | None       # (P,) for stages 0-1, (stop - start,) for 2-3; None before step 1
+    grads: torch.Tensor              # (P,) for stages 0-1, (stop - start,) for 2-3
     exp_avg: torch.Tensor            # (P,) for stage 0, else (stop - start,)
     exp_avg_sq: torch.Tensor
     step: int
     loss_module: nn.Module
     layout: list[tuple[str, torch.Size, int, int]]   # (name, shape, start, stop) in the flat vector
 
-    def held_bytes(self) -> dict[str, int]:
-        """Bytes of storage this rank holds, by kind, read from its tensors."""
+    def held_bytes(self, params: tuple[torch.Tensor, ...] = (), grads: tuple[torch.Tensor | None, ...] = ()
+                   ) -> dict[str, int]:
+        """Bytes of storage this rank holds, by kind, read from its tensors (plus transient ones given).
+
+        Each storage counts once, under the first kind that holds it (a leaf
+        sharing the parameters' storage is not counted twice); a freed storage
+        (resized to 0) counts 0.
+        """
+        seen: set[int] = set()
+
         def size(*tensors: torch.Tensor | None) -> int:
-            return sum(t.untyped_storage().nbytes() for t in tensors if t is not None)
-        return {"parameters": size(self.params), "gradients": size(self.grads),
+            total = 0
+            for t in tensors:
+                store = None if t is None else t.untyped_storage()
+                if store is not None and store.nbytes() and store.data_ptr() not in seen:
+                    seen.add(store.data_ptr())
+                    total += store.nbytes()
+            return total
+        return {"parameters": size(self.params, *params), "gradients": size(self.grads, *grads),
                 "optimizer_state": size(self.exp_avg, self.exp_avg_sq)}
 
 
@@ -121,8 +149,9 @@ def init_state(ctx: Context, cfg: ZeroConfig) -> RankState:
     start, stop = shard_range(offset, ctx.world_size, ctx.rank)
     params = flat[start:stop].clone() if cfg.stage == 3 else flat
     n_state = offset if cfg.stage == 0 else stop - start
-    return RankState(cfg.stage, offset, start, stop, params, None, torch.zeros(n_state), torch.zeros(n_state),
-                     0, _PerExampleLoss(model.to("meta")), layout)
+    n_grad = offset if cfg.stage <= 1 else stop - start
+    return RankState(cfg.stage, offset, start, stop, params, torch.zeros(n_grad), torch.zeros(n_state),
+                     torch.zeros(n_state), 0, _PerExampleLoss(model.to("meta")), layout)
 
 
 def _summed_loss(state: RankState, flat: torch.Tensor, batch: dict[str, torch.Tensor], global_batch: int
@@ -133,9 +162,18 @@ def _summed_loss(state: RankState, flat: torch.Tensor, batch: dict[str, torch.Te
     return per_example.sum() / global_batch
 
 
-def train_step(ctx: Context, state: RankState, cfg: ZeroConfig) -> None:
-    """One ZeRO step on this rank's rows of batch number state.step, in the stage's schedule."""
+PROBE_POINTS = ("between forward and backward", "after backward", "after the gradient reduction")
+Probe = Callable[[str, dict[str, int]], None]
+
+
+def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, probe: Probe | None = None) -> None:
+    """One ZeRO step on this rank's rows of batch number state.step, in the stage's schedule.
+
+    `probe(point, held_bytes)` is called at each of PROBE_POINTS with what the
+    rank holds right then, transient tensors included.
+    """
     n, sizes = ctx.world_size, costs.ring_chunk_sizes(state.numel, ctx.world_size)
+    look = probe or (lambda point, held: None)
     batch = make_batch(cfg.batch_size, cfg.seq_len, seed=cfg.seed + state.step)
     mine = shard_batch(batch, costs.ring_chunk_sizes(cfg.batch_size, n), ctx.rank)
     if state.stage == 3:
@@ -143,26 +181,34 @@ def train_step(ctx: Context, state: RankState, cfg: ZeroConfig) -> None:
     else:
         leaf = state.params.detach().requires_grad_()                        # (P,), shares storage
     loss = _summed_loss(state, leaf, mine, cfg.batch_size)
+    free = state.stage == 3 and not cfg.keep_gathered
+    if free:
+        leaf.untyped_storage().resize_(0)                   # free the full copy; saved views now point at nothing
+    look(PROBE_POINTS[0], state.held_bytes((leaf,)))
     if state.stage == 3:
-        storage = leaf.untyped_storage()
-        storage.resize_(0)                                  # free the full copy; saved views now point at nothing
         again = ring_all_gather(ctx, state.params, sizes, "backward all-gather")
-        storage.resize_(state.numel * leaf.element_size())
+        if free:
+            leaf.untyped_storage().resize_(state.numel * leaf.element_size())
         leaf.data.copy_(again)                              # .data: autograd must not see this write
         del again
+    if state.stage <= 1:
+        leaf.grad = state.grads.zero_()                     # backward accumulates into the kept full buffer
     loss.backward()
-    grad, state.step = leaf.grad, state.step + 1            # (P,) local gradient
+    full, state.step = leaf.grad, state.step + 1            # (P,) local gradient
+    look(PROBE_POINTS[1], state.held_bytes((leaf,), (full,)))
+    if free:
+        leaf.untyped_storage().resize_(0)                   # reshard after backward, as FSDP does
     if state.stage == 0:
-        state.grads = ring_all_reduce(ctx, grad, "gradient all-reduce")
+        ring_all_reduce(ctx, state.grads, "gradient all-reduce", inplace=True)
+        look(PROBE_POINTS[2], state.held_bytes((leaf,)))
         adam_update(state.params, state.grads, state.exp_avg, state.exp_avg_sq, state.step, cfg)
         return
-    grad_chunk = ring_reduce_scatter(ctx, grad, "gradient reduce-scatter")   # (stop - start,)
-    if state.stage == 1:
-        grad[state.start:state.stop] = grad_chunk           # the full buffer stays; its own chunk is reduced
-        state.grads, grad_chunk = grad, grad[state.start:state.stop]
-    else:
-        state.grads = grad_chunk                            # stage 2 and 3 drop the full gradient
-    del grad, leaf, loss
+    reduced = ring_reduce_scatter(ctx, full, "gradient reduce-scatter")     # (stop - start,) owns its memory
+    (state.grads[state.start:state.stop] if state.stage == 1 else state.grads).copy_(reduced)
+    del reduced
+    look(PROBE_POINTS[2], state.held_bytes((leaf,), (full,)))
+    del full, leaf, loss
+    grad_chunk = state.grads[state.start:state.stop] if state.stage == 1 else state.grads
     own = state.params if state.stage == 3 else state.params[state.start:state.stop]
     adam_update(own, grad_chunk, state.exp_avg, state.exp_avg_sq, state.step, cfg)
     if state.stage in (1, 2):
@@ -170,39 +216,13 @@ def train_step(ctx: Context, state: RankState, cfg: ZeroConfig) -> None:
 
 
 def zero_rank(ctx: Context, cfg: ZeroConfig) -> dict:
-    """Rank function: train cfg.steps steps; return own chunk, held bytes, ledger totals of the last step."""
-    state = init_state(ctx, cfg)
+    """Rank function: train cfg.steps steps; return own chunk, held bytes (steady and within the last step),
+    ledger totals of the last step."""
+    state, during = init_state(ctx, cfg), {}
     for _ in range(cfg.steps):
         ctx.ledger.reset()                        # keep only the last step's communication
-        train_step(ctx, state, cfg)
+        during = {}
+        train_step(ctx, state, cfg, lambda point, held: during.__setitem__(point, held))
     own = state.params if state.stage == 3 else state.params[state.start:state.stop]
-    return {"chunk": own.clone(), "held": state.held_bytes(), "phases": ctx.ledger.by_phase(),
+    return {"chunk": own.clone(), "held": state.held_bytes(), "during": during, "phases": ctx.ledger.by_phase(),
             "rounds": ctx.ledger.totals()["rounds"]}
-
-
-def reference_adam(cfg: ZeroConfig) -> torch.Tensor:
-    """Single process, whole batch, torch.optim.Adam: the flat parameters after cfg.steps steps. (P,)"""
-    model = make_model(cfg.seed)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    for k in range(cfg.steps):
-        batch = make_batch(cfg.batch_size, cfg.seq_len, seed=cfg.seed + k)
-        opt.zero_grad()
-        (model.per_example_loss(batch).sum() / cfg.batch_size).backward()
-        opt.step()
-    return flat_params(model)
-
-
-def adam_tolerance(cfg: ZeroConfig, world_size: int) -> tuple[float, str]:
-    """Allowed max |difference| from single-process Adam, and why.
-
-    One rank adds the same gradient terms in the same order as one process:
-    bitwise equal. With N ranks the gradient is summed in another order, a
-    relative change of about N * 2^-24. Adam divides by sqrt(v), so a
-    relative gradient change moves an update (at most ~lr in size) by about
-    the same relative amount, except where the gradient nearly cancels; we
-    allow 100x that per step for those elements: steps * lr * 100 * N * 2^-24.
-    """
-    if world_size == 1:
-        return 0.0, "one rank: the same sums in the same order, bitwise equal"
-    tol = cfg.steps * cfg.lr * 100 * world_size * costs.FLOAT32_ROUNDOFF
-    return tol, f"gradient sums in another order (~N*2^-24 relative), {cfg.steps} Adam steps of size <= lr"

@@ -16,7 +16,9 @@ import torch
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, counted
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
-from wmdist.memory.zero import HELD_KINDS, ZeroConfig, adam_tolerance, reference_adam, zero_rank
+from wmdist.memory.transient import POINTS, zero_step_held
+from wmdist.memory.zero import HELD_KINDS, ZeroConfig, zero_rank
+from wmdist.memory.zero_reference import adam_tolerance, reference_adam
 from wmdist.models import flat_grads, flat_params, make_batch, make_model, shard_batch
 from wmdist.report import Check, Demo, Report, close_check, counts_per_rank
 from wmdist.runtime import run
@@ -31,6 +33,9 @@ def zero_memory_report(world_size: int, stage: int, cfg: ZeroConfig | None = Non
     costs.require_int("world_size", world_size, 1)
     costs.require_choice("stage", stage, costs.ZERO_STAGES)
     cfg = ZeroConfig(stage=stage) if cfg is None else cfg
+    if cfg.batch_size < world_size:
+        raise ValueError(f"world_size must be <= batch_size {cfg.batch_size} (every rank needs a row), "
+                         f"got {world_size}")
     if cfg.stage != stage:
         raise ValueError(f"cfg.stage={cfg.stage} but stage={stage}")
     start = time.perf_counter()
@@ -50,8 +55,30 @@ def zero_memory_report(world_size: int, stage: int, cfg: ZeroConfig | None = Non
                                  [p[phase] for p in phases], phase=phase)
     exact += counts_per_rank("rounds per step", [o["rounds"] for o in out],
                              [costs.zero_step_rounds(world_size, stage)] * world_size)
+    exact += _during_step(out, P, world_size, stage)
     return Report(f"zero-{stage}", world_size, checks, exact, seconds,
                   {"stage": stage, "params": P, "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr})
+
+
+def _during_step(out: list[dict], P: int, world_size: int, stage: int) -> list:
+    """Held bytes at each probe point of the last step, and the peak over them, against zero_step_held.
+
+    The prediction is what a correct ZeRO holds: a run that keeps a full copy
+    alive too long (ZeroConfig.keep_gathered) fails these counts.
+    """
+    predicted = [zero_step_held(P, world_size, r, stage) for r in range(world_size)]
+    rows = []
+    for point in POINTS:
+        for kind in HELD_KINDS:
+            rows += counts_per_rank("held bytes during the step", [o["during"][point][kind] for o in out],
+                                    [p[point][kind] for p in predicted], phase=point, case=kind)
+    peak = lambda held: max(sum(h.values()) for h in held.values())   # noqa: E731 - the largest total of a step
+    rows += counts_per_rank("model-state bytes", [sum(o["held"].values()) for o in out],
+                            [sum(_predicted_held(P, world_size, stage, r)[k] for k in HELD_KINDS)
+                             for r in range(world_size)], case="steady (between steps)")
+    rows += counts_per_rank("model-state bytes", [peak(o["during"]) for o in out],
+                            [peak(p) for p in predicted], case="transient peak (within a step)")
+    return rows
 
 
 # --- PyTorch's own ZeRO-1 -----------------------------------------------------------
@@ -76,7 +103,8 @@ def torch_zero_rank(ctx: Context, cfg: ZeroConfig) -> torch.Tensor:
         (model.per_example_loss(mine).sum() / cfg.batch_size).backward()
         flat = all_reduce(ctx, flat_grads(model), "gradient all-reduce")
         torch.nn.utils.vector_to_parameters(flat, [p.grad for p in model.parameters()])
-        with counted(ctx, "ZeroRedundancyOptimizer.step (bytes from parameter ownership)", "parameter broadcast",
+        with counted(ctx, "ZeroRedundancyOptimizer.step (not observed: bytes computed from parameter ownership)",
+                     "parameter broadcast",
                      sent=owned, recv=total - owned):
             opt.step()
     return flat_params(model)

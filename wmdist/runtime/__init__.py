@@ -1,8 +1,11 @@
-"""Processes: a warm pool of local gloo ranks (pool.py) and the entry point `run` (launch.py),
-which uses the pool locally and the already-launched processes under torchrun."""
-from wmdist.runtime.launch import (DEFAULT_TIMEOUT_S, MAX_LOCAL_WORLD, MAX_WARM_RANKS, RankFailure, run, shutdown,
-                                   under_torchrun, warm_pids)
+"""Processes: the entry point `run` (launch.py), which uses warm pools of local gloo ranks
+locally (warm.py, pool.py for the parent side, rank.py for the rank side, isolation.py and
+messages.py for what a rank checks between calls, cleanup.py for what must not be left
+behind) and the already-launched processes under torchrun."""
+from wmdist.runtime.launch import (DEFAULT_TIMEOUT_S, MAX_LOCAL_WORLD, MAX_TIMEOUT_S, MAX_WARM_RANKS, RankFailure,
+                                   as_world_size, run, shutdown, under_torchrun, warm_pids)
+from wmdist.runtime.failures import PoolRestartWarning
 from wmdist.runtime.pool import Pool
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MAX_LOCAL_WORLD", "MAX_WARM_RANKS", "Pool", "RankFailure", "run", "shutdown",
-           "under_torchrun", "warm_pids"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_LOCAL_WORLD", "MAX_TIMEOUT_S", "MAX_WARM_RANKS", "Pool", "PoolRestartWarning",
+           "RankFailure", "as_world_size", "run", "shutdown", "under_torchrun", "warm_pids"]

@@ -10,19 +10,23 @@ Under torchrun (RANK, WORLD_SIZE and MASTER_ADDR set) the same call runs the
 function in the already-launched process instead, on gloo or NCCL, any
 number of nodes: scaling out is torch.distributed's job, not ours.
 
-Any failure (a rank raises, exits, is killed, or outlives the timeout) ends the
-call with one RankFailure naming the rank, its traceback or signal and the
-last communication it entered; the pool is torn down, so the next call starts
-clean.
+Every call starts from the same rank state: what a call sets process-wide is
+put back, and a message it leaves unmatched fails that call. Any failure (a
+rank raises, exits, is killed, outlives the timeout or leaves a message
+unmatched) ends the call with one RankFailure naming the rank, its traceback
+or signal and the last communication it entered; the pool is torn down, so
+the next call starts clean.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
 import inspect
+import math
+import multiprocessing as mp
+import numbers
 import os
 import sys
-from collections import OrderedDict
 from typing import Any, Callable
 
 import cloudpickle
@@ -30,39 +34,24 @@ import torch
 import torch.distributed as dist
 
 from wmdist.comm import Context, Ledger, RankResources
-from wmdist.runtime.pool import DEFAULT_TIMEOUT_S, Pool, RankFailure
+from wmdist.runtime.failures import RankFailure
+from wmdist.runtime.pool import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, Pool
+from wmdist.runtime.warm import WarmPools
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MAX_LOCAL_WORLD", "MAX_WARM_RANKS", "Pool", "RankFailure", "run", "shutdown",
-           "under_torchrun", "warm_pids"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_LOCAL_WORLD", "MAX_TIMEOUT_S", "MAX_WARM_RANKS", "Pool", "RankFailure", "run",
+           "shutdown", "under_torchrun", "warm_pids"]
 
 MAX_LOCAL_WORLD = 32
 MAX_WARM_RANKS = 16            # warm pools kept, least recently used dropped first
 
-
-# Warm pools by world size. This is a cache of OS resources owned by this
-# interpreter (like a connection pool), not shared state between demos: each
-# call gets a fresh Context and Ledger.
-_pools: OrderedDict[int, Pool] = OrderedDict()
+_WARM = WarmPools(MAX_WARM_RANKS)
 # Under torchrun this process is the rank: its subgroups and buffers outlive one call, like a pool rank's.
 _torchrun_resources: list[RankResources] = []
 
 
-def _warm_pool(world_size: int) -> Pool:
-    pool = _pools.pop(world_size, None)
-    if pool is None or not pool.alive:
-        if pool is not None:
-            pool.close()
-        while _pools and sum(_pools) + world_size > MAX_WARM_RANKS:
-            _pools.popitem(last=False)[1].close()
-        pool = Pool(world_size).start()
-    _pools[world_size] = pool
-    return pool
-
-
 def shutdown() -> None:
     """Stop every warm pool (also done automatically when the interpreter exits)."""
-    while _pools:
-        _pools.popitem()[1].close()
+    _WARM.shutdown()
 
 
 atexit.register(shutdown)
@@ -70,7 +59,7 @@ atexit.register(shutdown)
 
 def warm_pids() -> dict[int, list[int]]:
     """Process ids of the warm pools, by world size (for tests and benchmarks)."""
-    return {n: p.pids for n, p in _pools.items()}
+    return _WARM.pids()
 
 
 # --- validation and torchrun ------------------------------------------------------------
@@ -80,16 +69,28 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
-def _validate(fn: Any, world_size: Any, args: tuple, kwargs: dict, timeout: Any) -> None:
+def as_world_size(value: Any) -> int:
+    """`value` as an int world size: ints, numpy integers and 0-dim integer tensors (no bools), >= 1."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point \
+            and not value.dtype.is_complex and value.dtype != torch.bool:
+        value = int(value.item())
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"world_size must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _validate(fn: Any, world_size: Any, args: tuple, kwargs: dict, timeout: Any) -> int:
+    """Check everything before any process starts; return the world size as an int."""
     if not callable(fn):
         raise TypeError(f"fn must be a callable taking (ctx, ...), got {type(fn).__name__}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    world_size = as_world_size(world_size)
     if not under_torchrun() and world_size > MAX_LOCAL_WORLD:
         raise ValueError(f"world_size={world_size} is more local ranks than wmdist starts "
                          f"(at most {MAX_LOCAL_WORLD}); use torchrun for larger jobs")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not math.isfinite(timeout) \
+            or not 0 < timeout <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} "
+                         f"(two hours), got {timeout!r}")
     try:
         inspect.signature(fn).bind(None, *args, **kwargs)
     except TypeError as err:
@@ -97,6 +98,16 @@ def _validate(fn: Any, world_size: Any, args: tuple, kwargs: dict, timeout: Any)
                         f"with these arguments: {err}") from None
     except ValueError:
         pass   # builtins without a signature: let the call decide
+    return world_size
+
+
+def _refuse_inside_a_rank() -> None:
+    name = mp.current_process().name
+    if name.startswith("wmdist-rank"):
+        raise RuntimeError(f"wmdist.run was called inside a rank function (this is {name[7:]}): ranks cannot "
+                           "start ranks. Call wmdist.run from the notebook or script; inside the rank function, "
+                           "work with the other ranks through ctx (the counted ops in wmdist.comm, and "
+                           "ctx.group_of(ranks) for a subset of them).")
 
 
 def _register_by_value(fn: Callable[..., Any]) -> None:
@@ -141,10 +152,12 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DE
         **kwargs: Any) -> list[Any]:
     """Run fn(ctx, *args, **kwargs) on `world_size` ranks; return results in rank order.
 
-    `timeout` (seconds, per call) is the launcher's own option; every other
-    keyword goes to fn. Bad arguments are rejected before any process starts.
+    `timeout` (seconds per call, at most MAX_TIMEOUT_S) is the launcher's own
+    option; every other keyword goes to fn. Bad arguments are rejected before
+    any process starts. Safe to call from several threads.
     """
-    _validate(fn, world_size, args, kwargs, timeout)
+    _refuse_inside_a_rank()
+    world_size = _validate(fn, world_size, args, kwargs, timeout)
     if under_torchrun():
         return _run_torchrun(fn, world_size, args, kwargs)
     _register_by_value(fn)
@@ -152,9 +165,4 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DE
         cloudpickle.dumps((fn, args, kwargs))
     except Exception as err:
         raise TypeError(f"fn or its arguments cannot be sent to the ranks: {err}") from None
-    pool = _warm_pool(world_size)
-    try:
-        return pool.run(fn, args, kwargs, timeout=float(timeout))
-    except BaseException:
-        _pools.pop(world_size, None)
-        raise
+    return _WARM.run(world_size, fn, args, kwargs, float(timeout))

@@ -16,8 +16,15 @@ def control(name: str, k: Knob, value: Any) -> W.ValueWidget:
     """One widget for one knob, showing `value`."""
     style = {"description_width": LABEL_WIDTH}
     common = dict(description=k.label, style=style, layout=W.Layout(width=CONTROL_WIDTH))
+    if k.options and all(isinstance(o, int) and not isinstance(o, bool) for o in k.options):
+        # a slider over listed integers (e.g. parallel degrees 1, 2, 4, ..., 256): every stop is a listed
+        # value, so a drag cannot land on 129, and a narrow track still reaches each one
+        stops = sorted({*k.options, value})
+        return W.SelectionSlider(options=stops, value=value, continuous_update=False, **common)
     if k.options:
-        return W.Dropdown(options=list(k.options), value=value, **common)
+        values = [o[1] if isinstance(o, tuple) else o for o in k.options]
+        # by index: a Dropdown given value=None shows nothing selected, though ("same", None) is an option
+        return W.Dropdown(options=list(k.options), index=values.index(value), **common)
     if k.toggle:
         return W.Checkbox(value=value, description=k.label, indent=False, layout=W.Layout(width=CONTROL_WIDTH))
     if k.text:

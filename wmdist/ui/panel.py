@@ -12,7 +12,8 @@ The base wires everything else once, so every panel behaves alike:
 - the run button shows progress, keeps the kernel alive on failure (the error
   goes into the status line), stores what it measured in `self.measured`, and
   redraws with it;
-- long text wraps inside a fixed-width column, so no readout is squeezed.
+- long text wraps inside a fixed-width column (one or `control_columns` knobs
+  wide), so no readout is squeezed and the figure keeps the rest of the row.
 
 Tests drive a panel headlessly by setting `.value` on `panel.controls[name]`
 and reading `panel.result`, `panel.shown` (the figure), `panel.error` and
@@ -39,6 +40,7 @@ class Panel:
     """Base class; see the module docstring for what a subclass supplies."""
 
     run_label: str | None = None      # text of the "run it" button; None: no button
+    control_columns: int = 1          # > 1: knobs in a grid on top, figure and summary side by side below
 
     def __init__(self, config: Any, extra_controls: dict[str, W.ValueWidget] | None = None,
                  extra_widgets: list[W.Widget] | None = None):
@@ -60,12 +62,32 @@ class Panel:
         self.run_button.on_click(lambda _: self.run())
         for c in [*self.controls.values(), *self.extra.values()]:
             c.observe(lambda _change: self.update(), names="value")
-        left = W.VBox([*self.controls.values(), *self.extra.values(), self.run_button, *(extra_widgets or []),
-                       self.progress, self.status],
-                      layout=W.Layout(width="27em", flex="0 0 auto"))
-        right = W.VBox([self.out, self.summary], layout=W.Layout(flex="1 1 auto", min_width="0"))
-        self.widget = W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start"))
+        self.widget = self._layout([*self.controls.values(), *self.extra.values()], extra_widgets or [])
+        for w, name in ((self.widget, "panel"), (self.summary, "summary"), (self.status, "status"),
+                        (self.out, "figure"), (self.run_button, "run"), (self.progress, "progress")):
+            w.add_class(f"wmdist-{name}")        # stable hooks for the real-browser test
         self.update()
+
+    def _layout(self, knobs: list[W.Widget], extra_widgets: list[W.Widget]) -> W.Box:
+        """Controls in a fixed-width column left of the figure and summary; or, for a panel with many
+        knobs (control_columns > 1), the knobs in a grid on top, then figure and run box | summary,
+        so controls, plot and numbers fit one screen. Long text wraps; it never widens a column."""
+        run_box = [self.run_button, *extra_widgets, self.progress, self.status]
+        if self.control_columns == 1:
+            left = W.VBox([*knobs, *run_box], layout=W.Layout(width="27em", min_width="27em", flex="0 0 auto",
+                                                              overflow="hidden"))
+            right = W.VBox([self.out, self.summary], layout=W.Layout(flex="1 1 auto", min_width="0"))
+            return W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start"))
+        for k in knobs:                                          # each fills its grid cell, labels a bit wider
+            k.layout.width = "96%"
+            if "description_width" in k.style.keys:
+                k.style.description_width = "13em"
+        grid = W.GridBox(knobs, layout=W.Layout(width="100%", grid_gap="0 1em",
+                                                grid_template_columns=f"repeat({self.control_columns}, minmax(0, 1fr))"))
+        left = W.VBox([self.out, *run_box], layout=W.Layout(flex="0 0 auto", max_width="55%", overflow="hidden"))
+        right = W.VBox([self.summary], layout=W.Layout(flex="1 1 0", min_width="0", overflow="hidden"))
+        below = W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start", grid_gap="1em"))
+        return W.VBox([grid, below], layout=W.Layout(width="100%"))
 
     # --- what a subclass supplies ----------------------------------------------------
 

@@ -33,7 +33,8 @@ def timeline_figure(spans: Iterable[Span], title: str = "", row_label: str = "ra
     scale = 1000.0 if unit == "ms" else 1.0
     palette = {**DEFAULT_COLORS, **(colors or {})}
     rows = sorted({s.row for s in spans})
-    if ax is None:
+    own = ax is None
+    if own:
         with plt.ioff():
             fig, ax = plt.subplots(figsize=(8, 0.6 + 0.55 * max(1, len(rows))), layout="constrained")
     else:
@@ -48,9 +49,12 @@ def timeline_figure(spans: Iterable[Span], title: str = "", row_label: str = "ra
     ax.set_ylim(max(rows, default=0) + 0.6, min(rows, default=0) - 0.6)
     ax.set_xlabel(f"time ({unit})")
     if title:
-        ax.set_title(title, fontsize=10)
-    ax.legend(handles=[Patch(color=palette.get(k, "0.5"), label=k) for k in kinds], fontsize=7,
-              loc="upper right", ncol=len(kinds))
+        ax.set_title(title, fontsize=10, loc="left")
+    # Above the axes, not over the bars: a legend inside would hide the top row's work.
+    ax.legend(handles=[Patch(color=palette.get(k, "0.5"), label=k) for k in kinds], fontsize=9,
+              loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(kinds), frameon=False)
+    if own:
+        plt.close(fig)      # handed back, not left with pyplot: a notebook shows it once, as the cell's value
     return fig
 
 
@@ -68,4 +72,5 @@ def timelines_figure(timelines: Mapping[str, Iterable[Span]], row_label: str = "
         timeline_figure(spans, title=name, row_label=row_label, unit=unit, ax=ax)
     for ax in axes[:-1, 0]:
         ax.set_xlabel("")
+    plt.close(fig)          # handed back, not left with pyplot: a notebook shows it once, as the cell's value
     return fig

@@ -1,0 +1,109 @@
+"""`wmdist memory` as people type it: counts like 7B, the fp32 accumulation buffer, public model presets."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wmdist.cli import main
+from wmdist.memory import presets
+from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
+
+G = 10 ** 9
+
+
+def _cli(argv):
+    return main(["memory", *argv])
+
+
+def test_cli_json_and_table(capsys):
+    assert _cli(["--params", str(G), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == per_rank_bytes(MemoryConfig(G)) and out["optimizer_state"] == 8 * G
+    assert _cli(["--params", "10", "--zero", "3", "--dp", "4", "--rank", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parameters"] == 8
+    assert _cli(["--params", str(G), "--dtype", "fp16", "--master-weights", "--zero", "1", "--world-size", "8"]) == 0
+    table = capsys.readouterr().out
+    assert "rank 0 of 8" in table and "ZeRO-1" in table and "(dp=8" in table
+    lines = {ln.split()[0]: ln.split() for ln in table.splitlines()[1:]}
+    assert lines["optimizer_state"][1:4] == [str(10 ** 9), "1.00", "GB"]   # 2 fp32 moments of P/8
+    assert lines["master_weights"][1:4] == [str(5 * 10 ** 8), "500.00", "MB"]
+    assert lines["total"][1:4] == [str(55 * 10 ** 8), "5.50", "GB"]        # 4P + 12P/8
+    assert _cli(["--params", str(G), "--binary"]) == 0
+    assert "7.45 GiB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,word", [
+    (["--params", "-5"], "argument --params: expected a whole parameter count"),
+    (["--params", "7500000000.5"], "such as 7B, 1.5B, 70M"), (["--zero", "1"], "--params: params: give --params"),
+    (["--params", "10", "--zero", "4"], "--zero: zero_stage"),
+    (["--params", "10", "--grad-accum-dtype", "fp7"], "--grad-accum-dtype: grad_accum_dtype"),
+    (["--params", "10", "--dtype", "fp13"], "--dtype: param_dtype"),
+    (["--params", "10", "--tp", "3", "--world-size", "8"], "divisible"),
+    (["--params", "10", "--dp", "3", "--world", "8"], "--world-size 8 != dp"), (["--params", "10", "--rank", "2"], "--rank: rank must be < world size 1"),
+])
+def test_cli_errors(capsys, argv, word):
+    with pytest.raises(SystemExit) as exc:
+        _cli(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert word in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("wmdist memory: error:")
+    assert "_whole_number" not in err and "parse_count" not in err      # no internal names leak
+
+
+@pytest.mark.parametrize("text,count", [("7B", 7 * G), ("1.5B", 15 * 10 ** 8), ("70M", 7 * 10 ** 7),
+                                        ("7.5e9", 75 * 10 ** 8), ("7500000000.0", 75 * 10 ** 8), ("1e9", G),
+                                        ("1_000", 1000), ("12k", 12000), ("0.5T", 5 * 10 ** 11)])
+def test_cli_accepts_counts_as_people_type_them(capsys, text, count):
+    assert _cli(["--params", text, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == per_rank_bytes(MemoryConfig(count))
+
+
+def test_fp32_gradient_accumulation_buffer_gives_20_bytes_per_parameter(capsys):
+    """bf16 params (2) + bf16 grads (2) + fp32 accumulation buffer (4) + fp32 master (4) + Adam (8)."""
+    cfg = MemoryConfig(G, "bf16", grad_accum_dtype="fp32", optimizer="adam", master_weights=True)
+    b = per_rank_bytes(cfg)
+    assert b["total"] == 20 * G and b["gradients"] == 6 * G
+    assert per_rank_bytes(MemoryConfig(G, "bf16", grad_dtype="fp32", master_weights=True))["total"] == 18 * G
+    z2 = per_rank_bytes(MemoryConfig(G, "bf16", grad_accum_dtype="fp32", master_weights=True, zero_stage=2, dp=8))
+    assert z2["gradients"] == 6 * G // 8                      # the buffer shards with the gradients
+    assert _cli(["--params", "1B", "--dtype", "bf16", "--grad-accum-dtype", "fp32", "--master-weights", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 20 * G
+
+
+def test_presets_count_parameters_and_activations_as_published():
+    gpt2 = presets.PRESETS["gpt2-xl"]
+    assert gpt2.params == 1_557_611_200                       # GPT-2 XL's published count, from its shape
+    assert abs(presets.PRESETS["gpt3-6.7b"].params / 6.7e9 - 1) < 0.01
+    assert abs(presets.PRESETS["gpt3-175b"].params / 175e9 - 1) < 0.01
+    m = presets.PRESETS["gpt3-6.7b"]
+    s, h, a = 4096, 4096, 32
+    assert m.activation_bytes_per_token(s) * s == s * h * (34 + 5 * a * s / h)   # Korthikanti et al., per layer
+    fields = presets.preset_fields("gpt3-6.7b", 4096)
+    cfg = MemoryConfig(**fields, param_dtype="bf16", master_weights=True, zero_stage=2, dp=8)
+    assert per_rank_bytes(cfg)["activations"] == 32 * s * h * (34 + 5 * a * s / h)
+    ck = per_rank_bytes(MemoryConfig(**fields, checkpointing=True))["activations"]
+    assert ck == 32 * s * 2 * h + s * h * (34 + 5 * a * s / h)   # every layer's 16-bit input + one layer
+    for tp, sp in ((4, False), (4, True), (8, False)):      # the TP-replicated part: Korthikanti's 10 of 34
+        b = per_rank_bytes(MemoryConfig(**fields, tp=tp, sequence_parallel=sp))["activations"]
+        per_layer = s * h * (34 + 5 * a * s / h) / tp if sp else s * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+        assert b == 32 * per_layer
+    assert presets.preset_fields("gpt2-xl")["seq_len"] == 1024
+    with pytest.raises(ValueError, match="model must be one of"):
+        presets.preset_fields("llama")
+
+
+def test_cli_preset_with_and_without_checkpointing(capsys):
+    argv = ["--model", "gpt3-6.7b", "--dtype", "bf16", "--master-weights", "--zero", "2", "--dp", "8",
+            "--seq-len", "4096"]
+    assert _cli([*argv, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert _cli([*argv, "--checkpointing", "--json"]) == 0
+    ckpt = json.loads(capsys.readouterr().out)
+    assert plain["parameters"] == ckpt["parameters"] == 2 * presets.PRESETS["gpt3-6.7b"].params
+    assert ckpt["activations"] < plain["activations"] / 10
+    assert _cli(argv) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("gpt3-6.7b, rank 0 of 8") and "within a step the peak is higher" in text
+    assert "Korthikanti" in presets.__doc__ and "16-bit" in presets.__doc__

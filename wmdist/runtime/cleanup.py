@@ -1,0 +1,155 @@
+"""Nothing left behind: temporary directories, helper processes, exit signals, kernel restarts.
+
+A pool's rendezvous directory (`wmdist-*`) and multiprocessing's own
+(`pymp-*`, where the forkserver listens) carry an owner file naming the
+process that made them. They go when the pool closes or the process exits
+normally, and also when it is ended by SIGTERM or SIGHUP: where those would
+end the process with nothing cleaned (their default action), a handler cleans
+up first and then lets the signal end the process as before. A process killed
+outright (SIGKILL, a kernel restart that timed out) cannot clean up, so every
+pool start removes the directories whose owner is gone.
+
+In a Jupyter kernel, the pools and multiprocessing's helper processes are
+stopped when the kernel is asked to shut down or restart. Otherwise the
+kernel spends its shutdown signalling leftover children and is killed by the
+frontend before its exit handlers run.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import glob
+import multiprocessing.util
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from typing import Any, Callable, Iterator
+
+import psutil
+
+OWNER_FILE = "wmdist-owner"
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _identity(pid: int) -> str:
+    """A process id with its start time, so that a recycled pid is not taken for the owner."""
+    return f"{pid} {psutil.Process(pid).create_time()!r}"
+
+
+def mark(path: str) -> str:
+    """Write this process's identity into `path`'s owner file; return `path`."""
+    with open(os.path.join(path, OWNER_FILE), "w") as f:
+        f.write(_identity(os.getpid()))
+    return path
+
+
+def make_run_dir() -> str:
+    """A fresh `wmdist-*` temporary directory owned by this process."""
+    return mark(tempfile.mkdtemp(prefix="wmdist-"))
+
+
+def _owner_gone(path: str) -> bool:
+    try:
+        with open(os.path.join(path, OWNER_FILE)) as f:
+            owner = f.read()
+        return _identity(int(owner.split(" ", 1)[0])) != owner
+    except OSError:
+        return False                    # not marked (or not readable): not ours to judge
+    except (ValueError, psutil.Error):
+        return True                     # the owner no longer exists, or the mark is garbled
+
+
+def remove_stale(tmp: str | None = None) -> list[str]:
+    """Remove marked `wmdist-*` and `pymp-*` directories whose owner process is gone; return them."""
+    removed = []
+    for pattern in ("wmdist-*", "pymp-*"):
+        for path in glob.glob(os.path.join(tmp or tempfile.gettempdir(), pattern)):
+            if os.path.isfile(os.path.join(path, OWNER_FILE)) and _owner_gone(path):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def mark_multiprocessing_dir() -> None:
+    """Mark multiprocessing's temporary directory of this process (the forkserver's socket) as ours."""
+    path = multiprocessing.util.get_temp_dir()
+    if not os.path.exists(os.path.join(path, OWNER_FILE)):
+        mark(path)
+
+
+def remove_multiprocessing_dir() -> None:
+    """Remove this process's multiprocessing temporary directory now (a normal exit removes it too)."""
+    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+
+
+def stop_helpers() -> None:
+    """Stop (and reap) multiprocessing's forkserver and resource tracker, if this process started them.
+
+    Uses their private `_stop()` methods (what CPython's own tests call): there
+    is no public way, and a kernel shutting down waits for every child. The
+    forkserver is killed first: it holds nothing once the ranks are gone, and
+    its own exit would spend a second tearing down the torch it preloaded.
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    server = getattr(forkserver, "_forkserver", None)
+    with contextlib.suppress(Exception):
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+    for helper in (server, getattr(resource_tracker, "_resource_tracker", None)):
+        with contextlib.suppress(Exception):
+            helper._stop()
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends, then deliver it: for work that must finish (killing ranks).
+
+    Only the main thread receives KeyboardInterrupt, so elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, sys._getframe())
+
+
+def _exit_on_signal(cleanup: Callable[[], None], signum: int, frame: Any) -> None:
+    with contextlib.suppress(BaseException):
+        cleanup()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)        # end the process by the same signal, as it would have been
+
+
+def clean_up_on_exit_signals(cleanup: Callable[[], None]) -> None:
+    """Run `cleanup` before SIGTERM/SIGHUP end this process, where their action is still the default."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in EXIT_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, functools.partial(_exit_on_signal, cleanup))
+
+
+def clean_up_on_kernel_shutdown(cleanup: Callable[[], None]) -> None:
+    """Inside a Jupyter (ipykernel) kernel, run `cleanup` when the kernel is asked to shut down or restart."""
+    ipython = sys.modules.get("IPython")
+    kernel = getattr(ipython.get_ipython(), "kernel", None) if ipython is not None else None
+    original = getattr(kernel, "do_shutdown", None)
+    if original is None or getattr(original, "wmdist_cleanup", False):
+        return
+
+    def do_shutdown(restart: bool) -> Any:
+        with contextlib.suppress(Exception):
+            cleanup()
+        return original(restart)
+
+    do_shutdown.wmdist_cleanup = True   # type: ignore[attr-defined]
+    kernel.do_shutdown = do_shutdown

@@ -1,0 +1,104 @@
+"""Warm pools by world size: reused across calls, kept within a rank budget, safe to call from threads.
+
+This is a cache of OS resources owned by this interpreter (like a connection
+pool), not state shared between demos: every call gets a fresh Context and
+Ledger, and the ranks put back what a call changed. Calls for one world size
+take turns (widget callbacks can call from several threads at once), so two
+threads never start two pools of the same size; other sizes proceed.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+from wmdist.runtime import cleanup
+from wmdist.runtime.pool import Pool
+
+
+class WarmPools:
+    """Pools by world size, least recently used dropped once more than `max_ranks` ranks are warm.
+
+    A pool larger than `max_ranks` on its own serves its call and is closed.
+    A pool in use by another thread is never dropped, so the budget can be
+    exceeded while calls run in parallel.
+    """
+
+    def __init__(self, max_ranks: int):
+        self.max_ranks = max_ranks
+        self._pools: OrderedDict[int, Pool] = OrderedDict()
+        self._lock = threading.RLock()                    # guards the two dicts; held only briefly
+        self._turns: dict[int, threading.Lock] = {}      # per world size: held for a whole call
+
+    def run(self, world_size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, timeout: float) -> list[Any]:
+        """Run fn on the warm pool of `world_size` ranks (started if needed)."""
+        with self._turn(world_size):
+            pool = self._warm(world_size)
+            try:
+                results = pool.run(fn, args, kwargs, timeout=timeout)
+            except BaseException:
+                self._forget(world_size, pool)       # already closed by Pool.run's failure path
+                raise
+            if pool.closed or world_size > self.max_ranks:   # closed itself (state it could not put back),
+                self._forget(world_size, pool)                  # or too large to keep warm on its own
+                pool.close()
+            return results
+
+    def _forget(self, world_size: int, pool: Pool) -> None:
+        with self._lock:
+            if self._pools.get(world_size) is pool:
+                del self._pools[world_size]
+
+    def pids(self) -> dict[int, list[int]]:
+        """Process ids of the warm pools, by world size."""
+        with self._lock:
+            return {n: p.pids for n, p in self._pools.items()}
+
+    def shutdown(self, grace: float = 2.0) -> None:
+        """Close every pool (a call running in another thread then fails with RankFailure)."""
+        with self._lock:
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
+            pool.close(grace)
+
+    def _turn(self, world_size: int) -> threading.Lock:
+        with self._lock:
+            return self._turns.setdefault(world_size, threading.Lock())
+
+    def _warm(self, world_size: int) -> Pool:
+        """The live pool of this size, or a new one after making room (caller holds this size's turn)."""
+        with self._lock:
+            pool = self._pools.get(world_size)
+            if pool is not None and pool.alive:
+                self._pools.move_to_end(world_size)
+                return pool
+            dropped = [self._pools.pop(world_size)] if pool is not None else []
+            for size in list(self._pools):                       # least recently used first
+                if sum(self._pools) + world_size <= self.max_ranks:
+                    break
+                if self._turns[size].acquire(blocking=False):     # idle: no call on it right now
+                    try:
+                        dropped.append(self._pools.pop(size))
+                    finally:
+                        self._turns[size].release()
+        for old in dropped:
+            old.close()
+        cleanup.clean_up_on_exit_signals(self._on_exit_signal)
+        cleanup.clean_up_on_kernel_shutdown(self._on_kernel_shutdown)
+        pool = Pool(world_size)
+        with self._lock:
+            self._pools[world_size] = pool    # before it starts, so shutdown() on a signal reaches its ranks
+        try:
+            return pool.start()
+        except BaseException:
+            self._forget(world_size, pool)
+            raise
+
+    def _on_exit_signal(self) -> None:
+        self.shutdown(grace=0.2)      # the process is ending: busy ranks are not waited for
+        cleanup.remove_multiprocessing_dir()
+
+    def _on_kernel_shutdown(self) -> None:
+        self.shutdown()
+        cleanup.stop_helpers()
