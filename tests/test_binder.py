@@ -52,5 +52,5 @@ def test_fresh_binder_environment_runs_the_start_notebook(tmp_path):
     assert errors == []
     shown = "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
                     for c in cells for o in c.get("outputs", []))
-    assert "ring pass: passed on 2, 3, 4 ranks." in shown       # the exercise checker ran on real ranks
+    assert "ring pass: not attempted yet." in shown             # the exercise stub reached its checker
     assert "ring-allreduce" in shown and "FAIL" not in shown     # and the verify table came out clean

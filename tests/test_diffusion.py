@@ -183,6 +183,6 @@ def test_figures_draw_from_results():
     steps = step_parallel.steps_demo(2, SamplingSpec(batch=1, steps=2), eval_seconds=0.001)
     figs.append(figures.steps_figure(steps.data, 2))
     assert [len(f.axes) for f in figs] == [1, 2, 2, 3]
-    assert "2 ranks busy" in figs[3].axes[0].get_title()
+    assert "2 ranks busy" in figs[3].axes[0].get_title(loc="left")
     for f in figs:
         plt.close(f)

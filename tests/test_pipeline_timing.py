@@ -38,7 +38,7 @@ def test_one_slow_stage_leaves_idle_time_that_microbatches_do_not_remove():
     from wmdist.pipeline.figures import imbalance_figure, measured_vs_ideal
     fig = imbalance_figure(curve)
     assert [len(line.get_xdata()) for line in fig.axes[0].lines][:3] == [32, 32, 2]    # two curves, 2 measurements
-    assert [ax.get_title().split(":")[0] for ax in measured_vs_ideal(curve.runs[0]).axes] == ["measured",
+    assert [ax.get_title(loc="left").split(":")[0] for ax in measured_vs_ideal(curve.runs[0]).axes] == ["measured",
                                                                                            "ideal time (messages free)"]
 
 
@@ -100,6 +100,6 @@ def test_panel_run_it_executes_the_schedule_and_overlays_the_measurement():
     assert "measured idle" in panel.status.value and len(measured.timelines) == 3
     assert sorted(s.label for s in measured.timelines[0] if s.row == 0) == sorted(f"{k}{m}" for k in "FB"
                                                                                     for m in range(4))
-    assert "measured on 2 ranks" in " ".join(ax.get_title() for ax in panel.shown.axes)
+    assert "measured on 2 ranks" in " ".join(ax.get_title() + ax.get_title(loc="left") for ax in panel.shown.axes)
     panel.controls["microbatches"].value = 8                         # another schedule: the overlay goes
-    assert "measured on" not in " ".join(ax.get_title() for ax in panel.shown.axes)
+    assert "measured on" not in " ".join(ax.get_title() + ax.get_title(loc="left") for ax in panel.shown.axes)

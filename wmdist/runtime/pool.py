@@ -40,9 +40,10 @@ START_TIMEOUT_S = 120.0
 # Preloaded in the forkserver, so every rank forks with them already imported and shares their
 # pages. Heavier, rarely used imports are left to the demos that need them, because every
 # preloaded module costs memory in the whole tree (measured: torch.distributed.checkpoint
-# +30 to 50 MB, torch.distributed.optim +80 MB over 8 ranks; DDP's first construction pulls
-# in torch._dynamo, 2 s).
-_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "wmdist.comm", "wmdist.runtime.rank", "wmdist.models"]
+# +30 to 50 MB, torch.distributed.optim +80 MB over 8 ranks). `frozen` comes last: it adds
+# torch._dynamo, which every torch optimizer imports, and freezes the garbage collector (why: its docstring).
+_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "wmdist.comm", "wmdist.runtime.rank", "wmdist.models",
+            "wmdist.runtime.frozen"]
 
 
 # --- parent side ------------------------------------------------------------------
