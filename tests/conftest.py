@@ -45,3 +45,14 @@ def no_leftover_ranks():
     extra = {p for p in extra if "forkserver" not in " ".join(psutil.Process(p).cmdline())
              and "resource_tracker" not in " ".join(psutil.Process(p).cmdline())}
     assert not extra, f"processes left behind: {extra}"
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread in the test process, as in every rank: tiny matrices gain nothing from a
+    second thread, and on a shared 2-core machine it only contends with the ranks."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

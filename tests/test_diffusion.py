@@ -21,12 +21,7 @@ PICARD = SamplingSpec(batch=1, steps=8)
 SLEEP = 0.01                                             # modelled seconds per evaluation in the timing demo
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 
 
 # --- every demo at every world size from 1 to 8 ------------------------------------------

@@ -13,13 +13,7 @@ from wmdist.diffusion.sampler import initial_noise, picard_sample, running_sum_t
 CFG = DenoiserConfig()                       # 4 frames of 4 x 4 tokens (S = 64), C = 8, D = 16, 2 heads
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: a second intra-op thread only adds contention on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 
 
 @pytest.fixture(scope="module")

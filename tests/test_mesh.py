@@ -36,12 +36,7 @@ SHAPE = StepShape(width=24, heads=6, hidden=96, layers=5, seq_len=12, batch=7, m
                   cp=3, buckets=3, max_len=12)       # uneven heads (6 over 4), layers (5 over 2), rows (7 over 2, 3)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 
 
 # --- the formulas, without processes ------------------------------------------------------------

@@ -14,12 +14,7 @@ from wmdist.tensor_parallel.block import block_shape
 SHAPE = block_shape(D.CONFIG, D.BATCH, D.SEQ)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 
 
 # --- the formulas, without processes ---------------------------------------------------------
