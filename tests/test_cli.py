@@ -17,10 +17,6 @@ from wmdist.cli import main
 from wmdist.report import Check, Report
 
 
-def wmdist(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wmdist", *args], capture_output=True, text=True, timeout=300)
-
-
 def test_list_names_the_ring_demo(capsys):
     assert main(["list"]) == 0
     assert "ring-allreduce" in capsys.readouterr().out
@@ -31,12 +27,6 @@ def test_verify_json_is_a_list_of_report_dicts(capsys):
     reports = json.loads(capsys.readouterr().out)
     assert [(r["name"], r["world_size"], r["passed"]) for r in reports] == [("ring-allreduce", 3, True)]
     assert {row["quantity"] for row in reports[0]["exact"]} == {"bytes sent", "rounds"}
-
-
-def test_verify_table_and_exit_status_from_a_real_process():
-    done = wmdist("verify", "ring-allreduce", "-n", "2")
-    assert done.returncode == 0, done.stderr
-    assert "ring-allreduce  2" in done.stdout and "PASS" in done.stdout
 
 
 def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
@@ -69,11 +59,29 @@ def test_usage_errors_are_one_clear_line(args, message, capsys):
     assert err.count("\n") <= 2, "usage line and one error line"
 
 
-def test_a_usage_error_from_the_real_executable():
-    done = wmdist("verify", "-n", "1", "latent-seeds")
-    assert done.returncode == 2
-    assert "latent-seeds needs at least 2 ranks, got 1" in done.stderr and "Traceback" not in done.stderr
-    assert done.stderr.count("\n") <= 2, "usage line and one error line"
+def test_the_real_executable_table_usage_error_and_a_reader_that_stops():
+    """Three `wmdist` commands in real processes, started together (each mostly imports torch):
+    a table with exit status 0; a usage error, one line and exit status 2; and `verify ... | head`,
+    whose reader leaves before the table is printed, exits quietly."""
+    cmd = [sys.executable, "-m", "wmdist", "verify"]
+    table, usage, piped = (subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           for args in (["ring-allreduce", "-n", "2"], ["-n", "1", "latent-seeds"],
+                                        ["ring-allreduce", "-n", "1"]))
+    try:
+        piped.stdout.close()
+        piped_err = piped.stderr.read()
+        out, err = table.communicate(timeout=300)
+        assert table.returncode == 0, err
+        assert "ring-allreduce  2" in out and "PASS" in out
+        _, err = usage.communicate(timeout=300)
+        assert usage.returncode == 2
+        assert "latent-seeds needs at least 2 ranks, got 1" in err and "Traceback" not in err
+        assert err.count("\n") <= 2, "usage line and one error line"
+        assert piped.wait(timeout=300) == 0, piped_err
+        assert "Traceback" not in piped_err and "BrokenPipe" not in piped_err
+    finally:
+        for proc in (table, usage, piped):
+            proc.kill()
 
 
 def test_verify_reports_progress_before_each_run_and_at_the_end():
@@ -105,16 +113,6 @@ def test_verify_at_one_size_leaves_out_the_demos_that_cannot_run_there():
     assert ("activation-checkpointing", 2) not in runs and "one process only" in left_out["activation-checkpointing"]
     assert ("ring-allreduce", 2) in runs and all(n == 2 for _, n in runs)
     assert "latent-seeds" in plan(None, 1)[1]
-
-
-def test_verify_piped_into_a_reader_that_stops_exits_quietly():
-    # `wmdist verify ... | head`: the reader leaves before the table is printed.
-    proc = subprocess.Popen([sys.executable, "-m", "wmdist", "verify", "ring-allreduce", "-n", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc.stdout.close()
-    err = proc.stderr.read()
-    assert proc.wait(timeout=300) == 0, err
-    assert "Traceback" not in err and "BrokenPipe" not in err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])

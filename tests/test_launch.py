@@ -205,7 +205,15 @@ def test_unguarded_script_and_stdin_programs_work(tmp_path):
                "print('RESULT', wmdist.run(f, 3))\n")
     script = tmp_path / "unguarded.py"
     script.write_text(program)
-    for cmd, stdin in (([sys.executable, str(script)], None), ([sys.executable, "-"], program)):
-        done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.count("RESULT") == 1 and "RESULT [3.0, 3.0, 3.0]" in done.stdout
+    # Both programs at once: each is mostly a fresh interpreter importing torch, one core each.
+    procs = [(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True), stdin)
+             for cmd, stdin in (([sys.executable, str(script)], ""), ([sys.executable, "-"], program))]
+    try:
+        for proc, stdin in procs:
+            out, err = proc.communicate(input=stdin, timeout=120)
+            assert proc.returncode == 0, err
+            assert out.count("RESULT") == 1 and "RESULT [3.0, 3.0, 3.0]" in out
+    finally:
+        for proc, _ in procs:
+            proc.kill()
