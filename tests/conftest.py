@@ -56,3 +56,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def torchrun_env() -> dict[str, str]:
+    """This environment for a fresh torchrun job: gloo forced, one thread, the parent's torchrun variables dropped."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    return {**env, "OMP_NUM_THREADS": "1", "WMDIST_BACKEND": "gloo"}
+
+
+def torchrun_two_nodes(procs_per_node: int, argv: list[str], timeout: float = 300) -> list[tuple[int, str, str]]:
+    """Run `torchrun ... argv` as two "nodes" on 127.0.0.1, both at once; (returncode, stdout, stderr) per node.
+
+    The environment is torchrun_env()."""
+    import subprocess
+    import sys
+    env = torchrun_env()
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+                               "--nproc-per-node", str(procs_per_node), "--master-addr", "127.0.0.1",
+                               "--master-port", str(port), *argv],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for node in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]

@@ -9,36 +9,16 @@ by node).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from conftest import free_port
+from conftest import torchrun_two_nodes
 
 from wmdist.comm import Mesh
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    return {**env, "OMP_NUM_THREADS": "1", "WMDIST_BACKEND": "gloo"}
-
 
 def test_mesh_demo_on_two_nodes_of_two_processes():
-    port = free_port()
-    procs = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
-                               "--master-addr", "127.0.0.1", "--master-port", str(port),
-                               "-m", "wmdist", "verify", "mesh-2d", "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-             for node in (0, 1)]
-    try:
-        outs = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs
-    stdout = outs[0][0]
+    nodes = torchrun_two_nodes(2, ["-m", "wmdist", "verify", "mesh-2d", "--json"])
+    assert [code for code, _, _ in nodes] == [0, 0], nodes
+    stdout = nodes[0][1]
     reports = json.loads(stdout[stdout.index("["):])
     assert [(r["name"], r["world_size"], r["passed"]) for r in reports] == [("mesh-2d", 4, True)]
     exact = reports[0]["exact"]

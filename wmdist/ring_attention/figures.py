@@ -22,8 +22,13 @@ def _f(values: tuple[int, ...] | list[int]) -> list[float]:
     return [float(v) for v in values]
 
 
-def _mark(ax: plt.Axes, x: float) -> None:
-    ax.axvline(x, color="0.5", ls=":", lw=1)
+def _finish(ax: plt.Axes, title: str, xlabel: str, ylabel: str, mark: float | None = None) -> None:
+    """Title, axis labels and legend, alike on every axes; `mark`: a dotted line at the configured value."""
+    if mark is not None:
+        ax.axvline(mark, color="0.5", ls=":", lw=1)
+    ax.set_title(title, fontsize=10)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.legend(fontsize=8)
 
 
 def _blank(into: Figure | None) -> tuple[Figure, list[plt.Axes]]:
@@ -65,18 +70,12 @@ def _traffic(c: TrafficConfig, r: TrafficResult, measured: RingMeasurement | Non
     if measured is not None:
         ax.loglog([measured.seq_len] * len(measured.sent), measured.sent, "ko", ms=5,
                   label=f"measured, N={measured.world_size}")
-    _mark(ax, c.seq_len)
-    ax.set_title("forward K, V bytes sent per rank", fontsize=10)
-    ax.set(xlabel="S (tokens)", ylabel="bytes")
-    ax.legend(fontsize=8)
+    _finish(ax, "forward K, V bytes sent per rank", "S (tokens)", "bytes", mark=c.seq_len)
 
     ax = axes[1]
     ax.loglog(s, _f(r.flops_s), color="tab:green", label="attention FLOPs (all ranks)")
     ax.loglog(s, _f(r.total_sent_s), color="tab:blue", label="K, V bytes sent (all ranks)")
-    _mark(ax, c.seq_len)
-    ax.set_title("arithmetic ~ S^2, traffic ~ S", fontsize=10)
-    ax.set(xlabel="S (tokens)", ylabel="FLOPs / bytes")
-    ax.legend(fontsize=8)
+    _finish(ax, "arithmetic ~ S^2, traffic ~ S", "S (tokens)", "FLOPs / bytes", mark=c.seq_len)
 
     ax = axes[2]
     ax.loglog(s, _f(r.kv_storage_s), color="tab:blue", label="K, V held per rank (2 blocks)")
@@ -84,10 +83,7 @@ def _traffic(c: TrafficConfig, r: TrafficResult, measured: RingMeasurement | Non
     ax.loglog(s, _f(r.scores_full_s), color="tab:red", ls="--", label="full S x S scores (1 process)")
     if measured is not None:
         ax.loglog([measured.seq_len] * len(measured.peak), measured.peak, "ko", ms=5, label="measured peak per rank")
-    _mark(ax, c.seq_len)
-    ax.set_title("memory per rank", fontsize=10)
-    ax.set(xlabel="S (tokens)", ylabel="bytes")
-    ax.legend(fontsize=8)
+    _finish(ax, "memory per rank", "S (tokens)", "bytes", mark=c.seq_len)
 
     ax = axes[3]
     blocks = [2 ** i for i in range(4, 17)]
@@ -96,25 +92,17 @@ def _traffic(c: TrafficConfig, r: TrafficResult, measured: RingMeasurement | Non
     ax.loglog(blocks, [scale[1] * x for x in blocks], color="tab:blue", label="send next K, V ~ c")
     ax.axvline(r.min_block, color="k", lw=1, label=f"c* = {r.min_block}")
     ax.plot([r.tokens_per_rank], [r.step_compute_s], "o", color="tab:green" if r.hides else "tab:red")
-    ax.set_title(f"overlap on {c.device}", fontsize=10)
-    ax.set(xlabel="c = S/N tokens per rank", ylabel="seconds per step")
-    ax.legend(fontsize=8)
+    _finish(ax, f"overlap on {c.device}", "c = S/N tokens per rank", "seconds per step")
 
     ax = axes[4]
     for k, ys in r.parallel_s.items():
         ax.loglog(s, _f(ys), color=COLORS[k], label=k)
-    _mark(ax, c.seq_len)
-    ax.set_title("bytes per rank, one layer and step", fontsize=10)
-    ax.set(xlabel="S (tokens)", ylabel="bytes")
-    ax.legend(fontsize=8)
+    _finish(ax, "bytes per rank, one layer and step", "S (tokens)", "bytes", mark=c.seq_len)
 
     ax = axes[5]
     for k, ys in r.parallel_w.items():
         ax.loglog(_f(r.width_grid), _f(ys), color=COLORS[k], label=k)
-    _mark(ax, c.width)
-    ax.set_title(f"same, over width h (S = {c.seq_len:,})", fontsize=10)
-    ax.set(xlabel="h = heads x head width", ylabel="bytes")
-    ax.legend(fontsize=8)
+    _finish(ax, f"same, over width h (S = {c.seq_len:,})", "h = heads x head width", "bytes", mark=c.width)
     for ax in fig.axes:
         ax.minorticks_off()
         ax.xaxis.set_major_formatter(DECADES)
