@@ -8,11 +8,14 @@ demo state (the ledger) is made fresh for every call.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Iterable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from wmdist.comm.ledger import Ledger
 
@@ -20,19 +23,51 @@ if TYPE_CHECKING:
     from wmdist.comm.mesh import Mesh
 
 
+# new_group looks its naming function up in torch's module at call time; swapping that function for one
+# call is process-wide, so two threads of one process (under torchrun) must not make groups at once.
+_NAMING = threading.Lock()
+
+
+def group_name(ranks: tuple[int, ...]) -> str:
+    """The store prefix of the cached group of these global ranks: a function of the ranks alone."""
+    return "wmdist-group-" + "-".join(map(str, ranks))
+
+
+def new_named_group(ranks: tuple[int, ...], timeout: timedelta | None = None) -> dist.ProcessGroup:
+    """dist.new_group(ranks, use_local_synchronization=True), named by `group_name(ranks)` only.
+
+    torch (2.13) names such a group from its ranks *and* the number of groups
+    this process has made so far, and the members rendezvous in the store under
+    that name. Members with different histories (rank 0 made group (0, 1) in an
+    earlier call, rank 2 did not) then wait under different names for ever. A
+    name from the ranks alone makes every member meet under the same one,
+    whatever groups each made before, in this call or an earlier one.
+    """
+    original = getattr(c10d, "_process_group_name", None)
+    if original is None:        # another torch: its own naming (history-dependent names may return)
+        return dist.new_group(list(ranks), timeout=timeout, use_local_synchronization=True)
+    with _NAMING:
+        c10d._process_group_name = lambda _ranks, use_hashed_name: c10d.GroupName(group_name(ranks))
+        try:
+            return dist.new_group(list(ranks), timeout=timeout, use_local_synchronization=True)
+        finally:
+            c10d._process_group_name = original
+
+
 @dataclass
 class RankResources:
     """Per-process resources reused across calls: subgroups by rank tuple, receive buffers by size."""
     groups: dict[tuple[int, ...], dist.ProcessGroup] = field(default_factory=dict)
     buffers: dict[tuple[torch.dtype, str], torch.Tensor] = field(default_factory=dict)
+    timeout: timedelta | None = None         # for the groups it makes (None: torch's default)
 
     def group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         """The gloo/NCCL group of these global ranks, created on first use (members only)."""
         if ranks not in self.groups:
-            # Hashed group names and local synchronization: only the members of a group take part in
-            # creating it, so a rank never waits for groups it is not in. All ranks create groups in
-            # the same order (the same code runs everywhere), which keeps overlapping groups safe.
-            self.groups[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
+            # Local synchronization: only the members of a group take part in creating it, so a rank
+            # never waits for groups it is not in; the name depends on the ranks alone (new_named_group).
+            # Overlapping groups are safe when every rank asks for its groups in one global order.
+            self.groups[ranks] = new_named_group(ranks, self.timeout)
         return self.groups[ranks]
 
     def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -78,7 +113,13 @@ class Context:
             raise ValueError(f"ranks must be distinct integers in [0, {self.world_size}), got {list(ranks)}")
         if self.rank not in key:
             raise ValueError(f"rank {self.rank} asked for group {list(key)} it is not a member of")
-        return self.resources.group(key)
+        if key in self.resources.groups:
+            return self.resources.groups[key]
+        # Making a group waits for every member: noted like a communication, so a hang here is named.
+        self.ledger.enter(f"create group {list(key)} (every member must ask for it)")
+        group = self.resources.group(key)
+        self.ledger.leave()
+        return group
 
     def axis_group(self, mesh: Mesh, axis: str) -> dist.ProcessGroup:
         """This rank's group along one mesh axis (the ranks that differ only in that coordinate)."""

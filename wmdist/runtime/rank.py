@@ -134,7 +134,8 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
     except BaseException:
         _reply(conn, "error", traceback.format_exc(), "")
         os._exit(1)
-    resources = RankResources()      # process groups and buffers: kept across calls, never demo state
+    # Process groups and buffers: kept across calls, never demo state; its groups time out with the world's.
+    resources = RankResources(timeout=timedelta(seconds=group_timeout_s))
     while True:
         try:
             message = conn.recv_bytes()
