@@ -73,11 +73,14 @@ def test_widget_classes_and_value():
 
 def test_reveal_without_a_guess_then_with_one():
     guess = Prediction(QUESTION, unit="B")
-    reveal = guess.reveal(measured=6000, formula=6000, formula_text="2(N-1)/N G", why="see above")
-    assert "wmdist-reveal" in reveal.view._dom_classes
-    assert NO_GUESS in repr(reveal) and NO_GUESS in reveal.view.value
+    reveal = guess.reveal(measured=600020, formula=600018, formula_text="2(N-1)G/N", why="see above")
+    assert reveal.verdict.guess is None and NO_GUESS in repr(reveal)
+    assert "0.000333% below the measurement" in reveal.text
     bundle = reveal._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"}          # static: nothing a fresh notebook cannot render
     assert bundle["text/plain"] == reveal.text and "wmdist-reveal" in bundle["text/html"]
-    guess.value = "4000"          # typed after the reveal ran: the reveal redraws
-    assert reveal.verdict.relative_error == pytest.approx(-1 / 3)
-    assert "33.3% below" in reveal.view.value and "33.3% below" in reveal.text
+    assert repr(guess.reveal(measured=600020, formula=600018, formula_text="2(N-1)G/N", why="see above")) == reveal.text
+    guess.value = "400000"          # a guess typed, then the reveal cell run again
+    again = guess.reveal(measured=600020, formula=600018)
+    assert again.verdict.relative_error == pytest.approx(400000 / 600020 - 1)
+    assert "33.3% below" in again.text and "33.3% below" in again.html

@@ -9,8 +9,8 @@ ratio), and a pointer to the sentence that explains the difference (CSS class `w
 The comparison itself is pure: `parse_guess` reads the box, `compare` turns guess, formula and
 measurement into a frozen `Verdict`, and `verdict_text` / `verdict_html` render it, with no
 timestamps or widget ids, so a reveal without a guess ("no guess entered") prints the same on
-every run and nbval can store it. The widgets only hold the box and redraw the reveal when the
-box changes, so a guess typed after the reveal cell ran still gets its comparison.
+every run and nbval can store it. Only the question and its box are a widget; the reveal is a
+static record of the comparison (run its cell again after changing the guess).
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def compare(guess: float | None, measured: float, formula: float | None = None) 
     else:
         side = "above" if rel > 0 else "below"
         word = "close: " if abs(rel) <= CLOSE else ""
-        summary = f"{word}{abs(rel):.1%} {side} the measurement ({ratio:.3g}x it)"
+        summary = f"{word}{_percent(rel)} {side} the measurement ({ratio:.3g}x it)"
     return Verdict(guess, measured, formula, guess - measured, rel, ratio,
                    None if formula is None else _relative(formula, measured), summary)
 
@@ -102,6 +102,11 @@ def format_number(x: float, unit: str = "") -> str:
     return f"{body} {unit}".rstrip()
 
 
+def _percent(rel: float) -> str:
+    """|rel| as a percentage with 3 significant digits (33.3%, 0.000333%)."""
+    return f"{abs(rel) * 100:.3g}%"
+
+
 def _formula_line(v: Verdict) -> str:
     if v.formula is None:
         return ""
@@ -110,7 +115,7 @@ def _formula_line(v: Verdict) -> str:
     if v.formula_relative_error is None:
         return f"differs from the measurement by {format_number(v.formula - v.measured)}"
     side = "above" if v.formula_relative_error > 0 else "below"
-    return f"{abs(v.formula_relative_error):.1%} {side} the measurement"
+    return f"{_percent(v.formula_relative_error)} {side} the measurement"
 
 
 def _rows(v: Verdict, unit: str, formula_text: str) -> list[tuple[str, str, str]]:
@@ -145,50 +150,34 @@ def verdict_html(question: str, v: Verdict, unit: str = "", formula_text: str = 
             f"<table>{cells}</table>{tail}</div>")
 
 
+@dataclass(frozen=True)
 class Reveal:
-    """The answer to one `Prediction`: redrawn whenever its guess box changes.
+    """The answer to one `Prediction`, for the guess that was in its box when `reveal` ran.
 
-    `.verdict` is the pure comparison for the box's current value, `.text` its plain-text form
-    (also the repr). In a notebook it shows as an HTML widget of class `wmdist-reveal`; where no
-    widget can render, as the same table in static HTML or as text.
+    Static on purpose: a notebook stores it as plain text and HTML (class `wmdist-reveal`), the
+    same on every run without a guess, with no widget id that a freshly opened notebook could
+    not find. To compare a new guess, run the reveal cell again.
     """
 
-    def __init__(self, prediction: Prediction, measured: float, formula: float | None = None,
-                 formula_text: str = "", why: str = ""):
-        self.prediction = prediction
-        self.measured, self.formula = float(measured), None if formula is None else float(formula)
-        self.formula_text, self.why = formula_text, why
-        self.view = W.HTML()
-        self.view.add_class("wmdist-reveal")
-        prediction.box.observe(lambda _change: self._redraw(), "value")
-        self._redraw()
-
-    @property
-    def verdict(self) -> Verdict:
-        """The comparison for the guess in the box now (an unreadable guess counts as none)."""
-        return compare(self.prediction.guess, self.measured, self.formula)
+    question: str
+    unit: str
+    verdict: Verdict
+    formula_text: str = ""
+    why: str = ""
 
     @property
     def text(self) -> str:
-        p = self.prediction
-        return verdict_text(p.question, self.verdict, p.unit, self.formula_text, self.why)
+        return verdict_text(self.question, self.verdict, self.unit, self.formula_text, self.why)
 
     @property
     def html(self) -> str:
-        p = self.prediction
-        return verdict_html(p.question, self.verdict, p.unit, self.formula_text, self.why)
-
-    def _redraw(self) -> None:
-        self.view.value = self.html
+        return verdict_html(self.question, self.verdict, self.unit, self.formula_text, self.why)
 
     def __repr__(self) -> str:
         return self.text
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        bundle = dict(self.view._repr_mimebundle_(**kwargs) or {})
-        bundle["text/plain"] = self.text
-        bundle["text/html"] = self.html
-        return bundle
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
+        return {"text/plain": self.text, "text/html": self.html}
 
 
 class Prediction:
@@ -231,12 +220,12 @@ class Prediction:
         except ValueError as err:
             self.status.value = str(err)
             return
-        self.status.value = "" if g is None else f"your guess: {format_number(g, self.unit)}"
+        self.status.value = "" if g is None else f"your guess: {format_number(g, self.unit)}; the reveal cell compares it"
 
     def reveal(self, measured: float, formula: float | None = None, formula_text: str = "",
                why: str = "") -> Reveal:
         """The guess, the formula and the measurement side by side, and what explains the gap."""
-        return Reveal(self, measured, formula, formula_text, why)
+        return Reveal(self.question, self.unit, compare(self.guess, measured, formula), formula_text, why)
 
     def __repr__(self) -> str:
         return f"Predict: {self.question} [{self.box.value or '...'}] {self.unit}".rstrip()
