@@ -16,17 +16,72 @@ If rank i posted more sends to rank j than j posted receives from i (or
 fewer), the parent fails that call naming both ranks and replaces the pool,
 so nothing stale reaches the next call. Matched transfers nobody waited for
 are then waited for, with a bound in case their tags disagree.
+
+Collectives are the same trap: gloo pairs the n-th collective posted on a
+group on one rank with the n-th on every other member, so an async
+all-reduce that only rank 0 posted (ranks that disagree on their bucket
+count) makes the *next* call's first all-reduce pair with it. The same
+wrapper counts every collective each rank posts on each group (by the
+group's global ranks, with a checksum of the op names in order); the parent
+checks that every member of every group posted the same sequence, and
+otherwise fails the call naming the ranks and the op.
 """
 from __future__ import annotations
 
 import time
+import zlib
+from collections import deque
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from wmdist.comm import Ledger
+
 DRAIN_TIMEOUT_S = 30.0    # matched transfers finish in milliseconds; only disagreeing tags take this long
+TAIL = 16                 # the last collectives kept per group, to name the one another rank lacks
+# ProcessGroup's collective methods (torch 2.13; absent ones are skipped), by the name a user knows them by.
+COLLECTIVES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
+               "allgather_coalesced": "all_gather_coalesced", "allgather_into_tensor_coalesced": "all_gather_coalesced",
+               "all_gather_single": "all_gather_single", "all_gather_single_coalesced": "all_gather_coalesced",
+               "_allgather_base": "all_gather_single", "reduce_scatter": "reduce_scatter",
+               "reduce_scatter_single": "reduce_scatter_single",
+               "reduce_scatter_single_coalesced": "reduce_scatter_coalesced",
+               "reduce_scatter_tensor_coalesced": "reduce_scatter_coalesced", "_reduce_scatter_base": "reduce_scatter_single",
+               "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single",
+               "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+               "barrier": "barrier", "monitored_barrier": "monitored_barrier"}
+# Per group (its global ranks): (collectives posted, checksum of their names in order, the last TAIL as (index, name)).
+Posted = dict[tuple[int, ...], tuple[int, int, list[tuple[int, str]]]]
+
+
+def unmatched_collectives(posted: list[Posted]) -> tuple[int, tuple[int, ...], str] | None:
+    """The first group whose members posted different collectives: (rank to blame, ranks involved, what), or None.
+
+    posted[r] is rank r's Posted; a member that never used the group posted nothing on it.
+    """
+    n = len(posted)
+    for key in sorted({k for p in posted for k in p}):
+        members = [r for r in key if r < n]
+        seen = {r: posted[r].get(key, (0, 0, [])) for r in members}
+        if len({(count, crc) for count, crc, _ in seen.values()}) <= 1:
+            continue
+        counts = {r: seen[r][0] for r in members}
+        fewest, most = min(counts.values()), max(counts.values())
+        if most > fewest:
+            culprit = next(r for r in members if counts[r] == most)
+            behind = [r for r in members if counts[r] == fewest]
+            op = dict(seen[culprit][2]).get(fewest, "a collective")
+            return culprit, tuple(members), (
+                f"posted {op} on group {list(key)} (its collective #{fewest + 1} there) that rank(s) "
+                f"{', '.join(map(str, behind))} never posted; collectives posted on that group in this call, by rank: "
+                f"{counts}")
+        names = {r: [name for _, name in seen[r][2]] for r in members}
+        return members[0], tuple(members), (f"and the other members of group {list(key)} posted different "
+                                            f"collectives in this call (last ones, by rank: {names})")
+    return None
 
 
 def unmatched(sent: list[list[int]], received: list[list[int]], any_source: list[int]) -> tuple[int, str] | None:
@@ -54,18 +109,59 @@ def unmatched(sent: list[list[int]], received: list[list[int]], any_source: list
 
 
 class MessageAudit:
-    """Counts this rank's posted point-to-point ops during one call and checks them at its end."""
+    """Counts this rank's posted point-to-point ops and collectives during one call and checks them at its end."""
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
         self.begin()
 
-    def begin(self) -> None:
-        """Start a call with no messages counted."""
+    def begin(self, ledger: Ledger | None = None) -> None:
+        """Start a call with nothing counted; a raw dist op is noted in `ledger` as the rank's last op."""
         self.sent = [0] * self.world_size
         self.received = [0] * self.world_size
         self.any_source = 0
         self.pending: list[tuple[Any, str]] = []     # (Work, description) not yet completed
+        self.collectives: dict[tuple[int, ...], list] = {}   # group's global ranks: [count, crc, tail]
+        self._ranks: dict[int, tuple[int, ...] | None] = {}  # id(group) -> its global ranks, this call
+        self.ledger = ledger
+
+    def _group_ranks(self, group: Any) -> tuple[int, ...] | None:
+        key = self._ranks.get(id(group), ())
+        if key == ():
+            try:
+                key = tuple(dist.get_process_group_ranks(group))
+            except (ValueError, RuntimeError):
+                key = None         # a group torch does not know the ranks of: cannot be attributed
+            self._ranks[id(group)] = key
+        return key
+
+    def collective(self, method: str, group: Any, work: Any) -> None:
+        """Count one posted collective on `group` (`method` is ProcessGroup's name for it)."""
+        key = self._group_ranks(group)
+        if key is None:
+            return
+        name = COLLECTIVES[method]
+        entry = self.collectives.setdefault(key, [0, 0, deque(maxlen=TAIL)])
+        entry[2].append((entry[0], name))
+        entry[0] += 1
+        entry[1] = zlib.crc32(name.encode(), entry[1])
+        self._keep(work, f"its {name} on group {list(key)}")
+
+    def _keep(self, work: Any, what: str) -> None:
+        if work is not None and not work.is_completed():
+            if len(self.pending) >= 64:
+                self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
+            self.pending.append((work, what))
+
+    def _raw(self, text: str, call: Callable[[], Any]) -> Any:
+        """Run a dist op, noted as the rank's last op unless a counted op already is (so a hang names it)."""
+        ledger = self.ledger
+        if ledger is None or ledger.in_progress:
+            return call()
+        ledger.enter(f"{text} (a raw torch.distributed call, not counted)")
+        work = call()
+        ledger.leave()
+        return work
 
     def posted(self, kind: str, group: Any, peer: int | None, tag: int, work: Any) -> None:
         """Count one posted op (`peer` is a group rank; None: a receive from any rank)."""
@@ -79,42 +175,63 @@ class MessageAudit:
                 return    # a group torch does not know the ranks of: cannot be attributed
             (self.sent if kind == "send" else self.received)[peer] += 1
             where = f"rank {peer}"
-        if work is not None and not work.is_completed():
-            if len(self.pending) >= 64:
-                self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
-            self.pending.append((work, f"its {kind} {'to' if kind == 'send' else 'from'} {where} (tag {tag})"))
+        self._keep(work, f"its {kind} {'to' if kind == 'send' else 'from'} {where} (tag {tag})")
 
     def install(self) -> MessageAudit:
-        """Count every send/recv posted in this process from now on (call once per rank process)."""
+        """Count every send/recv and collective posted in this process from now on (once per rank process)."""
         cls = dist.ProcessGroup
         send, recv, recv_any = cls.send, cls.recv, cls.recv_anysource
         audit = self
 
         def counted_send(group: Any, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
-            work = send(group, tensors, dst, tag)
+            work = audit._raw(f"dist.send to group rank {dst} (tag {tag})", lambda: send(group, tensors, dst, tag))
             audit.posted("send", group, dst, tag, work)
             return work
 
         def counted_recv(group: Any, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
-            work = recv(group, tensors, src, tag)
+            work = audit._raw(f"dist.recv from group rank {src} (tag {tag})", lambda: recv(group, tensors, src, tag))
             audit.posted("receive", group, src, tag, work)
             return work
 
         def counted_recv_any(group: Any, tensors: list[torch.Tensor], tag: int = 0) -> Any:
-            work = recv_any(group, tensors, tag)
+            work = audit._raw(f"dist.recv from any rank (tag {tag})", lambda: recv_any(group, tensors, tag))
             audit.posted("receive", group, None, tag, work)
             return work
 
         cls.send, cls.recv, cls.recv_anysource = counted_send, counted_recv, counted_recv_any
+        wait = dist.Work.wait
+
+        def noted_wait(work: Any, *args: Any, **kwargs: Any) -> Any:     # dist.barrier() etc. wait inside torch
+            what = next((text[4:] for w, text in audit.pending if w is work), "a torch.distributed op")
+            return audit._raw(f"wait for {what}", lambda: wait(work, *args, **kwargs))
+
+        dist.Work.wait = noted_wait
+        for method in COLLECTIVES:
+            if hasattr(cls, method):
+                setattr(cls, method, self._counting(method, getattr(cls, method)))
         return self
 
-    def counts(self) -> tuple[list[int], list[int], int, int]:
-        """(sends posted to each rank, receives posted from each rank, receives from any rank, ops never waited for)."""
+    def _counting(self, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        audit = self
+
+        def counted_collective(group: Any, *args: Any, **kwargs: Any) -> Any:
+            text = f"dist.{COLLECTIVES[method]} on group {list(audit._group_ranks(group) or ())}"
+            work = audit._raw(text, lambda: original(group, *args, **kwargs))
+            audit.collective(method, group, work)
+            return work
+
+        return counted_collective
+
+    def counts(self) -> tuple[list[int], list[int], int, int, Posted]:
+        """(sends posted to each rank, receives posted from each rank, receives from any rank, ops never waited
+        for, collectives posted on each group)."""
         unwaited = sum(1 for work, _ in self.pending if not work.is_completed())
-        return self.sent, self.received, self.any_source, unwaited
+        posted = {key: (count, crc, list(tail)) for key, (count, crc, tail) in self.collectives.items()}
+        return self.sent, self.received, self.any_source, unwaited, posted
 
     def drain(self) -> str | None:
         """Wait for the ops the call never waited for (all matched); describe one that does not finish, or None."""
+        self.ledger = None              # the call is over: its ledger no longer names what this rank does
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         for work, what in self.pending:
             if work.is_completed():      # waited for by the call (a gloo work must be waited for only once)

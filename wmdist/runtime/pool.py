@@ -29,7 +29,7 @@ import cloudpickle
 
 from wmdist.runtime import cleanup
 from wmdist.runtime.failures import PoolRestartWarning, RankFailure, exit_failure, timeout_failure
-from wmdist.runtime.messages import DRAIN_TIMEOUT_S, unmatched
+from wmdist.runtime.messages import DRAIN_TIMEOUT_S, unmatched, unmatched_collectives
 from wmdist.runtime.rank import STATUS_BYTES, worker_main
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "Pool", "PoolRestartWarning", "RankFailure"]
@@ -165,12 +165,17 @@ class Pool:
         """Fail the call if a send or receive was left unmatched; else let unwaited transfers finish.
 
         counts[r] = (sends rank r posted to each rank, receives it posted from
-        each rank, receives from any rank, ops it never waited for).
+        each rank, receives from any rank, ops it never waited for, collectives
+        it posted on each group).
         """
         problem = unmatched([c[0] for c in counts], [c[1] for c in counts], [c[2] for c in counts])
         if problem is not None:
             raise RankFailure(problem[0], "unmatched", f"{problem[1]}; the call fails so that the message "
                                                        "cannot reach a later call", None)
+        stray = unmatched_collectives([c[4] for c in counts])
+        if stray is not None:
+            raise RankFailure(stray[0], "unmatched", f"{stray[2]}; the call fails so that the collective cannot "
+                                                     "pair with one of a later call", None, stray[1])
         unfinished = [r for r, c in enumerate(counts) if c[3]]
         for r in unfinished:
             self._conns[r].send_bytes(b"drain")

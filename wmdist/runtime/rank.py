@@ -149,7 +149,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
             continue
         ledger = Ledger(rank, on_enter=publish)
         publish("")
-        audit.begin()
+        audit.begin(ledger)
         try:
             fn, args, kwargs = cloudpickle.loads(message)
             result = fn(Context(rank, world_size, ledger, resources=resources), *args, **kwargs)
