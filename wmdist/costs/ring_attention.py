@@ -10,10 +10,14 @@ Conventions (every function below uses them):
   QK^T (head_dim multiply-adds per query-key pair) and PV (head_dim per pair),
   so 4 * head_dim FLOPs per pair and head. Softmax, scaling and masking are
   O(S^2) too but not counted.
-Causal pruning and the backward pass have their own accounting. Skipping an
-all-future block saves its FLOPs, not its bytes: the block still has to
-travel on to ranks that need it. The backward ring circulates K, V again and
-carries the gradients dK, dV to their owners (ring_backward_bytes_per_rank).
+Causal pruning and the backward pass have their own accounting. In the
+uniform ring, skipping an all-future block saves its FLOPs, not its bytes:
+every block goes N-1 hops. The PRUNED ring (contiguous layout, causal) stops
+a block after the last rank that reads it, so rank r sends unequal counts
+(pruned_kv_sends, pruned_grad_sends) and half of the uniform ring's sends go
+(dead_kv_sends); zigzag has no dead send. The backward ring circulates K, V
+again and carries the gradients dK, dV to their owners
+(ring_backward_bytes_per_rank, pruned_ring_bytes_per_rank).
 """
 from __future__ import annotations
 
@@ -84,6 +88,56 @@ def ring_backward_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, b
     """
     block = kv_block_bytes(seq_len, world_size, kv_width, batch, elem_size)
     return ring_kv_sends(world_size) * block, ring_grad_sends(world_size, every_step) * block
+
+
+
+def dead_kv_sends(world_size: int, layout: str, causal: bool = True) -> int:
+    """Forward K, V sends of the uniform ring (N(N-1) in all) whose block no later rank on its way reads.
+
+    Contiguous and causal: block s is read by ranks s..N-1 only, so of its
+    N-1 hops the last s (to ranks 0..s-1) are dead: N(N-1)/2 over all s.
+    Zigzag, or no mask: every rank reads every block, none is dead.
+    """
+    n = require_int("world_size", world_size, 1)
+    if layout not in ("contiguous", "zigzag"):
+        raise ValueError(f"layout must be 'contiguous' or 'zigzag', got {layout!r}")
+    return n * (n - 1) // 2 if require_bool("causal", causal) and layout == "contiguous" else 0
+
+
+def pruned_kv_sends(world_size: int, rank: int) -> int:
+    """K, V sends of rank r in one sweep of the pruned causal ring (contiguous layout): r+1, and 0 on the last rank.
+
+    Rank r holds blocks r, r-1, ..., 0 at steps 0..r, and its right
+    neighbour reads all of them, so it forwards each; the last rank's blocks
+    are read by nobody after it. Sum over ranks: N(N-1)/2. The busiest
+    sender, rank N-2, still sends N-1 blocks, as every rank of the uniform ring does.
+    """
+    n = require_int("world_size", world_size, 1)
+    r = require_int("rank", rank, 0, n - 1)
+    return r + 1 if r < n - 1 else 0
+
+
+def pruned_grad_sends(world_size: int, rank: int) -> int:
+    """dK, dV sends of rank r in the pruned ring's backward: r, one per visiting block it holds.
+
+    A block's partial sum trails the block one step behind, as in the uniform
+    ring; the last rank (N-1) sends each finished sum straight to its owner
+    instead of around the ring. Sum over ranks: N(N-1)/2.
+    """
+    n = require_int("world_size", world_size, 1)
+    return require_int("rank", rank, 0, n - 1)
+
+
+def pruned_ring_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, batch: int = 1,
+                               elem_size: int = 2) -> list[tuple[int, int, int]]:
+    """Per rank: (forward K, V bytes, backward K, V bytes, backward dK, dV bytes) of the pruned causal ring.
+
+    Each message is one K, V block (kv_block_bytes); the backward K, V sweep
+    is pruned exactly as the forward one.
+    """
+    block = kv_block_bytes(seq_len, world_size, kv_width, batch, elem_size)
+    kv = [pruned_kv_sends(world_size, r) * block for r in range(world_size)]
+    return [(b, b, pruned_grad_sends(world_size, r) * block) for r, b in enumerate(kv)]
 
 
 def ring_kv_storage_bytes(seq_len: int, world_size: int, kv_width: int, batch: int = 1, elem_size: int = 2,

@@ -12,8 +12,9 @@ Ring order: queries stay; at step t = 0..N-1 rank r holds the K, V block that
 started on rank (r - t) mod N, having received it from rank r-1.
 Work is counted exactly, in query-key element pairs (per sequence and head):
 a pair (i, j) is computed when j <= i under a causal mask, always otherwise.
-A (rank, step) with zero pairs is skipped under a causal mask, but its block
-still travels: rank r must pass it on to r+1.
+A (rank, step) with zero pairs is skipped under a causal mask. In the uniform
+ring its block still travels on to r+1; `block_reach` says how far each block
+must go at least, which is what the pruned ring (pruned.py) sends.
 """
 from __future__ import annotations
 
@@ -118,3 +119,18 @@ def tile_pairs(seq_len: int, world_size: int, layout: str, block_size: int, caus
 
     return [[sum(live(q, k) for q in cuts[r] for k in cuts[ring_source(r, t, n)]) for t in range(n)]
             for r in range(n)]
+
+
+def block_reach(seq_len: int, world_size: int, layout: str, causal: bool) -> list[int]:
+    """reach[s]: ring hops block s must make, up to the last rank along the ring whose queries see one of its keys.
+
+    Block s sits on rank (s + t) mod N after t hops. It has to travel as far
+    as the LAST such rank with work on it (a rank in between with none would
+    still relay it); beyond that every send is dead. Full attention and
+    zigzag: N-1 for every block, nothing to prune. Contiguous causal: N-1-s,
+    the block stops at the last rank, so N(N-1)/2 of the N(N-1) sends of the
+    uniform ring carry a block nobody downstream reads.
+    """
+    work = step_work(seq_len, world_size, layout, causal)
+    n = len(work)
+    return [max(t for t in range(n) if work[(s + t) % n][t] > 0) for s in range(n)]

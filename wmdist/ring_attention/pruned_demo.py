@@ -1,0 +1,173 @@
+"""The pruned causal ring beside the uniform ring and zigzag: all equal SDPA, and each sends what its formula says.
+
+One call runs four causal float32 cases on every rank, forward then
+backward: the pruned ring and the uniform ring on the contiguous layout, the
+uniform ring on zigzag, and the pruned ring on zigzag (which has nothing to
+prune, so it must send exactly what the uniform ring sends). Outputs and
+gradients are assembled and compared with SDPA on the whole sequence within
+the chapter's derived rounding bound (tolerance.py); the pruned and uniform
+contiguous rings must agree bit for bit. Bytes and messages sent per rank
+and phase, query-key pairs and skipped steps must equal their formulas
+exactly. The trade shows in the counts: pruning halves the contiguous ring's
+sends but leaves its work where the mask puts it, on the last rank; zigzag
+evens the work and sends every block N-1 hops.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from wmdist.comm import Context
+from wmdist.compare import bound_ratio
+from wmdist.costs import ring_attention as costs
+from wmdist.report import Check, Count, Demo, Report, counts_per_rank, exact_check
+from wmdist.ring_attention import layout as lay
+from wmdist.ring_attention.pruned import pruned_backward, pruned_forward
+from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, positions, ring_backward, ring_forward
+from wmdist.ring_attention.spec import RingSpec, default_seq_len
+from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
+from wmdist.runtime import run
+
+CASES = (("pruned", "contiguous"), ("uniform", "contiguous"), ("uniform", "zigzag"), ("pruned", "zigzag"))
+PHASES = (FORWARD, BACKWARD_KV, BACKWARD_GRAD)
+
+
+def case_name(ring: str, layout: str) -> str:
+    """The case key of a Report row, e.g. "pruned contiguous"."""
+    return f"{ring} {layout}"
+
+
+@dataclass(frozen=True)
+class PrunedRank:
+    """One rank's result for one case: rows, output, gradients, ledger bytes and sends by phase, work."""
+    rows: list[int]
+    out: torch.Tensor                                        # (B, H, c, D)
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor]   # dq, dk, dv of this rank's rows
+    sent: dict[str, int]                                     # bytes sent by ledger phase
+    sends: dict[str, int]                                    # messages sent by ledger phase
+    pairs: int                                               # forward query-key pairs computed
+    skipped: int                                             # forward steps with no computation
+
+
+def pruned_cases(ctx: Context, spec: RingSpec) -> dict[str, PrunedRank]:
+    """Rank function: every case, causal, float32, forward and backward, each with a fresh ledger."""
+    q, k, v, dout = spec.inputs("float32")
+    out: dict[str, PrunedRank] = {}
+    for ring, layout in CASES:
+        forward, backward = (pruned_forward, pruned_backward) if ring == "pruned" else (ring_forward, ring_backward)
+        rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+        mine = [x[:, :, rows].contiguous() for x in (q, k, v, dout)]
+        ctx.ledger.reset()
+        o, lse, trace = forward(ctx, *mine[:3], spec.seq_len, layout, True, spec.block_size)
+        *grads, _ = backward(ctx, *mine[:3], o, lse, mine[3], spec.seq_len, layout, True, spec.block_size)
+        phases = ctx.ledger.by_phase()
+        out[case_name(ring, layout)] = PrunedRank(
+            rows.tolist(), o, tuple(grads), {p: t["bytes_sent"] for p, t in phases.items()},
+            {p: t["messages"] for p, t in phases.items()}, sum(trace.pairs), len(trace.skipped))
+    return out
+
+
+def predicted_sends(world_size: int, ring: str, layout: str) -> dict[str, list[int]]:
+    """Messages each rank sends per phase: the pruned formulas on contiguous, the uniform ring's N-1 otherwise."""
+    n = world_size
+    if ring == "pruned" and costs.dead_kv_sends(n, layout):
+        kv = [costs.pruned_kv_sends(n, r) for r in range(n)]
+        return {FORWARD: kv, BACKWARD_KV: kv, BACKWARD_GRAD: [costs.pruned_grad_sends(n, r) for r in range(n)]}
+    return {FORWARD: [costs.ring_kv_sends(n)] * n, BACKWARD_KV: [costs.ring_kv_sends(n)] * n,
+            BACKWARD_GRAD: [costs.ring_grad_sends(n)] * n}
+
+
+def predicted_bytes(spec: RingSpec, world_size: int, ring: str, layout: str) -> dict[str, list[int]]:
+    """Bytes each rank sends per phase, from costs.ring_attention (float32: 4-byte elements)."""
+    args = (spec.seq_len, world_size, spec.kv_width, spec.batch, 4)
+    if ring == "pruned" and costs.dead_kv_sends(world_size, layout):
+        rows = costs.pruned_ring_bytes_per_rank(*args)
+        return {phase: [row[i] for row in rows] for i, phase in enumerate(PHASES)}
+    kv_back, grad_back = costs.ring_backward_bytes_per_rank(*args)
+    return {FORWARD: [costs.ring_kv_bytes_per_rank(*args)] * world_size, BACKWARD_KV: [kv_back] * world_size,
+            BACKWARD_GRAD: [grad_back] * world_size}
+
+
+def _assemble(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
+    full = parts[0].new_empty(parts[0].shape[:2] + (spec.seq_len,) + parts[0].shape[3:])
+    for part, r in zip(parts, rows):
+        full[:, :, r] = part
+    return full
+
+
+def _full(spec: RingSpec, ranks: list[PrunedRank]) -> list[torch.Tensor]:
+    """out, dq, dk, dv of the whole sequence, assembled from the ranks' rows."""
+    rows = [rk.rows for rk in ranks]
+    return [_assemble(spec, [rk.out for rk in ranks], rows)] + \
+        [_assemble(spec, [rk.grads[i] for rk in ranks], rows) for i in range(3)]
+
+
+def _counts(spec: RingSpec, n: int, name: str, ring: str, layout: str, ranks: list[PrunedRank]) -> list[Count]:
+    want_bytes, want_sends = predicted_bytes(spec, n, ring, layout), predicted_sends(n, ring, layout)
+    out: list[Count] = []
+    for phase in PHASES:
+        out += counts_per_rank("bytes sent", [rk.sent.get(phase, 0) for rk in ranks], want_bytes[phase],
+                               phase=phase, case=name)
+        out += counts_per_rank("sends", [rk.sends.get(phase, 0) for rk in ranks], want_sends[phase],
+                               phase=phase, case=name)
+    skipped = lay.skipped_steps(spec.seq_len, n, layout)
+    out += counts_per_rank("query-key pairs", [rk.pairs for rk in ranks], lay.rank_work(spec.seq_len, n, layout, True),
+                           phase=FORWARD, case=name)
+    out += counts_per_rank("steps skipped", [rk.skipped for rk in ranks],
+                           [sum(1 for r, _ in skipped if r == rank) for rank in range(n)], phase=FORWARD, case=name)
+    return out
+
+
+@dataclass(frozen=True)
+class PrunedData:
+    """Per case: forward K, V bytes and query-key pairs per rank, and all three phases' bytes summed over ranks."""
+    forward_bytes: dict[str, list[int]]
+    pairs: dict[str, list[int]]
+    total_bytes: dict[str, int]
+
+
+def pruned_ring_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
+    """Pruned causal ring vs uniform ring vs zigzag on `world_size` ranks: == SDPA, bytes and sends exact."""
+    spec = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
+    for layout in lay.LAYOUTS:
+        spec.check(world_size, layout)
+    start = time.perf_counter()
+    results = run(pruned_cases, world_size, spec)
+    seconds = time.perf_counter() - start
+    q, k, v, dout = spec.inputs("float32")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    want = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    wanted = [want.detach(), *torch.autograd.grad(want, leaves, dout)]
+    tol = tolerance(exact_attention(q, k, v, dout, True), torch.float32, spec.tile(world_size),
+                    spec.key_blocks(world_size))
+    bounds = (tol.out, tol.dq, tol.dk, tol.dv)
+    checks: list[Check] = []
+    exact: list[Count] = []
+    full: dict[str, list[torch.Tensor]] = {}
+    for ring, layout in CASES:
+        name = case_name(ring, layout)
+        ranks = [res[name] for res in results]
+        full[name] = _full(spec, ranks)
+        checks += [Check(f"{name}: {key} == SDPA", bound_ratio(got, ref, bound), 1.0, REASON)
+                   for key, got, ref, bound in zip(("out", "dq", "dk", "dv"), full[name], wanted, bounds)]
+        exact += _counts(spec, world_size, name, ring, layout, ranks)
+    for layout in lay.LAYOUTS:
+        checks.append(exact_check(f"pruned {layout}: out, dq, dk, dv == uniform ring's", full[f"pruned {layout}"],
+                                  full[f"uniform {layout}"], "the same tiles merged in the same order; a dropped "
+                                  "send carried a block nobody read, and a skipped step's dK, dV share is 0"))
+    data = PrunedData({c: [res[c].sent.get(FORWARD, 0) for res in results] for c in full},
+                      {c: [res[c].pairs for res in results] for c in full},
+                      {c: sum(sum(res[c].sent.values()) for res in results) for c in full})
+    params: dict[str, Any] = {"seq_len": spec.seq_len, "batch": spec.batch, "heads": spec.heads,
+                              "head_dim": spec.head_dim, "kv_width": spec.kv_width, "block_size": spec.block_size,
+                              "dead forward sends (contiguous)": costs.dead_kv_sends(world_size, "contiguous")}
+    return Report("ring-attention-pruned", world_size, checks, exact, seconds, params, data)
+
+
+DEMOS = [Demo("ring-attention-pruned", "Pruned causal ring (no dead K, V sends) == SDPA forward and backward, beside "
+              "the uniform ring and zigzag; bytes and sends per rank exact", pruned_ring_demo, world_sizes=(2, 4),
+              chapter="06")]
