@@ -23,14 +23,15 @@ def _chapter_modules() -> list[ModuleType]:
     from wmdist.pipeline import (demos as pp_demos, exercises as pp_exercises, measure as pp_measure,
                                  rollout as pp_rollout, versus_torch as pp_torch)
     from wmdist.ring_attention import (balance as ra_balance, demos as ra_demos, exercises as ra_exercises,
-                                       generation as ra_generation, long_context as ra_long, versus_torch as ra_torch)
+                                       generation as ra_generation, long_context as ra_long, pruned_demo as ra_pruned,
+                                       versus_torch as ra_torch)
     from wmdist.scan import demos as scan_demos
     from wmdist.tensor_parallel import demos as tp_demos, exercises as tp_exercises
 
     return [ring, versus_ddp, pitfalls, buckets, latent_training, latent_demos, zero_demos, activation_recompute,
             sharded_checkpoint, memory_exercises, scan_demos, token_parallel, step_parallel, picard_ranks,
             diffusion_exercises, tp_demos, tp_exercises, pp_demos, pp_torch, pp_measure, pp_rollout, pp_exercises,
-            ra_demos, ra_torch, ra_balance, ra_long, ra_generation, ra_exercises, mesh_demos, mesh_exercises]
+            ra_demos, ra_pruned, ra_torch, ra_balance, ra_long, ra_generation, ra_exercises, mesh_demos, mesh_exercises]
 
 
 def registry() -> dict[str, Demo]:
