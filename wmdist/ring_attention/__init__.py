@@ -13,8 +13,11 @@ On ranks:
   ring.py        ring attention: queries stay, K, V travel with counted isend/irecv overlapped with the
                  block computation; forward (N-1 sends, or the paper's N), backward (K, V again plus
                  dK, dV partial sums, N-1 sends each); `ring_attention` as a differentiable op.
+  pruned.py      the pruned causal ring: a block stops after the last rank that reads it (no dead sends on
+                 the contiguous layout; zigzag has none to drop), forward and backward.
   spec.py        the sizes of a run, refused before any process starts; seeded inputs.
   demos.py       ring == SDPA (fp32, fp64, causal or not, forward and backward), bytes and work exact.
+  pruned_demo.py  pruned ring, uniform ring and zigzag side by side: == SDPA, bytes and sends exact.
   versus_torch.py  torch's private ring template on the same gloo ranks.
   balance.py     causal load balance: contiguous vs zigzag, exact work, measured CPU time.
   long_context.py  a context whose scores exceed a budget, run on N ranks; memory measured.
