@@ -15,6 +15,14 @@ def test_chunk_sizes_follow_tensor_split():
             sizes = costs.ring_chunk_sizes(numel, n)
             assert sizes == [c.numel() for c in torch.tensor_split(torch.empty(numel), n)]
             assert sum(sizes) == numel
+            assert [costs.ring_chunk_size(numel, n, i) for i in range(n)] == sizes      # the closed form, alone
+
+
+def test_ring_costs_of_a_huge_world_need_no_list_of_its_chunks():
+    n = 10 ** 12                                         # a list of n sizes would take terabytes
+    assert costs.ring_chunk_size(7 * 10 ** 9, n, 0) == 1 and costs.ring_chunk_size(7 * 10 ** 9, n, n - 1) == 0
+    assert costs.ring_reduce_scatter_bytes(7 * 10 ** 9, n, 0) == (7 * 10 ** 9 - 1) * 4
+    assert costs.ring_all_gather_bytes(7 * 10 ** 9, n, n - 1) == (7 * 10 ** 9 - 1) * 4     # right neighbour: rank 0
 
 
 @pytest.mark.parametrize("n", range(1, 9))
@@ -59,6 +67,9 @@ def test_bubble_fraction():
     (lambda: costs.allreduce_time(2, 1, 1, -5), "payload_bytes must be a finite number >= 0"),
     (lambda: costs.allreduce_time(2, 1, math.nan, 1), "beta must be a finite number"),
     (lambda: costs.ring_chunk_sizes(-1, 2), "numel must be an integer >= 0"),
+    (lambda: costs.ring_chunk_size(10, 4, 4), "index must be an integer from 0 to 3"),
+    (lambda: costs.ring_reduce_scatter_bytes(10, 4, 4), "rank must be an integer from 0 to 3"),
+    (lambda: costs.ring_all_gather_bytes(10, 0, 0), "world_size must be an integer >= 1"),
     (lambda: costs.efficiency(1, 1, 0), "workers must be an integer >= 1"),
     (lambda: costs.speedup(1, 0), "t_n must be > 0"),
     (lambda: costs.bubble_fraction(2.5, 4), "stages must be an integer"),

@@ -1,12 +1,14 @@
 """`wmdist memory` as people type it: counts like 7B, the fp32 accumulation buffer, public model presets."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
 from wmdist.cli import main
 from wmdist.memory import presets
+from wmdist.memory.command import VALUE_FLAGS, add_memory_parser, join_signed_values
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 
 G = 10 ** 9
@@ -34,8 +36,19 @@ def test_cli_json_and_table(capsys):
 
 
 @pytest.mark.parametrize("argv,word", [
-    (["--params", "-5"], "argument --params: expected a whole parameter count"),
-    (["--params", "7500000000.5"], "such as 7B, 1.5B, 70M"), (["--zero", "1"], "--params: params: give --params"),
+    (["--params", "-5"], "argument --params: expected a whole parameter count from 0 to 1e18"),
+    (["--params", "-7B"], "argument --params: expected a whole parameter count from 0 to 1e18, such as 7B, 1.5B, "
+                          "70M, 7.5e9 or 7500000000, got '-7B'"),
+    (["--params=-7B"], "got '-7B'"), (["--params", "2e18"], "from 0 to 1e18"),
+    (["--params", "7500000000.5"], "such as 7B, 1.5B, 70M"),
+    (["--zero", "1"], "error: --params: give a parameter count (e.g. --params 7B) or --model (one of gpt2-xl,"),
+    (["--model", "gpt2-xl", "--seq-len", "0"], "--seq-len: seq_len must be an integer >= 1, got 0"),
+    (["--model", "gpt2-xl", "--layers", "0"], "--layers: layers must be an integer >= 1, got 0"),
+    (["--params", "7B", "--layers", "0"], "--layers: layers must be an integer >= 1, got 0"),
+    (["--model", "gpt2-xl", "--pp", "64"], "--pp: pp must be an integer from 1 to 48 (gpt2-xl has 48 layers"),
+    (["--params", "7B", "--layers", "4", "--pp", "8"], "--pp: pp must be an integer from 1 to 4 (--layers gives 4"),
+    (["--params", "7B", "--dp", "0"], "--dp: dp must be an integer >= 1, got 0"),
+    (["--params", "7B", "--bogus"], "unrecognized arguments: --bogus"),
     (["--params", "10", "--zero", "4"], "--zero: zero_stage"),
     (["--params", "10", "--grad-accum-dtype", "fp7"], "--grad-accum-dtype: grad_accum_dtype"),
     (["--params", "10", "--dtype", "fp13"], "--dtype: param_dtype"),
@@ -48,8 +61,45 @@ def test_cli_errors(capsys, argv, word):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert word in err and "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith("wmdist memory: error:")
+    assert err.count("\n") == 1 and err.startswith(("wmdist memory: error:", "wmdist: error:"))   # one line, no usage
     assert "_whole_number" not in err and "parse_count" not in err      # no internal names leak
+
+
+def test_signed_values_are_joined_to_their_flag_only():
+    assert join_signed_values(["memory", "--params", "-7B", "--dp", "-2", "--json", "-h"]) == \
+        ["memory", "--params=-7B", "--dp=-2", "--json", "-h"]
+    assert join_signed_values(["memory", "--json", "-5"]) == ["memory", "--json", "-5"]     # not a value flag
+    parser = argparse.ArgumentParser()
+    add_memory_parser(parser.add_subparsers())
+    memory = next(iter(parser._subparsers._group_actions[0].choices.values()))
+    takes_value = {o for a in memory._actions if a.nargs is None and a.option_strings and a.const is None
+                   for o in a.option_strings}
+    assert set(VALUE_FLAGS) == takes_value                   # the list cannot drift from the parser
+
+
+@pytest.mark.parametrize("rank, printed", [("0", True), ("1", False)])
+def test_under_torchrun_only_rank_0_prints_a_usage_error(monkeypatch, capsys, rank, printed):
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    for argv in (["memory", "--zero", "1"], ["memory", "--params", "x"], ["schedule", "gpipe", "-P", "0"], ["nope"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2                         # every rank exits with the usage status
+        err = capsys.readouterr().err
+        assert (err.count("\n") == 1 and ": error: " in err) if printed else err == ""
+
+
+def test_a_world_of_a_trillion_ranks_is_computed_in_closed_form(capsys):
+    """ZeRO-3 over dp = 10**12 (a list of dp chunk sizes would not fit in memory): 7B elements, one each."""
+    cfg = MemoryConfig(7 * G, zero_stage=3, dp=10 ** 12)
+    first, last = per_rank_bytes(cfg, 0), per_rank_bytes(cfg, 10 ** 12 - 1)
+    assert (first["parameters"], first["gradients"], first["optimizer_state"]) == (4, 4, 8)   # rank < 7e9: 1
+    assert last["total"] == 0                                                                # rank >= 7e9: 0
+    assert _cli(["--params", "7B", "--dp", "1000000000000", "--zero", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 16
+    assert _cli(["--params", "7B", "--dp", "1000000000000", "--zero", "3"]) == 0
+    assert "rank 0 of 1000000000000" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text,count", [("7B", 7 * G), ("1.5B", 15 * 10 ** 8), ("70M", 7 * 10 ** 7),

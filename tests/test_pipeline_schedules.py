@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from fractions import Fraction
 from itertools import pairwise
@@ -15,6 +16,7 @@ from wmdist.pipeline.schedules import (
     FORWARD,
     Action,
     Schedule,
+    check_size,
     format_token,
     from_json,
     gpipe,
@@ -260,3 +262,70 @@ def test_bad_inputs_name_the_argument(call, message):
 def test_wrong_types_are_type_errors(call, message):
     with pytest.raises(TypeError, match=message):
         call()
+
+
+def _wmdist(capsys, *argv):
+    """`wmdist ...` in this process, through the console script's own main()."""
+    from wmdist.cli import main
+    try:
+        code = main(list(argv))
+    except SystemExit as stop:
+        code = stop.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_prints_the_bubble_in_both_conventions_without_gantt(capsys):
+    code, out, _ = _wmdist(capsys, "schedule", "1f1b", "-P", "4", "-M", "8")
+    lines = out.splitlines()
+    assert code == 0 and lines[3].startswith("rank 3: F0 B0") and lines[4] == ""
+    assert lines[5].startswith("idle fraction of the schedule: 3/11 = 0.273   f = (P-1)/(M+P-1)")
+    assert lines[6].startswith("bubble over ideal time:        3/8 = 0.375   r = (P-1)/M,")
+    code, out, _ = _wmdist(capsys, "schedule", "interleaved", "-P", "4", "-M", "8", "-v", "2")
+    assert "3/19 = 0.158   f = (P-1)/(vM+P-1)" in out and "3/16 = 0.188   r = (P-1)/vM" in out
+    code, out, _ = _wmdist(capsys, "schedule", "interleaved", "-P", "4", "-M", "8", "-v", "2", "--json")
+    data = json.loads(out)
+    assert data["idle_fraction"] == 3 / 19 and data["bubble_over_ideal"] == 3 / 16 and "gantt" not in data
+
+
+def test_the_measured_bubble_is_the_closed_form_the_cli_prints_beside_it():
+    for name, p, m, v in [(n, p, m, 1) for n in ("gpipe", "1f1b") for p in range(1, 7) for m in range(1, 11)] + \
+                         [("interleaved", p, k * p, v) for p in range(1, 5) for k in (1, 2, 3) for v in (2, 3, 4)]:
+        result = simulate(make_schedule(name, p, m, v))
+        assert (result.idle_fraction, result.bubble_over_ideal) == (Fraction(p - 1, v * m + p - 1),
+                                                                    Fraction(p - 1, v * m)), (name, p, m, v)
+
+
+def test_cli_help_states_the_limits_and_shows_a_single_percent(capsys):
+    code, out, _ = _wmdist(capsys, "schedule", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "%%" not in out and "lives on rank 2 % P" in text
+    assert all(f"1 to {n}" in text for n in (256, 1024, 16)) and "P*M*v at most 16384" in text
+    assert "(P-1)/(M+P-1)" in text and "(P-1)/M" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["gpipe", "-P", "1000000", "-M", "8"], "-P: stages must be an integer from 1 to 256, got 1000000"),
+    (["gpipe", "-P", "4", "-M", "1000000"], "-M: microbatches must be an integer from 1 to 1024, got 1000000"),
+    (["interleaved", "-v", "1000000"], "-v: chunks must be an integer from 1 to 16, got 1000000"),
+    (["1f1b", "-P", "1000000", "-M", "1000000"], "-P: stages must be an integer from 1 to 256, got 1000000"),
+    (["1f1b", "-P", "1e6", "-M", "1e6"], "argument -P/--stages: expected an integer, got '1e6'"),
+    (["1f1b", "-P", "256", "-M", "128"], "-P*-M*-v: stages*microbatches*chunks must be at most 16384 (the schedule "
+                                         "lists 2*P*M*v actions), got 256*128*1 = 32768"),
+    (["gpipe", "-P", "64", "-M", "64", "--gantt"], "--gantt: the diagram would be 381 slots wide, more than the 240 "
+                                                   "it draws; drop --gantt or use fewer stages or microbatches"),
+])
+def test_cli_refuses_sizes_beyond_its_stated_limits_in_one_line(capsys, argv, message):
+    code, out, err = _wmdist(capsys, "schedule", *argv)
+    assert code == 2 and out == "" and err == f"wmdist schedule: error: {message}\n"
+
+
+def test_make_schedule_accepts_its_limits_and_refuses_one_past_them():
+    assert check_size(256, 64, 1) == (256, 64, 1) and check_size(1, 1024, 16) == (1, 1024, 16)
+    for args, message in [((257, 1, 1), "stages must be an integer from 1 to 256, got 257"),
+                          ((1, 1025, 1), "microbatches must be an integer from 1 to 1024, got 1025"),
+                          ((1, 1, 17), "chunks must be an integer from 1 to 16, got 17"),
+                          ((256, 65, 1), "at most 16384"), ((0, 1, 1), "stages must be an integer >= 1, got 0"),
+                          ((True, 1, 1), "stages must be an integer >= 1, got True")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            make_schedule("gpipe", *args)

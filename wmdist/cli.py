@@ -1,19 +1,23 @@
 """The `wmdist` command: list, verify, bench, memory.
 
-Usage errors exit with status 2 and a one-line message; `verify` exits 1 if
-any check fails. Under torchrun, `verify` runs in every launched process and
+Usage errors exit with status 2 and a one-line message (every subcommand's
+parser, and the checks each command makes before it runs); under torchrun
+every process exits so and rank 0 alone prints it. `verify` exits 1 if any
+check fails. Under torchrun, `verify` runs in every launched process and
 rank 0 prints.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
+from typing import NoReturn
 
 from wmdist import runtime
 from wmdist.demos import plan, registry, verify
-from wmdist.memory.command import add_memory_parser, memory_main
+from wmdist.memory.command import add_memory_parser, join_signed_values, memory_main
 from wmdist.pipeline import cli as schedule_cli
 from wmdist.report import format_table, to_json
 
@@ -28,8 +32,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def usage_error(prog: str, message: str) -> NoReturn:
+    """Print `prog: error: message` as one line (under torchrun on rank 0 only) and exit with status 2."""
+    if not runtime.under_torchrun() or os.environ.get("RANK") == "0":
+        print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are usage_error's one line, not usage text and a line (subparsers inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        usage_error(self.prog, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="wmdist", description="Distributed training of world models, run for real.")
+    parser = OneLineParser(prog="wmdist", description="Distributed training of world models, run for real.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="name the registered demos")
     v = sub.add_parser("verify", help="run demos and check them against single-device references")
@@ -41,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON")
     add_memory_parser(sub)
     schedule_cli.add_parser(sub)
+    for command in sub.choices.values():      # schedule sets its own one-line error: make it torchrun-aware too
+        command.error = functools.partial(usage_error, command.prog)     # type: ignore[method-assign]
     return parser
 
 
@@ -122,6 +142,9 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["memory"]:
+        argv = join_signed_values(argv)       # `--params -7B`: the flag's own check answers it
     args = parser.parse_args(argv)
     try:
         if args.command == "list":

@@ -10,8 +10,8 @@ they are importable and testable without processes.
 """
 from wmdist.costs import collectives, diffusion, pipeline, ring_attention, rounding, scaling, scan, validate, zero
 from wmdist.costs.collectives import (allreduce_terms, allreduce_time, ring_all_gather_bytes, ring_allreduce_bytes,
-                                      ring_allreduce_ideal_bytes, ring_allreduce_rounds, ring_chunk_sizes,
-                                      ring_reduce_scatter_bytes)
+                                      ring_allreduce_ideal_bytes, ring_allreduce_rounds, ring_chunk_size,
+                                      ring_chunk_sizes, ring_reduce_scatter_bytes)
 from wmdist.costs.pipeline import bubble_fraction
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF, reordered_sum_bound
 from wmdist.costs.scaling import efficiency, speedup
@@ -22,5 +22,5 @@ __all__ = ["FLOAT32_ROUNDOFF", "FLOAT64_ROUNDOFF", "ZERO_STAGES", "allreduce_ter
            "bubble_fraction", "collectives", "diffusion", "efficiency", "pipeline", "reordered_sum_bound",
            "require_bool", "require_choice", "require_int", "require_positive", "require_real",
            "ring_all_gather_bytes", "ring_allreduce_bytes", "ring_allreduce_ideal_bytes", "ring_allreduce_rounds",
-           "ring_attention", "ring_chunk_sizes", "ring_reduce_scatter_bytes", "rounding", "scaling", "scan", "speedup", "validate",
-           "zero", "zero_step_bytes", "zero_step_rounds"]
+           "ring_attention", "ring_chunk_size", "ring_chunk_sizes", "ring_reduce_scatter_bytes", "rounding",
+           "scaling", "scan", "speedup", "validate", "zero", "zero_step_bytes", "zero_step_rounds"]

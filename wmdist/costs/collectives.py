@@ -21,15 +21,28 @@ def ring_chunk_sizes(numel: int, world_size: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(world_size)]
 
 
+def ring_chunk_size(numel: int, world_size: int, index: int) -> int:
+    """Element count of chunk `index` alone: ring_chunk_sizes(numel, world_size)[index] in closed form.
+
+    Builds no list, so a world of 10**12 ranks (the memory calculator's dp)
+    costs what a world of 2 does.
+    """
+    numel = require_int("numel", numel, 0)
+    world_size = require_int("world_size", world_size, 1)
+    i = require_int("index", index, 0, world_size - 1)
+    base, extra = divmod(numel, world_size)
+    return base + (1 if i < extra else 0)
+
+
 def ring_reduce_scatter_bytes(numel: int, world_size: int, rank: int, elem_size: int = 4) -> int:
     """Bytes rank `rank` sends in a ring reduce-scatter that leaves chunk r on rank r.
 
     In each of the N-1 rounds a rank forwards one partial chunk; over the
     rounds it sends every chunk except its own, i.e. G - |chunk_r|.
     """
-    sizes = ring_chunk_sizes(numel, world_size)
-    require_int("rank", rank, 0, world_size - 1)
-    return 0 if world_size == 1 else (numel - sizes[rank]) * elem_size
+    n = require_int("world_size", world_size, 1)
+    own = ring_chunk_size(numel, n, require_int("rank", rank, 0, n - 1))
+    return 0 if n == 1 else (numel - own) * elem_size
 
 
 def ring_all_gather_bytes(numel: int, world_size: int, rank: int, elem_size: int = 4) -> int:
@@ -38,9 +51,9 @@ def ring_all_gather_bytes(numel: int, world_size: int, rank: int, elem_size: int
     It forwards every chunk except the one its right neighbour owns:
     G - |chunk_{r+1}|.
     """
-    sizes = ring_chunk_sizes(numel, world_size)
-    require_int("rank", rank, 0, world_size - 1)
-    return 0 if world_size == 1 else (numel - sizes[(rank + 1) % world_size]) * elem_size
+    n = require_int("world_size", world_size, 1)
+    right = ring_chunk_size(numel, n, (require_int("rank", rank, 0, n - 1) + 1) % n)
+    return 0 if n == 1 else (numel - right) * elem_size
 
 
 def ring_allreduce_bytes(numel: int, world_size: int, rank: int, elem_size: int = 4) -> int:

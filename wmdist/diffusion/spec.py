@@ -50,7 +50,8 @@ def check_noise(noise: torch.Tensor | None, spec: SamplingSpec) -> torch.Tensor:
         return spec.noise()
     want = (spec.batch, spec.model.tokens, spec.model.channels)
     if not isinstance(noise, torch.Tensor) or tuple(noise.shape) != want or noise.dtype != torch.float32:
-        got = tuple(noise.shape) if isinstance(noise, torch.Tensor) else type(noise).__name__
+        got = (f"a {str(noise.dtype).removeprefix('torch.')} tensor of shape {tuple(noise.shape)}"
+               if isinstance(noise, torch.Tensor) else type(noise).__name__)
         raise ValueError(f"noise must be a float32 tensor of shape {want} (batch, tokens "
                          f"{spec.model.frames}x{spec.model.height}x{spec.model.width}, channels), got {got}")
     return noise

@@ -3,12 +3,13 @@
     wmdist memory --params 7B --dtype bf16 --master-weights --grad-accum-dtype fp32
     wmdist memory --model gpt3-6.7b --dtype bf16 --master-weights --zero 2 --dp 8 --seq-len 4096 --checkpointing
 
-Bad input exits with status 2 and one line naming the flag.
+Bad input exits with status 2 and one line naming the flag and the range it must lie in.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -20,6 +21,7 @@ from wmdist.memory.presets import PRESETS, preset_fields
 from wmdist.memory.remedies import limiting_kind
 from wmdist.memory.transient import transient_peak
 
+MAX_PARAMS = 10 ** 18   # --params' stated range: ~6 million GPT-3s; far below where a byte count overflows a float
 SUFFIXES = {"k": 10 ** 3, "m": 10 ** 6, "b": 10 ** 9, "g": 10 ** 9, "t": 10 ** 12}
 PRESET_HELP = ("a public model shape: " + ", ".join(f"{n} ({m.source})" for n, m in PRESETS.items())
                + ". Sets --params (from the shape), --layers, and the activation bytes of Korthikanti et al. 2022, "
@@ -38,10 +40,33 @@ def parse_count(text: str) -> int:
         value = Decimal(clean[:-1] if scale != 1 else clean) * scale
     except InvalidOperation:
         value = None
-    if value is None or not value.is_finite() or value != value.to_integral_value() or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole parameter count such as 7B, 1.5B, 70M, 7.5e9 or "
-                                         f"7500000000, got {text!r}")
+    if value is None or not value.is_finite() or value != value.to_integral_value() or not 0 <= value <= MAX_PARAMS:
+        raise argparse.ArgumentTypeError(f"expected a whole parameter count from 0 to 1e18, such as 7B, 1.5B, 70M, "
+                                         f"7.5e9 or 7500000000, got {text!r}")
     return int(value)
+
+
+VALUE_FLAGS = ("--model", "--params", "--dtype", "--grad-dtype", "--grad-accum-dtype", "--optimizer", "--zero", "--dp",
+               "--tp", "--pp", "--cp", "--world-size", "--world", "--layers", "--act-bytes", "--act-replicated-bytes",
+               "--input-bytes", "--seq-len", "--context", "--micro-batch", "--batch-bytes", "--rank")
+_SIGNED = re.compile(r"-[\d.]")
+
+
+def join_signed_values(argv: list[str]) -> list[str]:
+    """Write `--params -7B` as `--params=-7B`, so argparse reads a negative value as the flag's value.
+
+    argparse takes "-7B" for an unknown option ("expected one argument");
+    joined, the flag's own check refuses it and says what it expects.
+    """
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in VALUE_FLAGS and i + 1 < len(argv) and _SIGNED.match(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def add_memory_parser(subparsers: Any) -> None:
@@ -82,6 +107,9 @@ def add_memory_parser(subparsers: Any) -> None:
 
 def config_from_args(args: argparse.Namespace) -> MemoryConfig:
     """Build the MemoryConfig an args namespace describes (ValueError on bad input)."""
+    for flag, value in (("--layers", args.layers), ("--seq-len", args.seq_len)):
+        if value is not None:                 # given explicitly: a model has at least one layer and one token
+            require_int(f"{flag}: {flag.lstrip('-').replace('-', '_')}", value, 1)
     fields: dict[str, Any] = preset_fields(args.model, args.seq_len) if args.model else {}
     for field, value in (("params", args.params), ("layers", args.layers), ("seq_len", args.seq_len),
                          ("act_bytes_per_token_per_layer", args.act_bytes), ("input_bytes_per_token", args.input_bytes),
@@ -89,7 +117,11 @@ def config_from_args(args: argparse.Namespace) -> MemoryConfig:
         if value is not None:
             fields[field] = value
     if "params" not in fields:
-        raise ValueError("params: give --params (e.g. 7B) or --model")
+        raise ValueError(f"--params: give a parameter count (e.g. --params 7B) or --model (one of {', '.join(PRESETS)})")
+    if (args.model or args.layers is not None) and args.pp > fields["layers"]:
+        of = f"{args.model} has" if args.layers is None else "--layers gives"
+        raise ValueError(f"--pp: pp must be an integer from 1 to {fields['layers']} ({of} {fields['layers']} layers "
+                         f"and every pipeline stage needs at least one), got {args.pp}")
     dp = args.dp
     if args.world is not None:
         require_int("--world-size", args.world, 1)
@@ -125,7 +157,7 @@ def memory_main(args: argparse.Namespace) -> int:
         message = f"{FLAGS[field]}: {err}" if field in FLAGS else str(err)
         parser = getattr(args, "_memory_parser", None)
         if parser is not None:
-            parser.error(message)     # prints usage + message, raises SystemExit(2)
+            parser.error(message)     # wmdist.cli's parsers print one line (rank 0 only under torchrun), exit 2
         print(f"wmdist memory: error: {message}", file=sys.stderr)
         return 2
     if args.json:

@@ -10,7 +10,7 @@ Accounting rules (each one a choice; the docs and the tests follow them):
   process groups use too (tensor-parallel partners are neighbouring ranks).
 * Model parallelism first. The P parameters, as one flat vector, are split
   over the tp * pp model-parallel ranks with the torch.tensor_split layout
-  (`costs.ring_chunk_sizes`: the first P % (tp*pp) pieces hold one element
+  (`costs.ring_chunk_size`: the first P % (tp*pp) pieces hold one element
   more); model-parallel index = pp_rank * tp + tp_rank. A real layout is
   not an even split (LayerNorms whole on every tp rank, the embedding on the
   first stage): `param_pieces` then gives each piece's exact element count
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from wmdist.comm.mesh import Mesh
-from wmdist.costs import require_bool, require_choice, require_int, require_real, ring_chunk_sizes
+from wmdist.costs import require_bool, require_choice, require_int, require_real, ring_chunk_size
 from wmdist.knobs import knob
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -142,16 +142,16 @@ def rank_coords(cfg: MemoryConfig, rank: int) -> dict[str, int]:
 def local_params(cfg: MemoryConfig, rank: int = 0) -> tuple[int, int]:
     """(model-parallel piece, this rank's ZeRO shard of it), in elements."""
     c = rank_coords(cfg, rank)
-    pieces = cfg.param_pieces or ring_chunk_sizes(cfg.params, cfg.tp * cfg.pp)
-    piece = pieces[c["pp"] * cfg.tp + c["tp"]]
-    return piece, ring_chunk_sizes(piece, cfg.dp)[c["dp"]]
+    index = c["pp"] * cfg.tp + c["tp"]              # closed forms: no list of tp*pp or dp chunks is built
+    piece = cfg.param_pieces[index] if cfg.param_pieces else ring_chunk_size(cfg.params, cfg.tp * cfg.pp, index)
+    return piece, ring_chunk_size(piece, cfg.dp, c["dp"])
 
 
 def activation_bytes(cfg: MemoryConfig, rank: int = 0) -> int:
     """Stored activation bytes on `rank` under the rules in the module docstring."""
     c = rank_coords(cfg, rank)
-    layers = ring_chunk_sizes(cfg.layers, cfg.pp)[c["pp"]]
-    tokens = cfg.micro_batch * ring_chunk_sizes(cfg.seq_len, cfg.cp)[c["cp"]]
+    layers = ring_chunk_size(cfg.layers, cfg.pp, c["pp"])
+    tokens = cfg.micro_batch * ring_chunk_size(cfg.seq_len, cfg.cp, c["cp"])
     whole = cfg.tp if cfg.sequence_parallel else 1                        # what the replicated region is split by
     replicated = Fraction(cfg.act_replicated_bytes_per_token_per_layer)
     full = tokens * ((Fraction(cfg.act_bytes_per_token_per_layer) - replicated) / cfg.tp + replicated / whole)

@@ -73,7 +73,7 @@ def preset_fields(name: str, seq_len: int | None = None) -> dict[str, int | floa
     if name not in PRESETS:
         raise ValueError(f"model must be one of {', '.join(PRESETS)}, got {name!r}")
     m = PRESETS[name]
-    s = m.positions if seq_len in (None, 0) else require_int("seq_len", seq_len, 1)
+    s = m.positions if seq_len is None else require_int("seq_len", seq_len, 1)
     return {"params": m.params, "layers": m.layers, "seq_len": s,
             "act_bytes_per_token_per_layer": m.activation_bytes_per_token(s),
             "act_replicated_bytes_per_token_per_layer": m.replicated_bytes_per_token,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wmdist.costs import require_choice, require_int, ring_chunk_sizes
+from wmdist.costs import require_choice, require_int, ring_chunk_size
 from wmdist.memory.footprint import DTYPE_BYTES, MemoryConfig, local_params, per_rank_bytes
 
 POINTS = ("between forward and backward", "after backward", "after the gradient reduction")
@@ -45,7 +45,7 @@ def zero_step_held(numel: int, world_size: int, rank: int, stage: int, keep_gath
     if not 0 <= require_int("rank", rank, 0) < n:
         raise ValueError(f"rank must be < world_size {n}, got {rank}")
     require_choice("stage", stage, (0, 1, 2, 3))
-    P, c = numel, ring_chunk_sizes(numel, n)[rank]
+    P, c = numel, ring_chunk_size(numel, n, rank)
     params = P if stage < 3 else c
     grads = P if stage < 2 else c
     moments = 2 * (P if stage == 0 else c)

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from wmdist.costs import pipeline as pcosts
+from wmdist.costs.validate import require_int
 from wmdist.pipeline.executor import StageRun, run_pipeline
 from wmdist.pipeline.plan import (
     MAX_STAGES,
@@ -28,7 +29,7 @@ from wmdist.pipeline.plan import (
     stage_blocks,
     transfer_counts,
 )
-from wmdist.pipeline.schedules import BACKWARD, FORWARD, Schedule, make_schedule
+from wmdist.pipeline.schedules import BACKWARD, FORWARD, MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.stages import Reference, gradient_tolerance, loss_tolerance, model_for, reference
 from wmdist.report import Count, Demo, Report, close_check, counts_per_rank, exact_check, max_abs_error
 from wmdist.transformer import TransformerConfig
@@ -80,6 +81,7 @@ class ForwardResult:
 
 def forward_demo(world_size: int, microbatches: int = 8, work: PipeWork | None = None) -> Report:
     """GPipe's forward on `world_size` stages: outputs equal one process; M(P-1) activation transfers, counted."""
+    require_int("microbatches", microbatches, 1, MAX_MICROBATCHES)      # named before the batch it sizes
     work = work or PipeWork(batch_size=2 * microbatches, forward_only=True)
     if not work.forward_only:
         raise ValueError("forward_demo runs forwards only: pass a PipeWork with forward_only=True")

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
+from wmdist.costs.validate import require_int
 from wmdist.pipeline.executor import StageRun, run_pipeline
 from wmdist.pipeline.plan import MAX_STAGES, PipeWork, require_world, slow_stage_work
-from wmdist.pipeline.schedules import Schedule, make_schedule
+from wmdist.pipeline.schedules import MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.simulate import simulate, spans
 from wmdist.report import Demo, Report, close_check, differ_check
 from wmdist.spans import Span
@@ -121,7 +122,8 @@ WHY = ("the ideal time charges nothing for messages; here each hop costs ~0.1-5 
 
 def bubble_demo(world_size: int, microbatches: int | None = None) -> Report:
     """The text's balanced forward pipeline, timed: measured idle fraction vs (P-1)/(M+P-1), M = 2P by default."""
-    m = microbatches or 2 * world_size
+    m = 2 * require_int("world_size", world_size, 1) if microbatches is None else \
+        require_int("microbatches", microbatches, 1, MAX_MICROBATCHES)      # 0 is refused, not the default
     schedule = make_schedule("gpipe", world_size, m)
     work = PipeWork(batch_size=m, forward_only=True, slot_seconds=SLOT_SECONDS, repeats=3)
     require_world(world_size, schedule)

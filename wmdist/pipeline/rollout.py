@@ -25,6 +25,7 @@ import torch
 
 from wmdist.comm import Context
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF
+from wmdist.costs.validate import require_int
 from wmdist.pipeline.executor import StageRun, pipeline_rank
 from wmdist.pipeline.plan import MAX_STAGES, PipeWork, microbatch_sizes, require_world
 from wmdist.pipeline.schedules import Schedule, make_schedule
@@ -85,8 +86,15 @@ class RolloutResult:
 
 def rollout_demo(world_size: int, environments: int | None = None, horizon: int = 8) -> Report:
     """One optimizer step over E whole trajectories on a 1F1B pipeline of P = N ranks; two mistakes shown."""
-    m = 2 * world_size
-    work = PipeWork(batch_size=environments or 2 * m, seq_len=horizon)
+    m = 2 * require_int("world_size", world_size, 1)                   # microbatches: M = 2P
+    require_int("horizon", horizon, 1, 64)
+    if environments is not None:
+        try:
+            require_int("environments", environments, m)
+        except ValueError as err:
+            raise ValueError(f"{err}: each of the M = 2P = {m} microbatches holds at least one whole "
+                             f"trajectory") from None
+    work = PipeWork(batch_size=2 * m if environments is None else environments, seq_len=horizon)
     schedule = make_schedule("1f1b", world_size, m)
     require_world(world_size, schedule)
     work.check(schedule)

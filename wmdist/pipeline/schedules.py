@@ -27,6 +27,9 @@ from wmdist.costs.pipeline import SCHEDULES
 from wmdist.costs.validate import require_choice, require_int
 
 FORWARD, BACKWARD = "F", "B"
+# make_schedule's bounds (the CLI's -P, -M and -v), stated once: a schedule lists 2*P*M*v actions, and the
+# ideal-time simulation of the largest one allowed takes about a second on one core.
+MAX_STAGES, MAX_MICROBATCHES, MAX_CHUNKS, MAX_SLOTS = 256, 1024, 16, 16384     # MAX_SLOTS bounds P*M*v
 _TOKEN = re.compile(r"(?:s(\d+))?([FB])(\d+)")
 
 
@@ -203,12 +206,32 @@ def interleaved_one_f_one_b(stages: int, microbatches: int, chunks: int) -> Sche
     return Schedule("interleaved", p, m, v, tuple(ranks))
 
 
+def check_size(stages: int, microbatches: int, chunks: int = 1) -> tuple[int, int, int]:
+    """(P, M, v) if each lies in 1..MAX_STAGES / MAX_MICROBATCHES / MAX_CHUNKS and P*M*v <= MAX_SLOTS, else ValueError.
+
+    Refused before anything is built, so a mistyped 1000000 answers at once
+    instead of listing (and simulating) billions of actions.
+    """
+    sizes = []
+    for name, value, high in (("stages", stages, MAX_STAGES), ("microbatches", microbatches, MAX_MICROBATCHES),
+                              ("chunks", chunks, MAX_CHUNKS)):
+        require_int(name, value, 1)                  # a bad type or a value below 1 worded as everywhere else
+        sizes.append(require_int(name, value, 1, high))
+    p, m, v = sizes
+    if p * m * v > MAX_SLOTS:
+        raise ValueError(f"stages*microbatches*chunks must be at most {MAX_SLOTS} (the schedule lists 2*P*M*v "
+                         f"actions), got {p}*{m}*{v} = {p * m * v}")
+    return p, m, v
+
+
 def make_schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
-    """Build the schedule called `name` ("gpipe", "1f1b" or "interleaved") for P ranks, M microbatches, v chunks."""
+    """Build the schedule called `name` ("gpipe", "1f1b" or "interleaved") for P ranks, M microbatches, v chunks.
+
+    Sizes are bounded by check_size (P <= 256, M <= 1024, v <= 16, P*M*v <= 16384); the schedule
+    functions themselves (gpipe, one_f_one_b, ...) take any size.
+    """
     require_choice("name", name, SCHEDULES)
-    p = require_int("stages", stages, 1)
-    m = require_int("microbatches", microbatches, 1)
-    v = require_int("chunks", chunks, 1)
+    p, m, v = check_size(stages, microbatches, chunks)
     if name == "interleaved":
         return interleaved_one_f_one_b(p, m, v)
     if v != 1:

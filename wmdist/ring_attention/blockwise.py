@@ -46,16 +46,25 @@ def block_is_future(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
     return bool(k_pos.min() > q_pos.max())
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """One ValueError naming what is wrong with q, k, v, before any score is computed (checks shared with ring.py)."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        raise TypeError(f"q, k, v must be tensors, got {type(q).__name__}, {type(k).__name__}, {type(v).__name__}")
+    if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_floating_point:
+        raise ValueError(f"q, k, v must share one floating-point dtype (float32, float64, bfloat16 or float16): "
+                         f"softmax needs real numbers; got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"q, k, v must be 4-D (B, H, S, D), got {q.ndim}, {k.ndim}, {v.ndim} dims")
     if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
         raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[3] < 1 or v.shape[3] < 1:
+        raise ValueError(f"head_dim (the last dimension of q, k and v) must be an integer >= 1, got q/k "
+                         f"{q.shape[3]} and v {v.shape[3]}: the scores are scaled by 1/sqrt(head_dim)")
 
 
 def _check_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  q_pos: torch.Tensor, k_pos: torch.Tensor) -> None:
-    _check_shapes(q, k, v)
+    check_shapes(q, k, v)
     if q_pos.shape != (q.shape[2],) or k_pos.shape != (k.shape[2],):
         raise ValueError(f"q_pos must have shape ({q.shape[2]},) and k_pos ({k.shape[2]},), "
                          f"got {tuple(q_pos.shape)} and {tuple(k_pos.shape)}")
@@ -216,7 +225,7 @@ def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
     block_size-row tensors, whatever the sequence length (peak_score_bytes
     measures it).
     """
-    _check_shapes(q, k, v)
+    check_shapes(q, k, v)
     block_size = require_int("block_size", block_size, 1)
     require_bool("causal", causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

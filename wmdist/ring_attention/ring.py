@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from wmdist.comm import Context, Pending, irecv, isend
-from wmdist.ring_attention.blockwise import attend_block, attend_block_backward, block_is_future, merge
+from wmdist.ring_attention.blockwise import attend_block, attend_block_backward, block_is_future, check_shapes, merge
 from wmdist.ring_attention.layout import rank_positions, ring_source
 from wmdist.spans import Span
 
@@ -149,6 +149,7 @@ def ring_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ring has no neighbour to send to), each posted before the step's
     computation and waited for after it, under ledger phase "ring kv".
     """
+    check_shapes(q, k, v)                               # dtype, shapes, head_dim >= 1: before any message
     n, rank = ctx.world_size, ctx.rank
     q_pos, block = _layout_args(ctx, q, seq_len, layout, block_size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -183,6 +184,7 @@ def ring_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     sums travel one step behind them (phase "backward dkv", N-1 sends),
     each receive posted before the share it is added to is computed.
     """
+    check_shapes(q, k, v)                               # dtype, shapes, head_dim >= 1: before any message
     n, rank = ctx.world_size, ctx.rank
     q_pos, block = _layout_args(ctx, q, seq_len, layout, block_size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale

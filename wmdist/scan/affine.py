@@ -52,8 +52,14 @@ def _is_diagonal(A: torch.Tensor, b: torch.Tensor) -> bool:
     raise ValueError(f"A must have b's dims (diagonal) or one more (dense); got A {tuple(A.shape)}, b {tuple(b.shape)}")
 
 
-def check_system(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None) -> bool:
-    """Validate shapes (B, T, n, n) or (B, T, n), (B, T, n), (B, n); return True for diagonal A."""
+def check_system(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None, *, finite_h0: bool = True) -> bool:
+    """Validate shapes (B, T, n, n) or (B, T, n), (B, T, n), (B, n) and finite values; return True for diagonal A.
+
+    Non-finite inputs are refused rather than scanned: with an inf in A the
+    loop gives +-inf where a regrouped scan meets inf * 0 = NaN (a composed
+    A2 A1 times a zero), so no grouping could promise the loop's answer.
+    `finite_h0=False` is for a state a rank computed (it may have overflowed).
+    """
     if b.dim() != 3:
         raise ValueError(f"b must be (B, T, n), got shape {tuple(b.shape)}")
     batch, steps, n = b.shape
@@ -68,6 +74,11 @@ def check_system(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = Non
     dtypes = {A.dtype, b.dtype} | ({h0.dtype} if h0 is not None else set())
     if len(dtypes) != 1:
         raise ValueError(f"A, b and h0 must share one dtype, got {sorted(map(str, dtypes))}")
+    for name, t in (("A", A), ("b", b), ("h0", h0 if finite_h0 else None)):
+        if t is not None and not bool(torch.isfinite(t).all()):
+            where = tuple((~torch.isfinite(t)).nonzero()[0].tolist())
+            raise ValueError(f"{name} must be finite (no inf or NaN), got {t[where].item()} at index {where}: a scan "
+                             f"regroups the steps, and inf * 0 = NaN would appear where the loop has +-inf")
     return diagonal
 
 
@@ -99,6 +110,10 @@ def apply_map(m: Map, h: torch.Tensor, tally: Tally | None = None) -> torch.Tens
 def sequential(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, tally: Tally | None = None) -> torch.Tensor:
     """The reference loop: every state h_1 .. h_T, one step after another (T dependent applies)."""
     check_system(A, b, h0)
+    return _loop(A, b, h0, tally)
+
+
+def _loop(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, tally: Tally | None) -> torch.Tensor:
     states, h = [], h0
     for t in range(b.shape[1]):
         h = apply_map((A[:, t], b[:, t]), h, tally)            # (B, n)
@@ -113,7 +128,8 @@ def apply_incoming(A: torch.Tensor, b: torch.Tensor, h_in: torch.Tensor,
     The same operations in the same order as `sequential`: given the true
     incoming state bit for bit, the chunk's states equal the reference's bit for bit.
     """
-    return sequential(A, b, h_in, tally)
+    check_system(A, b, h_in, finite_h0=False)                  # h_in was computed: it may have overflowed
+    return _loop(A, b, h_in, tally)
 
 
 def chunk_summary(A: torch.Tensor, b: torch.Tensor, tally: Tally | None = None) -> Map:
