@@ -1,4 +1,4 @@
-"""Shared test helpers: which processes are alive, so tests can prove none is left behind."""
+"""Shared test helpers: which processes are alive (none left behind, none started), one thread, torchrun."""
 from __future__ import annotations
 
 import socket
@@ -45,6 +45,20 @@ def no_leftover_ranks():
     extra = {p for p in extra if "forkserver" not in " ".join(psutil.Process(p).cmdline())
              and "resource_tracker" not in " ".join(psutil.Process(p).cmdline())}
     assert not extra, f"processes left behind: {extra}"
+
+
+@pytest.fixture
+def no_processes(monkeypatch):
+    """Fail the test the moment anything would start a rank or use a warm pool: for inputs that must be
+    refused before any process starts (the one guard; patched on the classes, so it holds however a
+    module imported `run`)."""
+    from wmdist.runtime import Pool
+    from wmdist.runtime.warm import WarmPools
+
+    def started(*args, **kwargs):
+        pytest.fail("a process was started (or a warm pool used) for an input that should have been refused first")
+    monkeypatch.setattr(WarmPools, "run", started)
+    monkeypatch.setattr(Pool, "start", started)
 
 
 @pytest.fixture

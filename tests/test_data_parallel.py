@@ -8,6 +8,7 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import ring_all_reduce
+from wmdist.compare import bound_ratio
 from wmdist.data_parallel import pitfalls as dp_pitfalls, ring, training as dp, versus_ddp
 from wmdist.demos import registry
 from wmdist.exercises import check
@@ -102,7 +103,7 @@ def test_loss_scaling_math_without_processes(weighting, right):
     else:
         spec = dp.TrainSpec(steps=1, batch_size=16, sizes=(7, 5, 3, 1), weighting=weighting)
     ref = dp.single_process_train(spec)
-    ratio = dp.bound_ratio(_sum_of_shard_grads(spec, 4), ref["grad0"], ref["grad_bounds"][0])
+    ratio = bound_ratio(_sum_of_shard_grads(spec, 4), ref["grad0"], ref["grad_bounds"][0])
     assert ratio <= 1.0 if right else ratio > dp_pitfalls.WRONG_BY
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "wmdist"
-LAYERS = [("costs", "knobs", "spans"), ("comm",), ("runtime",), ("report", "models", "transformer"), ("exercises",),
+LAYERS = [("costs", "knobs", "spans"), ("comm",), ("runtime",), ("report", "compare", "models", "transformer"), ("exercises",),
           ("ui",)]
 TOP = ("demos", "bench", "cli", "__main__", "__init__")
 CAPSTONE = "mesh"

@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from wmdist import runtime
+from wmdist.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
 from wmdist.exercises import check
 from wmdist.ring_attention import balance, demos, exercises, generation, long_context, measure, versus_torch
 from wmdist.ring_attention.ring import positions, ring_attention
 from wmdist.ring_attention.spec import RingSpec
-from wmdist.ring_attention.tolerance import bound_ratio, exact_attention, tolerance
+from wmdist.ring_attention.tolerance import exact_attention, tolerance
 from wmdist.ring_attention.traffic import TrafficConfig, traffic_model
 
 torch.set_num_threads(1)

@@ -14,16 +14,25 @@ shared 2-core machine, too long for every run of the suite, so by default:
   check does not) at 3; their defaults, mostly 2 and 4, run in their chapters' tests.
 WMDIST_FULL_MATRIX=1 runs every accepted size of every demo. Sizes run in order, so one warm
 pool per size serves all demos.
+
+NaN and inf. At the first size of at least 2 the matrix runs a demo at, what its ranks returned is
+recorded; afterwards the demo runs again with those results replayed (no process) and one NaN,
+then one inf, in every float of the last rank's results. Every such Report must fail and say why.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+import math
 import os
 import re
+from typing import Any
 
 import pytest
+import torch
 
 from wmdist.demos import registry, verify
-from wmdist.runtime import Pool
+from wmdist.runtime.warm import WarmPools
 
 SIZES = range(1, 9)
 HEAVY = {"dp-train", "dp-buckets", "zero-1-vs-torch", "checkpoint-resume", "checkpoint-crash", "tp-block",
@@ -43,17 +52,34 @@ def _sizes(name: str) -> tuple[int, ...]:
     return HEAVY_SIZES if name in HEAVY else DEFAULT_SIZES
 
 
-@pytest.fixture
-def pool_uses(monkeypatch):
-    """Every Pool start and call, to prove that a refusal came before any process was used."""
-    uses: list[str] = []
-    start, call = Pool.start, Pool.run
-    monkeypatch.setattr(Pool, "start", lambda self, *a, **k: uses.append("start") or start(self, *a, **k))
-    monkeypatch.setattr(Pool, "run", lambda self, *a, **k: uses.append("run") or call(self, *a, **k))
-    return uses
+def _recorded_size(name: str) -> int:
+    """Where the NaN/inf replay records `name`'s rank results: its first matrix size >= 2 (or 1)."""
+    demo = registry()[name]
+    sizes = [n for n in (SIZES if FULL else _sizes(name)) if not demo.refuses(n)]
+    return min([n for n in sizes if n >= 2] or sizes)
 
 
-def test_sizes_a_demo_does_not_accept_are_refused_before_any_process_starts(pool_uses):
+@pytest.fixture(scope="session")
+def rank_results() -> dict[str, list[tuple[bool, Any]]]:
+    """Per demo, what each of its runs returned (ok, results) or raised (False, exception), in call order."""
+    return {}
+
+
+def _recording(monkeypatch, into: list[tuple[bool, Any]]) -> None:
+    real = WarmPools.run
+
+    def run(self, world_size, fn, args, kwargs, timeout):
+        try:
+            out = real(self, world_size, fn, args, kwargs, timeout)
+        except Exception as err:
+            into.append((False, err))
+            raise
+        into.append((True, copy.deepcopy(out)))
+        return out
+    monkeypatch.setattr(WarmPools, "run", run)
+
+
+def test_sizes_a_demo_does_not_accept_are_refused_before_any_process_starts(no_processes):
     refused = []
     for name, demo in registry().items():
         for n in SIZES:
@@ -61,27 +87,86 @@ def test_sizes_a_demo_does_not_accept_are_refused_before_any_process_starts(pool
                 with pytest.raises(ValueError, match=re.escape(name)):
                     verify([name], n)
                 refused.append((name, n))
-    assert pool_uses == [], "a refused size started or used ranks"
     assert ("activation-checkpointing", 2) in refused and ("latent-seeds", 1) in refused
     assert HEAVY | SLEEPING <= set(registry()), "HEAVY or SLEEPING names a demo that is not registered (renamed?)"
 
 
 @pytest.mark.parametrize("n", SIZES if FULL else DEFAULT_SIZES)
-def test_every_demo_passes_at_each_size_it_accepts(n, pool_uses):
+def test_every_demo_passes_at_each_size_it_accepts(n, monkeypatch, rank_results):
+    """A size a demo accepts must give a PASS: a demo that breaks or refuses there (verify makes either a
+    failed Report with its `error`) is a bug, whatever the exception."""
     problems = []
     for name, demo in registry().items():
         if demo.refuses(n) or not (FULL or n in _sizes(name)):
             continue
-        used = len(pool_uses)
-        try:
+        with monkeypatch.context() as patch:
+            if n == _recorded_size(name):
+                _recording(patch, rank_results.setdefault(name, []))
             report = verify([name], n)[0]
-        except ValueError as err:          # the demo's own check of its arguments: fine if nothing ran
-            if len(pool_uses) > used:
-                problems.append(f"{name} on {n} ranks refused only after its ranks ran: {err}")
-            continue
-        except Exception as err:
-            problems.append(f"{name} on {n} ranks: {type(err).__name__}: {err}")
-            continue
         if not report.passed:
             problems.append(f"{name} on {n} ranks FAILED:\n{report}")
     assert not problems, "\n\n".join(problems)
+
+
+def poisoned(value: Any, bad: float, hits: list[int]) -> Any:
+    """A copy of a rank's result with every float (tensor element 0, Python float) set to `bad`; counts in `hits`."""
+    if isinstance(value, torch.Tensor):
+        if not (value.is_floating_point() and value.numel()):
+            return value
+        out = value.detach().clone()
+        out.view(-1)[0] = bad
+        hits.append(1)
+        return out
+    if isinstance(value, float):
+        hits.append(1)
+        return bad
+    if isinstance(value, dict):
+        return type(value)((k, poisoned(v, bad, hits)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(poisoned(v, bad, hits) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(poisoned(v, bad, hits) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = copy.copy(value)            # set fields directly: a rank returns what it computed, validated or not
+        for f in dataclasses.fields(value):
+            object.__setattr__(out, f.name, poisoned(getattr(value, f.name), bad, hits))
+        return out
+    return value
+
+
+NO_RANK_FLOATS = {"activation-checkpointing", "scan-one-process",   # one process: no rank results at all
+                  "ring-attention-long-context"}                    # ranks return byte counts (exact integers)
+
+
+def test_nan_or_inf_in_any_rank_result_fails_every_demo_and_says_so(monkeypatch, rank_results):
+    """Every demo's comparison path, fed one NaN or one inf in each float its last rank returned, FAILS, with a
+    check that is "not finite" or an error naming the bad value (a validator's "must be a finite number")."""
+    problems, nothing_to_poison = [], set()
+    for name in registry():
+        n = _recorded_size(name)
+        if name not in rank_results:           # this test alone (-k): record them now
+            with monkeypatch.context() as patch:
+                _recording(patch, rank_results.setdefault(name, []))
+                verify([name], n)
+        for bad in (math.nan, math.inf):
+            queue, hits = list(rank_results[name]), []
+
+            def replay(self, world_size, fn, args, kwargs, timeout):
+                ok, out = queue.pop(0)
+                if not ok:
+                    raise out
+                out = copy.deepcopy(out)           # the demo may change what it is given
+                return out[:-1] + [poisoned(out[-1], bad, hits)]
+            with monkeypatch.context() as patch:
+                patch.setattr(WarmPools, "run", replay)
+                report = verify([name], n)[0]
+            if not hits:
+                nothing_to_poison.add(name)
+                continue
+            said = any(not c.finite for c in report.checks) or any(
+                w in (report.error or "").lower() for w in ("nan", "inf", "finite"))
+            if report.passed or not said:
+                problems.append(f"{name} on {n} ranks with {bad} in {len(hits)} values: passed={report.passed}\n"
+                                f"{report}")
+    assert not problems, "\n\n".join(problems)
+    assert nothing_to_poison == NO_RANK_FLOATS, "demos whose ranks return no float changed: update NO_RANK_FLOATS"

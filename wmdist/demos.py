@@ -6,6 +6,7 @@ modules here.
 """
 from __future__ import annotations
 
+import time
 from types import ModuleType
 from typing import Callable
 
@@ -72,6 +73,21 @@ def plan(names: list[str] | None = None, world_size: int | None = None) -> tuple
     return [(name, world_size) for name in names or demos if name not in refused], refused
 
 
+def _run_one(demo: Demo, world_size: int) -> Report:
+    """`demo.run(world_size)`, or a failed Report saying why it broke or why its report is not the one asked for."""
+    start = time.perf_counter()
+    try:
+        report = demo.run(world_size)
+    except Exception as err:     # a demo's failure is a row of the table, not the end of verify
+        return Report(demo.name, world_size, seconds=time.perf_counter() - start,
+                      error=f"{type(err).__name__}: {err}")
+    if report.world_size != world_size or report.name != demo.name:
+        return Report(demo.name, world_size, seconds=report.seconds,
+                      error=f"asked for {demo.name} on {world_size} rank(s), its report is {report.name} on "
+                            f"{report.world_size}; a demo declares the sizes it accepts (min/max_world_size)")
+    return report
+
+
 def verify(names: list[str] | None = None, world_size: int | None = None,
            progress: Callable[[int, int, str], None] | None = None) -> list[Report]:
     """Run demos (all, or those named) at their world sizes (or only at `world_size`).
@@ -79,8 +95,11 @@ def verify(names: list[str] | None = None, world_size: int | None = None,
     `progress(done, total, text)` is called before each run and once at the end.
     Checks come first (see `plan`): with `world_size` and no names, demos that
     cannot run at that size are left out; a named one raises ValueError before
-    anything runs. A demo whose report gives another world size than it was
-    asked for is an error, never a silent PASS at the wrong size.
+    anything runs. Those are the only errors raised: once the runs begin, a
+    demo that breaks (any exception, a ValueError included, since the size was
+    accepted) is a failed Report whose `error` says why, and the next demo
+    runs. So is a report at another world size than asked for: never a silent
+    PASS at the wrong size.
     """
     runs, _ = plan(names, world_size)
     demos = registry()
@@ -88,11 +107,7 @@ def verify(names: list[str] | None = None, world_size: int | None = None,
     for done, (name, n) in enumerate(runs):
         if progress is not None:
             progress(done, len(runs), f"{name} on {n} rank(s)")
-        report = demos[name].run(n)
-        if report.world_size != n:
-            raise RuntimeError(f"demo {name} was asked for {n} rank(s) but its report says {report.world_size}; "
-                               f"it should declare the sizes it accepts (Demo.min_world_size/max_world_size)")
-        reports.append(report)
+        reports.append(_run_one(demos[name], n))
     if progress is not None:
         progress(len(runs), len(runs), "done")
     return reports

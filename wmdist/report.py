@@ -33,13 +33,21 @@ class Check:
     must_differ: bool = False
 
     @property
+    def finite(self) -> bool:
+        """Both the error and the tolerance are finite numbers: only then can the check pass."""
+        return math.isfinite(self.error) and math.isfinite(self.tolerance)
+
+    @property
     def passed(self) -> bool:
-        if self.must_differ:
-            return not math.isnan(self.error) and self.error >= self.tolerance
-        return math.isfinite(self.error) and self.error <= self.tolerance
+        if not self.finite:
+            return False
+        return self.error >= self.tolerance if self.must_differ else self.error <= self.tolerance
 
     def describe(self) -> str:
         mark = "ok  " if self.passed else "FAIL"
+        if not self.finite:
+            return (f"{mark} {self.name}: not finite: error {self.error:.3g}, tolerance {self.tolerance:.3g} (a NaN or "
+                    f"inf in a result, its reference or its tolerance, or shapes that differ) ({self.reason})")
         if self.must_differ:
             sign = ">=" if self.passed else "<"
             return f"{mark} {self.name}: differs by {self.error:.3g} {sign} {self.tolerance:.3g} ({self.reason})"
@@ -92,7 +100,8 @@ class Report:
 
     `data` holds the demo's own typed results for plots and text (a frozen
     dataclass such as timelines or estimator statistics); it is not part of
-    the JSON form.
+    the JSON form. `error` says why the demo broke while running (it then
+    fails, whatever its rows say); None when it ran to the end.
     """
     name: str
     world_size: int
@@ -101,14 +110,16 @@ class Report:
     seconds: float = 0.0
     params: dict[str, Any] = field(default_factory=dict)
     data: Any = None
+    error: str | None = None
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks) and all(c.passed for c in self.exact)
+        return self.error is None and all(c.passed for c in self.checks) and all(c.passed for c in self.exact)
 
     @property
     def failures(self) -> list[str]:
-        out = [c.describe()[5:] for c in self.checks if not c.passed]
+        out = [f"broke while running: {self.error}"] if self.error is not None else []
+        out += [c.describe()[5:] for c in self.checks if not c.passed]
         out += [f"rank {c.rank} {c.label}: measured {c.measured} != predicted {c.predicted}"
                 for c in self.exact if not c.passed]
         return out
@@ -152,6 +163,7 @@ class Report:
 
     def __str__(self) -> str:
         lines = [f"{self.name} on {self.world_size} rank(s): {'PASS' if self.passed else 'FAIL'}"]
+        lines += [f"  FAIL broke while running: {self.error}"] if self.error is not None else []
         lines += [f"  {c.describe()}" for c in self.checks]
         for _, rows in self.groups():
             ok = all(r.passed for r in rows)
@@ -163,6 +175,8 @@ class Report:
         esc = html.escape
         verdict = "<b style='color:#080'>PASS</b>" if self.passed else "<b style='color:#b00'>FAIL</b>"
         out = [f"<p><b>{esc(self.name)}</b> on {self.world_size} rank(s): {verdict}</p>"]
+        if self.error is not None:
+            out.append(f"<p>broke while running: {esc(self.error)}</p>")
         if self.checks:
             rows = "".join(f"<tr><td>{'ok' if c.passed else 'FAIL'}</td><td style='text-align:left'>{esc(c.name)}</td>"
                            f"<td>{c.error:.3g}</td><td>{'&ge;' if c.must_differ else '&le;'} {c.tolerance:.3g}</td>"
@@ -179,17 +193,22 @@ class Report:
 
 
 def max_abs_error(got: Any, expected: Any) -> float:
-    """Largest |got - expected| over tensors, or sequences of tensors/numbers."""
+    """Largest |got - expected| over tensors, or sequences of tensors/numbers.
+
+    NaN when any element on either side is NaN or inf (Check then fails and
+    says "not finite"), inf when shapes or lengths differ.
+    """
     if isinstance(got, (list, tuple)):
         if not isinstance(expected, (list, tuple)) or len(got) != len(expected):
             return math.inf
-        return max((max_abs_error(g, e) for g, e in zip(got, expected)), default=0.0)
-    g, e = torch.as_tensor(got), torch.as_tensor(expected)
+        errors = [max_abs_error(g, e) for g, e in zip(got, expected)]
+        return math.nan if any(math.isnan(x) for x in errors) else max(errors, default=0.0)
+    g, e = torch.as_tensor(got).double(), torch.as_tensor(expected).double()
     if g.shape != e.shape:
         return math.inf
-    if g.numel() == 0:
-        return 0.0
-    return float((g.double() - e.double()).abs().max())
+    if not (bool(torch.isfinite(g).all()) and bool(torch.isfinite(e).all())):
+        return math.nan
+    return float((g - e).abs().max()) if g.numel() else 0.0
 
 
 def close_check(name: str, got: Any, expected: Any, tolerance: float, reason: str) -> Check:

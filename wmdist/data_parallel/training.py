@@ -16,7 +16,6 @@ How the local losses are scaled decides what the sum means (`weighting`):
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -221,19 +220,6 @@ def gradient_bound(spec: TrainSpec, term_sums: torch.Tensor) -> torch.Tensor:
     """
     terms = spec.batch_size * spec.seq_len
     return costs.reordered_sum_bound(terms, 1.0, extra_roundings=GRAD_EXTRA_ROUNDINGS) * term_sums
-
-
-def bound_ratio(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, covered_only: bool = False) -> float:
-    """max_j |got - expected|_j / bound_j: at most 1 when every entry is within its bound.
-
-    0/0 counts as 0 and x/0 as infinity, unless `covered_only`, which leaves
-    out the entries without a bound (e.g. BatchNorm's, see linear_term_sums).
-    """
-    diff = (got.double() - expected.double()).abs()
-    if covered_only:
-        diff, bound = diff[bound > 0], bound[bound > 0]
-    ratio = torch.where(bound > 0, diff / bound.clamp_min(1e-300), diff * math.inf)
-    return float(torch.nan_to_num(ratio, nan=0.0).max()) if ratio.numel() else 0.0
 
 
 PROBE_SEEDS = (1, 2)   # sign patterns param_tolerance perturbs the reference with

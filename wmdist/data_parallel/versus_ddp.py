@@ -15,7 +15,8 @@ from torch import nn
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, counted
-from wmdist.data_parallel.training import (TrainSpec, bound_ratio, dp_train, make_optimizer, param_tolerance,
+from wmdist.compare import bound_ratio
+from wmdist.data_parallel.training import (TrainSpec, dp_train, make_optimizer, param_tolerance,
                                            single_process_train, step_batch)
 from wmdist.models import WorldModelConfig, flat_grads, flat_params, make_model, shard_batch
 from wmdist.report import Check, Demo, Report, close_check, counts_per_rank, exact_check, max_abs_error

@@ -8,12 +8,11 @@ never reaches the ranks.
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from wmdist.compare import one_thread
 from wmdist.costs.validate import require_int
 from wmdist.diffusion.denoiser import Denoiser, DenoiserConfig
 from wmdist.diffusion.sampler import initial_noise, sample
@@ -63,21 +62,6 @@ def require_world(world_size: int, most: int, what: str) -> int:
     if n > most:
         raise ValueError(f"world_size must be at most {most} ({what}), got {n}")
     return n
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run the block with one intra-op thread, as every rank does, then restore the setting.
-
-    The single-device reference then takes the same kernel paths as a rank,
-    so "same operations on the same shapes" really means the same bits.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def reference_trajectory(spec: SamplingSpec, noise: torch.Tensor) -> torch.Tensor:   # -> (K+1, B, S, C)

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
+from wmdist.compare import bound_ratio, one_thread, reordered_terms as block_terms
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF, reordered_sum_bound
 from wmdist.mesh.spec import MeshSpec
 from wmdist.mesh.stage import MeshStage, full_model
 from wmdist.mesh.step import Momentum, RankStep
 from wmdist.models import make_batch
-from wmdist.pipeline.stages import one_thread
 from wmdist.report import Check, max_abs_error
 
 PARAM_WHY = "lr x the gradient's bound, plus p - lr g rounded twice on each side: 2 2^-24 (lr max|g| + max|p|)"
@@ -66,8 +66,8 @@ class Reference:
 
 
 def reordered_terms(spec: MeshSpec) -> int:
-    """K = max(3H, F, B*T): QKV's output features, the MLP's hidden units, the batch's token rows."""
-    return max(3 * spec.width, spec.mlp_ratio * spec.width, spec.batch * spec.seq_len)
+    """K = max(3H, F, B*T) of this mesh's block (`wmdist.compare.reordered_terms`)."""
+    return block_terms(spec.width, spec.mlp_ratio * spec.width, spec.batch * spec.seq_len)
 
 
 def reference_step(spec: MeshSpec) -> Reference:
@@ -91,7 +91,10 @@ def _worst(label: str, got: list[dict[str, torch.Tensor]], want: list[dict[str, 
     for rank, (mine, theirs) in enumerate(zip(got, want)):
         for name, w in theirs.items():
             err, tol = max_abs_error(mine[name], w), tolerance(rank, name, w)
-            ratio = err / tol if tol > 0 else (math.inf if err > 0 else 0.0)    # an all-zero tensor must match exactly
+            ratio = bound_ratio(mine[name], w, tol)      # NaN if anything is not finite; x/0 = inf
+            if math.isnan(ratio):
+                return Check(f"{label} == single device, every rank (worst: {name} on rank {rank})", math.nan, tol,
+                             reason)
             if ratio > worst[0]:
                 worst = (ratio, err, tol, f"{name} on rank {rank}")
     return Check(f"{label} == single device, every rank (worst: {worst[3]})", worst[1], worst[2], reason)

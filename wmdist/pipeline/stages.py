@@ -11,13 +11,12 @@ inside each trajectory sees exactly the context it sees in one process.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from wmdist.compare import one_thread
 from wmdist.costs.rounding import reordered_sum_bound
 from wmdist.models import make_batch
 from wmdist.pipeline.plan import PipeWork, microbatch_sizes, stage_blocks
@@ -106,17 +105,6 @@ class Reference:
                     acc += self.per_microbatch[m][n]
                 out[n] = acc
         return out
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Run torch on one thread inside, as every rank does: a multi-threaded kernel splits its sums differently."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def reference(work: PipeWork, microbatches: int, gradients: bool = True) -> Reference:

@@ -19,12 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context
+from wmdist.compare import bound_ratio
 from wmdist.costs.validate import require_int
 from wmdist.report import Check, Count, Demo, Report, counts_per_rank
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.ring import positions, ring_forward
 from wmdist.ring_attention.spec import RingSpec
-from wmdist.ring_attention.tolerance import REASON, bound_ratio, exact_attention, tolerance
+from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
 from wmdist.runtime import run
 from wmdist.spans import Span
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context
+from wmdist.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
 from wmdist.report import Check, Count, Demo, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
@@ -32,7 +33,7 @@ from wmdist.ring_attention.ring import (
     ring_forward,
 )
 from wmdist.ring_attention.spec import RingSpec, default_seq_len
-from wmdist.ring_attention.tolerance import REASON, bound_ratio, exact_attention, tolerance
+from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
 from wmdist.runtime import run
 from wmdist.spans import Span
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context, all_gather, broadcast
+from wmdist.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
 from wmdist.costs.validate import require_int
 from wmdist.report import Check, Demo, Report, counts_per_rank, exact_check
@@ -28,7 +29,7 @@ from wmdist.ring_attention.blockwise import attend_block, merge
 from wmdist.ring_attention.layout import check_layout
 from wmdist.ring_attention.ring import FORWARD, positions, ring_forward
 from wmdist.ring_attention.spec import default_seq_len
-from wmdist.ring_attention.tolerance import REASON, bound_ratio, exact_attention, tolerance
+from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
 from wmdist.runtime import run
 
 DECODE, HANDOFF = "decode", "prefill handoff"

@@ -11,8 +11,8 @@ large |v| or a large gradient gets a large allowance, a quiet row a small one.
 bounds need; `rounding_bounds` turns them into elementwise bounds for one
 implementation; `tolerance` adds ours (tiles of `block_keys`, `key_blocks`
 merges, 1-ulp exp) to SDPA's taken at its worst (every key its own block,
-a 2-ulp vectorised exp); `bound_ratio` reports max |got - want| / bound, so
-a Check passes when it is at most 1.
+a 2-ulp vectorised exp); `wmdist.compare.bound_ratio` reports max |got - want| / bound,
+so a Check passes when it is at most 1.
 Shapes: q (B, H, Sq, D), k (B, H, Sk, D), v (B, H, Sk, Dv), dout like the output.
 """
 from __future__ import annotations
@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 
+from wmdist.compare import ROUNDOFF
 from wmdist.costs.ring_attention import lse_rounding_bound, weight_rounding_bound
-from wmdist.costs.rounding import FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF
 
-ROUNDOFF = {torch.float32: FLOAT32_ROUNDOFF, torch.float64: FLOAT64_ROUNDOFF}
 SECOND_ORDER = 1.01   # the bounds are first order in u; E^2 terms are < 1% of them while E < 0.01 (checked)
 REASON = ("first-order rounding bound, elementwise: ours (tiles, merges, 1-ulp exp) plus SDPA's worst case "
           "(every key its own block, 2-ulp exp); in units of that bound")
@@ -132,13 +131,3 @@ def tolerance(ex: ExactAttention, dtype: torch.dtype, block_keys: int, key_block
     """Allowed gap between ours (tiles of block_keys keys, key_blocks merges a row) and SDPA: the sum of both bounds."""
     ours = rounding_bounds(ex, ROUNDOFF[dtype], block_keys, key_blocks, 1.0, grads)
     return ours.plus(sdpa_bounds(ex, dtype, grads), SECOND_ORDER)
-
-
-def bound_ratio(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor | float) -> float:
-    """max |got - want| / bound elementwise (0/0 = 0, x/0 = inf, NaN = inf): at most 1 when every element is within."""
-    gap = (got.detach().double() - want.detach().double()).abs()
-    if gap.isnan().any():
-        return math.inf
-    bound = torch.as_tensor(bound, dtype=torch.float64).expand_as(gap)
-    ratio = torch.where(bound > 0, gap / bound.clamp_min(1e-300), gap * math.inf)
-    return float(torch.nan_to_num(ratio, nan=0.0).max()) if gap.numel() else 0.0

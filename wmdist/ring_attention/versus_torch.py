@@ -26,12 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context
+from wmdist.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
 from wmdist.report import Check, Count, Demo, Report, counts_per_rank
 from wmdist.ring_attention.profiling import op_input_bytes
 from wmdist.ring_attention.ring import positions, ring_backward, ring_forward
 from wmdist.ring_attention.spec import RingSpec, default_seq_len
-from wmdist.ring_attention.tolerance import REASON, SECOND_ORDER, bound_ratio, exact_attention, sdpa_bounds, tolerance
+from wmdist.ring_attention.tolerance import REASON, SECOND_ORDER, exact_attention, sdpa_bounds, tolerance
 from wmdist.runtime import run
 
 CASES = (("float64", False, "contiguous"), ("float64", True, "contiguous"), ("float64", True, "zigzag"),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wmdist.costs.rounding import FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF
+from wmdist.compare import ROUNDOFF
 from wmdist.costs.scan import (
     COMBINES,
     allgather_summary_bytes,
@@ -27,8 +27,6 @@ from wmdist.costs.validate import require_int
 from wmdist.report import Check, Count, Demo, Report, close_check, counts_per_rank, exact_check
 from wmdist.scan.affine import sequential
 from wmdist.scan.affine_ranks import AffineCase, RankOutcome, gather_states, scan_cases, validate
-
-ROUNDOFF = {torch.float32: FLOAT32_ROUNDOFF, torch.float64: FLOAT64_ROUNDOFF}
 
 
 def tolerance(case: AffineCase, world_size: int) -> float:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wmdist.costs.rounding import FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF
+from wmdist.compare import ROUNDOFF
 from wmdist.costs.scan import handoff_bytes, time_chunk_sizes
 from wmdist.costs.validate import require_int
 from wmdist.report import Count, Demo, Report, close_check, counts_per_rank, differ_check, exact_check
@@ -20,8 +20,6 @@ from wmdist.scan.boundaries import SCHEMES, check_inputs, run_boundaries, stitch
 from wmdist.scan.bounds import propagated_bound
 from wmdist.scan.cell import GRUCell, rollout, step_errors
 from wmdist.spans import Span
-
-ROUNDOFF = {torch.float32: FLOAT32_ROUNDOFF, torch.float64: FLOAT64_ROUNDOFF}
 
 
 def episodes(batch: int = 8, steps: int = 37, state_size: int = 16, input_size: int = 8, seed: int = 0,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from wmdist.compare import ROUNDOFF
 from wmdist.costs.scan import (
     OpCount,
     blelloch_ops,
@@ -28,7 +29,6 @@ from wmdist.costs.scan import (
 from wmdist.costs.validate import require_int
 from wmdist.report import Check, Count, Demo, Report, close_check
 from wmdist.scan.affine import Tally, associative_scan, chunked, compose, sequential, time_scans, torch_associative_scan
-from wmdist.scan.affine_demos import ROUNDOFF
 from wmdist.scan.affine_ranks import AffineCase
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from wmdist.compare import reordered_terms as block_terms, worst as worst_of
 from wmdist.costs import reordered_sum_bound
 from wmdist.costs.tensor_parallel import OPS, BlockShape, Collective
 from wmdist.report import Check, Count, close_check, max_abs_error
@@ -27,8 +28,8 @@ WHY = "float32 sums regrouped by rank: 2(K-1) 2^-24 max|X|, K = max(3H, F, B*T) 
 
 
 def reordered_terms(shape: BlockShape) -> int:
-    """K: the most terms of any float32 sum whose order the split changes."""
-    return max(3 * shape.width, shape.hidden, shape.batch * shape.seq)
+    """K: the most terms of any float32 sum whose order the split changes (`wmdist.compare.reordered_terms`)."""
+    return block_terms(shape.width, shape.hidden, shape.batch * shape.seq)
 
 
 def tolerance(reference: torch.Tensor, terms: int) -> float:
@@ -41,7 +42,7 @@ def agreement_checks(label: str, got: list[dict[str, torch.Tensor]], expected: l
     """One check per tensor name: every rank's tensor against the reference's (its slice), worst rank shown."""
     checks = []
     for name in expected[0]:
-        worst = max(range(len(got)), key=lambda r: max_abs_error(got[r][name], expected[r][name]))
+        worst = worst_of([max_abs_error(got[r][name], expected[r][name]) for r in range(len(got))])
         want = expected[worst][name]
         checks.append(close_check(f"{label}: {name} == single device, every rank", got[worst][name], want,
                                   tolerance(want, terms), f"{WHY}; worst: rank {worst}"))

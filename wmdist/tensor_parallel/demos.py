@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from wmdist.compare import worst as worst_of
 from wmdist.costs import require_int
 from wmdist.costs import tensor_parallel as costs
-from wmdist.report import Count, Demo, Report, close_check, counts_per_rank, differ_check, exact_check
+from wmdist.report import Count, Demo, Report, close_check, counts_per_rank, differ_check, exact_check, max_abs_error
 from wmdist.runtime import run
 from wmdist.tensor_parallel.block import NAMES, block_shape, shard_of
 from wmdist.tensor_parallel.compare import WHY, agreement_checks, collective_counts, reordered_terms, tolerance
@@ -157,7 +158,7 @@ def sp_cp_demo(world_size: int, batch: int = BATCH, seq: int = SEQ, seed: int = 
         mine = [r[i] for r in runs]
         want = [_want_block(ref, CONFIG, layout, n, r, seq) for r in range(n)]
         if layout == "cp-local-mask":
-            worst = max(range(n), key=lambda r: float((mine[r].output - want[r]["output"]).abs().max()))
+            worst = worst_of([max_abs_error(mine[r].output, want[r]["output"]) for r in range(n)])
             tol = tolerance(want[worst]["output"], terms)
             checks.append(differ_check("PITFALL CP masking with local positions: output differs from one device",
                                        mine[worst].output, want[worst]["output"], 1000 * tol,
