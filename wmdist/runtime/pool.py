@@ -37,6 +37,7 @@ __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "Pool", "PoolRestartWarning", "
 DEFAULT_TIMEOUT_S = 300.0      # generous: Binder CPUs are slow and shared
 MAX_TIMEOUT_S = 7200.0         # two hours; the ranks' own gloo timeout sits just above it
 START_TIMEOUT_S = 120.0
+_INSTALL = threading.Lock()    # guards the one-time, process-wide hook of _never_reimport_main_in_ranks
 # Preloaded in the forkserver, so every rank forks with them already imported and shares their
 # pages. Heavier, rarely used imports are left to the demos that need them, because every
 # preloaded module costs memory in the whole tree (measured: torch.distributed.checkpoint
@@ -56,28 +57,33 @@ def _mp_context() -> mp.context.BaseContext:
     return mp.get_context("spawn")
 
 
-@contextlib.contextmanager
-def _without_main_reimport():
-    """Start processes without re-running the parent's __main__ in them.
+def _never_reimport_main_in_ranks() -> None:
+    """Start ranks without re-running the parent's __main__ in them (installed once, process-wide).
 
     multiprocessing normally re-imports the parent's main script in every
     child, so that functions defined there can be found. Ranks never need it
     (functions travel by value), and re-running it breaks when the main
-    program is stdin or a script without an `if __name__ == "__main__"` guard.
+    program is stdin or a script without an `if __name__ == "__main__"` guard
+    (and runs a guarded script's top level again). multiprocessing asks
+    `spawn.get_preparation_data(name)` what a child should prepare, with the
+    child's name, so a wrapper drops the main module for processes named
+    "wmdist-rank*" only. It stays installed: swapping it in and out around a
+    start raced with a second thread starting its own pool.
     """
-    original = mp_spawn.get_preparation_data
+    with _INSTALL:
+        original = mp_spawn.get_preparation_data
+        if getattr(original, "wmdist_ranks_skip_main", False):
+            return
 
-    def preparation_data(name: str) -> dict:
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
+        def preparation_data(name: str) -> dict:
+            data = original(name)
+            if name.startswith("wmdist-rank"):
+                data.pop("init_main_from_path", None)
+                data.pop("init_main_from_name", None)
+            return data
 
-    mp_spawn.get_preparation_data = preparation_data
-    try:
-        yield
-    finally:
-        mp_spawn.get_preparation_data = original
+        preparation_data.wmdist_ranks_skip_main = True   # type: ignore[attr-defined]
+        mp_spawn.get_preparation_data = preparation_data
 
 
 class Pool:
@@ -114,7 +120,8 @@ class Pool:
         self._tmpdir = cleanup.make_run_dir()
         store = os.path.join(self._tmpdir, "rendezvous")
         try:
-            with cleanup.interrupts_deferred(), _without_main_reimport():   # every started rank gets tracked
+            _never_reimport_main_in_ranks()
+            with cleanup.interrupts_deferred():   # every started rank gets tracked
                 self._spawn_ranks(ctx, store)
             cleanup.mark_multiprocessing_dir()
             self._collect(time.monotonic() + timeout, range(self.world_size), starting=True)
