@@ -123,3 +123,5 @@ def test_bad_sizes_and_a_bad_reach_are_refused_before_any_send(monkeypatch):
     q = torch.zeros(1, 1, 4, 2)
     with pytest.raises(ValueError, match="reach must be 2 hop counts"):
         pruned_forward(ctx, q, q, q, 8, "contiguous", True, 2, reach=[1, 2])
+    with pytest.raises(ValueError, match="floating-point dtype"):
+        pruned_forward(ctx, q.long(), q.long(), q.long(), 8, "contiguous", True, 2)

@@ -29,7 +29,7 @@ import math
 import torch
 
 from wmdist.comm import Context, Pending, irecv, isend
-from wmdist.ring_attention.blockwise import block_is_future
+from wmdist.ring_attention.blockwise import block_is_future, check_shapes
 from wmdist.ring_attention.layout import block_reach, ring_source
 from wmdist.ring_attention.ring import (BACKWARD_GRAD, BACKWARD_KV, FORWARD, RingTrace, _attend_step, _Clock,
                                         _grad_step, _layout_args, _trace, _wait_all, positions)
@@ -66,6 +66,7 @@ def pruned_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     `reach` overrides layout.block_reach (an experiment: cut a block's trip
     one hop short and a rank that needed it answers without its keys).
     """
+    check_shapes(q, k, v)                                             # before any message
     n, rank = ctx.world_size, ctx.rank
     q_pos, block = _layout_args(ctx, q, seq_len, layout, block_size)
     reach = block_reach(seq_len, n, layout, causal) if reach is None else _checked_reach(reach, n)
@@ -107,6 +108,7 @@ def pruned_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     neighbour (then it is the last message from there, received last).
     `reach` as in pruned_forward; every rank must be given the same one.
     """
+    check_shapes(q, k, v)                                             # before any message
     n, rank = ctx.world_size, ctx.rank
     q_pos, block = _layout_args(ctx, q, seq_len, layout, block_size)
     reach = block_reach(seq_len, n, layout, causal) if reach is None else _checked_reach(reach, n)
