@@ -37,6 +37,28 @@ def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
     assert "FAIL" in out and "deliberately wrong" in out
 
 
+def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monkeypatch, capsys, no_processes):
+    """Only errors raised before any process starts are usage errors: a ValueError from a demo's own run (here a
+    tolerance turned NaN after its ranks ran) is that demo's FAIL row with its reason, and the next demo runs."""
+    from wmdist.report import Demo
+
+    def breaks(n):
+        raise ValueError("tolerance must be a finite number >= 0.0, got nan")
+    demos = {"breaks": Demo("breaks", "raises while running", breaks, world_sizes=(2,)),
+             "fine": Demo("fine", "passes", lambda n: Report("fine", n, [Check("x", 0.0, 1.0, "r")]), world_sizes=(2,)),
+             "wrong-size": Demo("wrong-size", "reports another size", lambda n: Report("wrong-size", 1), world_sizes=(2,))}
+    monkeypatch.setattr("wmdist.demos.registry", lambda: demos)
+    monkeypatch.setattr("wmdist.cli.registry", lambda: demos)
+    assert main(["verify"]) == 1
+    captured = capsys.readouterr()
+    assert "usage" not in captured.err
+    rows = [line.split() for line in captured.out.splitlines()[1:4]]
+    assert [(r[0], r[1], r[-1]) for r in rows] == [("breaks", "2", "FAIL"), ("fine", "2", "PASS"),
+                                                  ("wrong-size", "2", "FAIL")]
+    assert "broke while running: ValueError: tolerance must be a finite number >= 0.0, got nan" in captured.out
+    assert "asked for wrong-size on 2 rank(s), its report is wrong-size on 1" in captured.out
+
+
 @pytest.mark.parametrize("args, message", [
     (["verify", "no-such-demo"], "unknown demo(s): no-such-demo"),
     (["verify", "-n", "0"], "expected a positive integer, got 0"),
@@ -92,11 +114,9 @@ def test_verify_reports_progress_before_each_run_and_at_the_end():
     assert seen == [(i, 8, f"ring-allreduce on {i + 1} rank(s)") for i in range(8)] + [(8, 8, "done")]
 
 
-def test_verify_refuses_a_named_demo_outside_its_sizes_before_anything_runs(monkeypatch):
+def test_verify_refuses_a_named_demo_outside_its_sizes_before_anything_runs(no_processes):
     from wmdist.demos import verify
-    from wmdist.runtime import Pool
 
-    monkeypatch.setattr(Pool, "start", lambda self, *a, **k: pytest.fail("a pool was started"))
     with pytest.raises(ValueError, match="latent-seeds needs at least 2 ranks, got 1"):
         verify(["latent-seeds"], world_size=1)
     with pytest.raises(ValueError, match="activation-checkpointing runs in one process only, got 2"):
