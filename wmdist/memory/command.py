@@ -75,7 +75,8 @@ def add_memory_parser(subparsers: Any) -> None:
                               description="Per-rank training memory by kind (parameters, gradients, "
                                           "optimizer state, master weights, activations, batch).")
     p.add_argument("--model", choices=list(PRESETS), help=PRESET_HELP)
-    p.add_argument("--params", type=parse_count, help="total parameter count P: 7B, 1.5B, 70M, 7.5e9 or 7500000000")
+    p.add_argument("--params", type=parse_count,
+                   help="total parameter count P, 0 to 1e18: 7B, 1.5B, 70M, 7.5e9 or 7500000000")
     p.add_argument("--dtype", default="fp32", help="parameter dtype: " + ", ".join(DTYPE_BYTES))
     p.add_argument("--grad-dtype", default=None, help="gradient dtype (default: --dtype)")
     p.add_argument("--grad-accum-dtype", default=None,
@@ -88,14 +89,15 @@ def add_memory_parser(subparsers: Any) -> None:
         p.add_argument(f"--{axis}", type=int, default=None if axis == "dp" else 1, help=f"{axis} degree")
     p.add_argument("--world-size", "--world", dest="world", type=int, default=None,
                    help="total ranks; must equal dp*tp*pp*cp")
-    p.add_argument("--layers", type=int, default=None, help="transformer layers (default 1, or the model's)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="transformer layers, >= 1 (default 1, or the model's); --pp at most this")
     p.add_argument("--act-bytes", type=float, default=None, help="activation bytes per token per layer")
     p.add_argument("--act-replicated-bytes", type=float, default=None,
                    help="of --act-bytes, the part tensor parallelism leaves whole on every tp rank (default 0: all "
                         "sharded, which overstates the saving without sequence parallelism)")
     p.add_argument("--sequence-parallel", action="store_true", help="split the tp-replicated part over tp too")
     p.add_argument("--input-bytes", type=float, default=None, help="layer-input bytes per token (checkpointing)")
-    p.add_argument("--seq-len", "--context", dest="seq_len", type=int, default=None, help="tokens per sequence")
+    p.add_argument("--seq-len", "--context", dest="seq_len", type=int, default=None, help="tokens per sequence, >= 1")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank")
     p.add_argument("--batch-bytes", type=int, default=0, help="input batch bytes per rank")
     p.add_argument("--checkpointing", action="store_true")
@@ -117,7 +119,8 @@ def config_from_args(args: argparse.Namespace) -> MemoryConfig:
         if value is not None:
             fields[field] = value
     if "params" not in fields:
-        raise ValueError(f"--params: give a parameter count (e.g. --params 7B) or --model (one of {', '.join(PRESETS)})")
+        raise ValueError(f"--params: give a parameter count (e.g. --params 7B) or --model "
+                         f"(one of {', '.join(PRESETS)})")
     if (args.model or args.layers is not None) and args.pp > fields["layers"]:
         of = f"{args.model} has" if args.layers is None else "--layers gives"
         raise ValueError(f"--pp: pp must be an integer from 1 to {fields['layers']} ({of} {fields['layers']} layers "
