@@ -125,3 +125,20 @@ def test_bad_sizes_and_a_bad_reach_are_refused_before_any_send(monkeypatch):
         pruned_forward(ctx, q, q, q, 8, "contiguous", True, 2, reach=[1, 2])
     with pytest.raises(ValueError, match="floating-point dtype"):
         pruned_forward(ctx, q.long(), q.long(), q.long(), 8, "contiguous", True, 2)
+
+
+def test_chapter_09_prose_numbers_for_dp_bytes_growing_with_context():
+    # notebooks/09 c18 explains why dp's bytes grow with T (learned positions on stage 0) with these numbers
+    from dataclasses import replace
+
+    from wmdist.costs import mesh
+    from wmdist.mesh.patterns import PatternsConfig, patterns, shown_coords
+
+    tiny = PatternsConfig()
+    assert [patterns(replace(tiny, seq_len=t)).traffic["dp"].bytes_sent for t in (8, 512)] == [55_296, 119_808]
+    long = replace(tiny, width=1024, heads=16, seq_len=131072, batch=16, layers=24, microbatches=4, dp=4, tp=4,
+                   cp=8, ranks_per_node=8)                     # the long-context row of 09 c21
+    coords = shown_coords(long.shape)
+    assert coords["pp"] == 0
+    share = long.seq_len * long.width / mesh.rank_params(long.shape, coords["tp"], coords["pp"])
+    assert round(100 * share) == 78
