@@ -60,7 +60,8 @@ def ring_kv_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, batch: 
     """KV bytes one rank sends in the forward ring: (N-1) (S/N) d_KV batch elem_size (N sends with the final exchange).
 
     Linear in S for fixed N, while attention arithmetic is quadratic: the two
-    are different quantities. Causal skipping does not reduce it.
+    are different quantities. Causal skipping does not reduce it in this uniform ring
+    (the pruned one, pruned_ring_bytes_per_rank, drops the dead sends).
     """
     return ring_kv_sends(world_size, final_exchange) * kv_block_bytes(seq_len, world_size, kv_width, batch,
                                                                      elem_size)

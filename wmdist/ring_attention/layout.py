@@ -94,7 +94,8 @@ def skipped_steps(seq_len: int, world_size: int, layout: str) -> list[tuple[int,
 
     Contiguous: rank r skips steps t > r (blocks from ranks after it), so
     N(N-1)/2 of the N^2 steps. Zigzag: none, every block meets the rank's
-    late chunk. Skipped blocks still travel on around the ring.
+    late chunk. In the uniform ring skipped blocks still travel on; each skipped
+    step is one dead send (block_reach).
     """
     work = step_work(seq_len, world_size, layout, True)
     return [(r, t) for r, row in enumerate(work) for t, w in enumerate(row) if w == 0]
