@@ -116,3 +116,9 @@ def test_a_report_that_broke_while_running_fails_and_says_why():
     assert "FAIL broke while running" in str(broke) and "broke while running" in broke._repr_html_()
     assert broke.to_dict()["error"].startswith("ValueError") and broke.to_dict()["passed"] is False
     assert format_table([broke], seconds=False).splitlines()[1].split() == ["demo", "2", "1/1", "-", "FAIL"]
+
+
+def test_the_one_guard_stops_a_run_before_any_rank_starts(no_processes):
+    from wmdist import runtime
+    with pytest.raises(pytest.fail.Exception, match="a process was started"):
+        runtime.run(lambda ctx: 0, 2)

@@ -3,7 +3,6 @@ over budget, autoregressive generation, the traffic widget, the exercise, the be
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -19,8 +18,7 @@ from wmdist.ring_attention.spec import RingSpec
 from wmdist.ring_attention.tolerance import exact_attention, tolerance
 from wmdist.ring_attention.traffic import TrafficConfig, traffic_model
 
-torch.set_num_threads(1)
-DEMO_MODULES = (demos, versus_torch, balance, long_context, generation)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 
 
 @pytest.mark.parametrize("world_size", [1, 3, 8])
@@ -70,10 +68,9 @@ def test_torchs_ring_template_on_gloo_ranks_agrees_and_sends_dkv_every_step():
     assert report.measured(quantity="torch all_to_all calls", phase="backward", case="float64 full contiguous") == [3, 3]
 
 
-def test_without_torchs_private_template_the_comparison_says_why_before_starting(monkeypatch):
+def test_without_torchs_private_template_the_comparison_says_why_before_starting(monkeypatch, no_processes):
     assert versus_torch.template_missing() is None                # torch 2.13 has it
     monkeypatch.setattr(versus_torch, "template_missing", lambda: "torch 9.9 lacks _templated_ring_attention")
-    monkeypatch.setattr(versus_torch, "run", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(RuntimeError, match="cannot compare with torch's ring attention: torch 9.9 lacks"):
         versus_torch.versus_torch_demo(2)
 
@@ -122,31 +119,10 @@ def test_generation_needs_one_round_per_new_token_on_any_n(world_size):
     (lambda: generation.generation_demo(5, seq_len=12), "divisible by 5"),
     (lambda: generation.generation_demo(2, block_size=0), "block_size"),
 ])
-def test_bad_inputs_are_refused_in_one_line_before_any_process_starts(monkeypatch, call, message):
-    for module in DEMO_MODULES:
-        monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("a process was started"))
+def test_bad_inputs_are_refused_in_one_line_before_any_process_starts(no_processes, call, message):
     with pytest.raises(ValueError, match=message) as err:
         call()
     assert "\n" not in str(err.value)
-
-
-class _WouldStart(Exception):
-    pass
-
-
-@pytest.mark.parametrize("world_size", range(1, 9))
-def test_every_demo_passes_or_refuses_each_world_size_before_starting(monkeypatch, world_size):
-    def would_start(*args, **kwargs):
-        raise _WouldStart
-    for module in DEMO_MODULES:
-        monkeypatch.setattr(module, "run", would_start)
-    for demo in [d for m in DEMO_MODULES for d in m.DEMOS]:
-        try:
-            demo.run(world_size)
-        except _WouldStart:
-            continue                        # validated, then it would have started ranks
-        except ValueError as err:
-            assert "\n" not in str(err)     # refused, in one line
 
 
 def test_backward_costs_by_hand():
@@ -163,7 +139,8 @@ def test_traffic_model_has_no_universal_ranking():
     assert short_wide.parallel["DP"] > short_wide.parallel["TP"] and long_narrow.parallel["DP"] < long_narrow.parallel["TP"]
     assert short_wide.ranking != long_narrow.ranking
     r = traffic_model(TrafficConfig(seq_len=65536, world_size=8, causal=False))
-    assert (r.sent, r.sent_paper) == (7 * r.sent // 7, 8 * r.sent // 7)
+    block = 2 * (65536 // 8) * 16 * 128 * 2        # K and V of S/N tokens, 16 heads x 128, bfloat16: by hand
+    assert (r.sent, r.sent_paper) == (7 * block, 8 * block) == (469_762_048, 536_870_912)   # N-1 sends; the paper's N
     assert r.flops_s[1] == 4 * r.flops_s[0] and r.sent_s[1] == 2 * r.sent_s[0]   # S doubles: FLOPs x4, bytes x2
     a100 = traffic_model(TrafficConfig(device="A100 SXM, NVLink 3", causal=False, dtype="bfloat16"))
     assert a100.min_block == 1040                                  # F / B = 312e12 / 300e9, the paper's figure
@@ -171,20 +148,19 @@ def test_traffic_model_has_no_universal_ranking():
         TrafficConfig(seq_len=1024, world_size=3)
 
 
-def test_panel_slider_redraws_fast_enough_and_run_it_overlays_exact_bytes():
+def test_panel_slider_redraws_in_place_and_run_it_overlays_exact_bytes():
     from wmdist.ring_attention.panel import TrafficPanel
     panel = TrafficPanel(TrafficConfig(seq_len=1024, heads=2, head_dim=16, world_size=2, block_size=64))
-    start = time.perf_counter()
+    panel.selector.value = "FLOPs vs bytes"
+    axes = panel.shown.axes[0]
     panel.controls["seq_len"].value = 4096
-    seconds = time.perf_counter() - start
-    print(f"slider redraw: {1e3 * seconds:.0f} ms")
-    assert seconds < 2.0                                           # the target is 0.1 s; the machine is shared
     assert panel.result.tokens_per_rank == 2048 and "2,048 tokens" in panel.summary.value
-    assert len(panel.shown.axes[1].lines) == 3                     # redrawn in place: two curves and the mark
+    assert panel.shown.axes[0] is axes and len(axes.lines) == 3    # redrawn in place: two curves and the mark
     panel.controls["seq_len"].value = 1024
     measured = panel.run()
     assert measured.sent == [measured.sent_predicted] * 2 and measured.backward == [measured.backward_predicted] * 2
-    assert "equal" in panel.summary.value and len(panel.shown.axes[0].lines) == 4   # two curves, mark, measured
+    assert panel.selector.value == "bytes per rank" and "equal" in panel.more.value
+    assert len(panel.shown.axes[0].lines) == 4                     # two curves, the mark, the measured points
     panel.controls["world_size"].value = 16                        # run it refuses more ranks than it starts
     assert panel.run() is None and "at most 8 local ranks" in panel.status.value
 

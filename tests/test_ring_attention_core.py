@@ -13,7 +13,7 @@ from wmdist.ring_attention import blockwise, layout
 from wmdist.ring_attention.blockwise import attend_block, attend_block_backward, block_is_future, merge
 from wmdist.ring_attention.tolerance import ROUNDOFF, SECOND_ORDER, exact_attention, rounding_bounds, tolerance
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 
 
 def _inputs(shape, dtype, seed, count=4):

@@ -17,7 +17,7 @@ from wmdist.scan import affine_demos, affine_ranks, boundaries, bounds, cell_dem
 from wmdist.scan.cell import GRUCell, rollout
 from wmdist.scan.demos import DEMOS, EXERCISES
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 matplotlib.use("Agg")
 DEMO_NAMES = ("scan-affine", "scan-bytes", "scan-one-process", "scan-cell", "scan-picard")
 
@@ -31,13 +31,6 @@ def test_demos_are_registered_for_chapter_07():
     assert [d.name for d in DEMOS] == list(DEMO_NAMES) and all(demos[d.name] == d for d in DEMOS)
     assert {d.chapter for d in DEMOS} == {"07"} and demos["scan-cell"].min_world_size == 2
     assert exercises()["incoming state"] is EXERCISES[0]
-
-
-def _no_processes(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a process started before the input was validated")
-    for module in (affine_ranks, boundaries, picard_ranks):
-        monkeypatch.setattr(module, "run", refuse)
 
 
 @pytest.mark.parametrize("call, message", [
@@ -63,8 +56,7 @@ def _no_processes(monkeypatch):
     (lambda: boundaries.run_boundaries(2, GRUCell.seeded(16, 8), torch.zeros(2, 6, 5), torch.zeros(2, 16)),
      "state size mismatch"),
 ])
-def test_bad_inputs_are_refused_before_any_process_starts(monkeypatch, call, message):
-    _no_processes(monkeypatch)
+def test_bad_inputs_are_refused_before_any_process_starts(no_processes, call, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
 

@@ -12,7 +12,7 @@ from wmdist.costs import scan as costs
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF
 from wmdist.scan import affine, cell
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 ROUNDOFF = {torch.float64: FLOAT64_ROUNDOFF, torch.float32: FLOAT32_ROUNDOFF}
 
 
