@@ -26,8 +26,11 @@ import math
 import multiprocessing as mp
 import numbers
 import os
+import signal
 import sys
-from typing import Any, Callable
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Iterator
 
 import cloudpickle
 import torch
@@ -126,7 +129,7 @@ def _register_by_value(fn: Callable[..., Any]) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
-def _run_torchrun(fn: Callable[..., Any], world_size: int, args: tuple, kwargs: dict) -> list[Any]:
+def _run_torchrun(fn: Callable[..., Any], world_size: int, args: tuple, kwargs: dict, timeout: float) -> list[Any]:
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
         raise ValueError(f"world_size={world_size} but torchrun started WORLD_SIZE={env_world}")
@@ -141,11 +144,57 @@ def _run_torchrun(fn: Callable[..., Any], world_size: int, args: tuple, kwargs: 
     rank = dist.get_rank()
     if not _torchrun_resources:
         _torchrun_resources.append(RankResources())
-    ctx = Context(rank, env_world, Ledger(rank), device=device, backend=backend, resources=_torchrun_resources[0])
-    result = fn(ctx, *args, **kwargs)
+    resources = _torchrun_resources[0]
+    resources.timeout = timedelta(seconds=timeout)        # groups made during this call
+    ctx = Context(rank, env_world, Ledger(rank), device=device, backend=backend, resources=resources)
     gathered: list[Any] = [None] * env_world
-    dist.all_gather_object(gathered, result)
+    with _within(timeout, rank, resources):
+        result = fn(ctx, *args, **kwargs)
+        dist.all_gather_object(gathered, result)
     return gathered
+
+
+@contextlib.contextmanager
+def _within(timeout: float, rank: int, resources: RankResources) -> Iterator[None]:
+    """Bound one torchrun call by `timeout`: its collectives time out then, and so does Python code.
+
+    The process groups (the world and the cached subgroups) get the call's
+    timeout for its duration, so a peer that never comes makes the waiting
+    op raise instead of waiting gloo's 30 minutes (NCCL's 10). A rank still
+    in Python code at the deadline (asleep, or looping) is interrupted with
+    TimeoutError by SIGALRM, when the call runs in the main thread and
+    SIGALRM is not otherwise in use; torchrun then ends the other ranks.
+    """
+    groups = [dist.group.WORLD, *resources.groups.values()]
+    before = [_group_timeout(g) for g in groups]
+    for group in groups:
+        group.set_timeout(timedelta(seconds=timeout))
+    alarm = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"rank {rank} did not finish within the call's timeout of {timeout:g} s")
+
+    if alarm:
+        signal.signal(signal.SIGALRM, expired)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        yield
+    finally:
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        for group, previous in zip(groups, before):
+            with contextlib.suppress(Exception):
+                group.set_timeout(previous)
+        resources.timeout = None
+
+
+def _group_timeout(group: dist.ProcessGroup) -> timedelta:
+    """The timeout a group's ops use now (torch keeps it in its backend's options), or torch's default."""
+    with contextlib.suppress(Exception):
+        return group._get_backend(torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")).options._timeout
+    return dist.default_pg_timeout
 
 
 def run(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT_S,
@@ -159,7 +208,7 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DE
     _refuse_inside_a_rank()
     world_size = _validate(fn, world_size, args, kwargs, timeout)
     if under_torchrun():
-        return _run_torchrun(fn, world_size, args, kwargs)
+        return _run_torchrun(fn, world_size, args, kwargs, float(timeout))
     _register_by_value(fn)
     try:
         cloudpickle.dumps((fn, args, kwargs))

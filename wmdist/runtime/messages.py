@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from wmdist.comm import Ledger
 
 DRAIN_TIMEOUT_S = 30.0    # matched transfers finish in milliseconds; only disagreeing tags take this long
+DRAIN_AT_LEAST_S = 0.5    # ... and are given this long even when the call's own timeout is (nearly) spent
 TAIL = 16                 # the last collectives kept per group, to name the one another rank lacks
 # ProcessGroup's collective methods (torch 2.13; absent ones are skipped), by the name a user knows them by.
 COLLECTIVES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
@@ -229,17 +230,18 @@ class MessageAudit:
         posted = {key: (count, crc, list(tail)) for key, (count, crc, tail) in self.collectives.items()}
         return self.sent, self.received, self.any_source, unwaited, posted
 
-    def drain(self) -> str | None:
-        """Wait for the ops the call never waited for (all matched); describe one that does not finish, or None."""
+    def drain(self, within: float = DRAIN_TIMEOUT_S) -> str | None:
+        """Wait up to `within` seconds for the ops the call never waited for (all matched); describe one that
+        does not finish, or None."""
         self.ledger = None              # the call is over: its ledger no longer names what this rank does
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        deadline = time.monotonic() + within
         for work, what in self.pending:
             if work.is_completed():      # waited for by the call (a gloo work must be waited for only once)
                 continue
             try:
                 work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
             except Exception as err:     # gloo raises on timeout
-                return (f"left {what} unfinished {DRAIN_TIMEOUT_S:.0f} s after the call ended (do the tags of "
+                return (f"left {what} unfinished {within:.1f} s after the call ended (do the tags of "
                         f"the send and the receive agree?): {str(err).splitlines()[0]}")
         self.pending = []
         return None

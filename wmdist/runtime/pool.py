@@ -29,7 +29,7 @@ import cloudpickle
 
 from wmdist.runtime import cleanup
 from wmdist.runtime.failures import PoolRestartWarning, RankFailure, exit_failure, timeout_failure
-from wmdist.runtime.messages import DRAIN_TIMEOUT_S, unmatched, unmatched_collectives
+from wmdist.runtime.messages import DRAIN_AT_LEAST_S, DRAIN_TIMEOUT_S, unmatched, unmatched_collectives
 from wmdist.runtime.rank import STATUS_BYTES, worker_main
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "Pool", "PoolRestartWarning", "RankFailure"]
@@ -184,9 +184,13 @@ class Pool:
             raise RankFailure(stray[0], "unmatched", f"{stray[2]}; the call fails so that the collective cannot "
                                                      "pair with one of a later call", None, stray[1])
         unfinished = [r for r, c in enumerate(counts) if c[3]]
+        if not unfinished:
+            return
+        # Within the call's own timeout (capped, and a moment at least): the rank answers when it runs out.
+        within = min(max(deadline - time.monotonic(), DRAIN_AT_LEAST_S), DRAIN_TIMEOUT_S)
         for r in unfinished:
-            self._conns[r].send_bytes(b"drain")
-        self._collect(max(deadline, time.monotonic() + DRAIN_TIMEOUT_S + 10), unfinished)
+            self._conns[r].send_bytes(f"drain {within:.3f}".encode())
+        self._collect(time.monotonic() + within + 5.0, unfinished)
 
     def _collect(self, deadline: float, ranks: range | list[int], starting: bool = False) -> dict[int, list]:
         """Wait for one reply from each of `ranks`: {rank: reply body}; any failure raises RankFailure."""

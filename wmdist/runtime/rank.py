@@ -111,7 +111,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
 
     Replies: ("ready", pid); ("ok", what could not be put back, message
     counts, result); ("error", traceback, last communication); ("drained",
-    problem or None) after b"drain". Ends with os._exit: with torch 2.13 on
+    problem or None) after b"drain <seconds>". Ends with os._exit: with torch 2.13 on
     CPU, interpreter teardown after destroy_process_group() can SIGABRT now
     and then, which would look like a failure although the work finished.
     """
@@ -143,9 +143,9 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
             os._exit(0)
         if message == b"close":
             os._exit(0)
-        if message == b"drain":          # the parent found every message matched: let the unwaited ones finish
+        if message.startswith(b"drain "):   # the parent found every message matched: let the unwaited ones finish
             publish(AT_END_OF_CALL)
-            _reply(conn, "drained", audit.drain())
+            _reply(conn, "drained", audit.drain(float(message[6:])))
             continue
         ledger = Ledger(rank, on_enter=publish)
         publish("")
