@@ -13,7 +13,9 @@ def test_ring_vs_gloo_counts_bytes_at_the_bound():
     numel = 2 ** 20 // 4
     assert result.measured["ring_bytes_sent_per_rank"] == [costs.ring_allreduce_bytes(numel, 3, r) for r in range(3)]
     assert result.measured["ring_median_s"] > 0 and result.measured["gloo_median_s"] > 0
-    assert result.unit == "x" and result.met == (result.value >= 0.9)
+    # The headline is the median of the paired gloo/ring ratios, so it lies between their quartiles (rounded to 0.001).
+    low, high = result.measured["pair_ratio_quartiles"]
+    assert result.unit == "x" and low - 5e-4 <= result.value <= high + 5e-4
 
 
 def test_warm_vs_spawn_reports_both_paths():
@@ -22,7 +24,6 @@ def test_warm_vs_spawn_reports_both_paths():
     # The ratio is computed from unrounded medians; the printed ones are rounded to 0.01 ms / 0.1 ms.
     ratio = result.measured["spawn_median_ms"] / result.measured["warm_median_ms"]
     assert abs(result.value - ratio) <= 0.05 * ratio
-    assert result.met == (result.value >= 30)
 
 
 def test_pool_memory_is_measured_for_each_size():
@@ -30,7 +31,7 @@ def test_pool_memory_is_measured_for_each_size():
     assert set(result.measured) == {"1_ranks_started_MB", "1_ranks_MB", "2_ranks_started_MB", "2_ranks_MB"}
     # Each rank is a real process with its own pages: a bigger pool cannot cost less.
     assert 0 < result.measured["1_ranks_MB"] < result.measured["2_ranks_MB"]
-    assert result.unit == "MB" and result.met == (result.value < 600)
+    assert result.unit == "MB" and result.value == result.measured["2_ranks_MB"]     # the headline: the largest pool
 
 
 def test_bench_cli_json(monkeypatch, capsys):

@@ -84,9 +84,10 @@ def test_microbatches_are_whole_trajectories_in_order():
     (lambda: bubble.BubbleConfig(schedule="interleaved", microbatches=6), "microbatches=6, stages=4"),
     (lambda: bubble.BubbleConfig(chunks=2), "chunks must be 1 for the gpipe schedule"),
 ])
-def test_bad_inputs_are_one_clear_line_before_any_process(call, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_inputs_are_one_clear_line_before_any_process(no_processes, call, message):
+    with pytest.raises(ValueError, match=message) as err:
         call()
+    assert "\n" not in str(err.value)
 
 
 # --- the executor on real ranks -----------------------------------------------------------------
