@@ -187,9 +187,9 @@ def test_panel_updates_on_value():
 def test_panel_shows_its_simplifications_and_the_transient_peak():
     from wmdist.memory.panel import MemoryPanel
     panel = MemoryPanel(params=1e9)
-    summary = panel.summary.value
-    assert "sequence parallelism" in summary and "1F1B" in summary and "steady state" in summary
-    assert "Within a step ZeRO" not in summary                       # ZeRO-0: no transient
+    details = panel.more.value                                       # the caveats sit in the folded details
+    assert "sequence parallelism" in details and "1F1B" in details and "steady state" in details
+    assert "Within a step ZeRO" not in panel.summary.value           # ZeRO-0: no transient
     panel.controls["dp"].value = 8
     panel.controls["zero_stage"].value = 3
     peak = transient.transient_peak(MemoryConfig(G, zero_stage=3, dp=8))
@@ -224,8 +224,8 @@ def test_panel_measure_button_with_fake_report(monkeypatch):
     panel.run_button.click()
     assert calls == [(3, 2)] and "FAIL" in panel.status.value
     assert "measured: zero-memory on 3 real ranks" in panel.shown.texts[0].get_text()   # the figure says so too
-    assert "FAIL" in panel.summary.value and panel.summary.value.count("MISMATCH") == 2
-    assert "tiny model" in panel.summary.value and "not the configuration above" in panel.summary.value
+    assert "FAIL" in panel.more.value and panel.more.value.count("MISMATCH") == 2
+    assert "tiny model" in panel.more.value and "not the configuration above" in panel.more.value
 
     def broken(world_size, stage):
         raise ModuleNotFoundError("No module named 'wmdist.zero'")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import matplotlib
 import numpy as np
@@ -153,9 +154,14 @@ def panel():
     return ScalingPanel()
 
 
-def test_panel_defaults_and_summary(panel):
-    assert panel.result.params == ScalingParams()
-    assert f"At N = {ScalingParams().max_workers}" in panel.summary.value
+def test_panel_opens_where_scaling_visibly_stops_paying(panel):
+    """The default setting teaches: the fastest step lies inside the N range (the speedup curve turns), and
+    the summary prints times in engineering units, never as 1.47e-03 s."""
+    c = panel.result
+    assert 1 < c.fastest < c.workers[-1]
+    assert c.speedup[c.fastest - 1] > c.speedup[-1] and c.speedup[c.fastest - 1] > c.speedup[0]
+    assert f"Fastest step at <b>N = {c.fastest}</b>" in panel.summary.value
+    assert not re.search(r"\de[+-]\d", panel.summary.value)
 
 
 def test_panel_recomputes_when_a_slider_value_is_set(panel):
@@ -167,7 +173,7 @@ def test_panel_recomputes_when_a_slider_value_is_set(panel):
     panel.controls["max_workers"].value = 8
     assert panel.result.workers == tuple(range(1, 9))
     at = panel.result.at(8)
-    assert f"speedup {at['speedup']:.3g}x" in panel.summary.value
+    assert f"speedup <b>{at['speedup']:.3g}×</b>" in panel.summary.value
     assert "At N = 8" in panel.summary.value
 
 
@@ -188,7 +194,10 @@ def test_panel_measures_fits_and_applies():
     assert fit is not None and p.measured is fit and len(fit.measurements) == 4
     assert p.progress.value == p.progress.max == 4
     assert "median relative error" in p.status.value and not p.apply_button.disabled
-    assert len(p.shown.axes) == 6                      # the measured overlay joined the figure
+    assert p.selector.value == "this machine (fit)"     # the run shows what it measured
+    dots = [line for line in p.shown.axes[0].lines if line.get_marker() == "o"]
+    assert len(dots) == 2 and sum(len(d.get_xdata()) for d in dots) == 4     # one series per size, 4 points
+    assert "α =" in p.shown.texts[0].get_text()
     p.apply_fit()
     alpha = p.controls["alpha"]
     lo, hi = 10 ** alpha.min, 10 ** alpha.max
@@ -197,8 +206,14 @@ def test_panel_measures_fits_and_applies():
 
 
 def test_plot_module_makes_figures_without_widgets():
-    from wmdist.data_parallel.figures import scaling_figure
-    fig = scaling_figure(scaling_curve(ScalingParams(max_workers=4)))
-    assert len(fig.axes) == 4 and all(ax.get_ylabel() for ax in fig.axes)
-    fit = fit_alpha_beta(_synthetic(1e-4, 1e-9))
-    assert len(scaling_figure(scaling_curve(ScalingParams()), fit).axes) == 6
+    from wmdist.data_parallel import figures
+    from wmdist.ui.render import canvas_figure
+    curve = scaling_curve(ScalingParams(max_workers=4))
+    for draw in (figures.draw_speedup, figures.draw_efficiency, figures.draw_allreduce, figures.draw_step):
+        fig = canvas_figure(720, 360)
+        draw(fig, curve)
+        ax, = fig.axes
+        assert ax.get_ylabel() and list(ax.get_xticks()) == [1, 2, 3, 4]     # integer N ticks only
+    fig = canvas_figure(720, 360)
+    figures.draw_fit(fig, fit_alpha_beta(_synthetic(1e-4, 1e-9)))
+    assert "α =" in fig.texts[0].get_text() and "e-0" not in fig.texts[0].get_text()

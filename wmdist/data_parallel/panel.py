@@ -10,12 +10,11 @@ import os
 from typing import Any, Sequence
 
 import ipywidgets as W
-from matplotlib.figure import Figure
-
-from wmdist.data_parallel.figures import scaling_figure
+from wmdist.costs.units import seconds
+from wmdist.data_parallel.figures import draw_allreduce, draw_efficiency, draw_fit, draw_speedup, draw_step
 from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, measure_allreduce
 from wmdist.data_parallel.scaling import Fit, ScalingCurve, ScalingParams, fit_alpha_beta, scaling_curve
-from wmdist.ui import Panel
+from wmdist.ui.panel import Panel, View
 from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH
 
 
@@ -37,6 +36,9 @@ class ScalingPanel(Panel):
     """
 
     run_label = "Measure on this machine"
+    measured_view = "this machine (fit)"
+    hint = ("raise α (latency per round) until the speedup curve bends down; then press <i>Measure</i> and "
+            "<i>Use fitted α, β</i> to see this machine.")
 
     def __init__(self, params: ScalingParams | None = None, measure_world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
                  measure_sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES, repeats: int = DEFAULT_REPEATS):
@@ -47,22 +49,27 @@ class ScalingPanel(Panel):
         self.repeats = W.IntSlider(value=repeats, min=1, max=9, description="repeats", style=style, layout=width)
         self.apply_button = W.Button(description="Use fitted α, β", disabled=True, layout=width)
         self.apply_button.on_click(lambda _: self.apply_fit())
-        super().__init__(params or ScalingParams(), extra_widgets=[self.measure_sizes, self.repeats, self.apply_button])
+        # α = 3 ms per round: the fastest step is at N = 22, inside the range, so the speedup curve visibly turns
+        super().__init__(params or ScalingParams(alpha=3e-3), extra_widgets=[self.measure_sizes, self.repeats, self.apply_button])
 
     def compute(self, config: ScalingParams) -> ScalingCurve:
         return scaling_curve(config)
 
-    def figure(self, config: ScalingParams, result: ScalingCurve) -> Figure:
-        return scaling_figure(result, self.measured)
+    def views(self) -> list[View]:
+        return [View("speedup", lambda fig, c, r: draw_speedup(fig, r)),
+                View("efficiency", lambda fig, c, r: draw_efficiency(fig, r)),
+                View("all-reduce T(N)", lambda fig, c, r: draw_allreduce(fig, r)),
+                View("step time", lambda fig, c, r: draw_step(fig, r)),
+                View("this machine (fit)", lambda fig, c, r: draw_fit(fig, self.measured))]
 
     def describe(self, config: ScalingParams, c: ScalingCurve) -> str:
         n = c.workers[-1]
         at, best = c.at(n), c.fastest
-        return (f"At N = {n}: all-reduce T = {at['allreduce']:.3g} s (latency {at['latency']:.3g} s + "
-                f"bytes {at['bandwidth']:.3g} s; byte limit 2βG = {c.byte_limit:.3g} s), compute "
-                f"{at['compute']:.3g} s, step {at['total']:.3g} s, speedup {at['speedup']:.3g}x, "
-                f"efficiency {at['efficiency']:.0%}. Fastest step at N = {best} "
-                f"(speedup {c.speedup[best - 1]:.3g}x).")
+        return (f"At N = {n}: all-reduce <b>{seconds(at['allreduce'])}</b> (latency {seconds(at['latency'])} + "
+                f"bytes {seconds(at['bandwidth'])}; the byte term tends to 2βG = {seconds(c.byte_limit)}), compute "
+                f"{seconds(at['compute'])}, step {seconds(at['total'])}: speedup <b>{at['speedup']:.3g}×</b>, "
+                f"efficiency {at['efficiency']:.0%}.<br>Fastest step at <b>N = {best}</b> "
+                f"(speedup {c.speedup[best - 1]:.3g}×).")
 
     def measure(self, config: ScalingParams, progress: Any) -> Fit:
         """Time real ring all-reduces on local ranks and fit α, β and the contention g."""
@@ -71,7 +78,7 @@ class ScalingPanel(Panel):
         cores = os.cpu_count() or 1
         fit = fit_alpha_beta(measurements, cores=cores)
         crowded = (f"; contention g = {fit.contention:.2f} for N > {cores} cores" if max(sizes) > cores else "")
-        self._set_run_status(f"fit: α = {fit.alpha:.3g} s, β = {fit.beta:.3g} s/B{crowded}; median relative "
+        self._set_run_status(f"fit: α = {seconds(fit.alpha)}, β = {seconds(fit.beta)} per byte{crowded}; median relative "
                              f"error {fit.median_rel_error:.0%} over {len(measurements)} points")
         self.apply_button.disabled = False
         return fit

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import ipywidgets as W
-from matplotlib.figure import Figure
-
-from wmdist.memory.figures import memory_bars
+from wmdist.memory.figures import draw_bars, rank_label
 from wmdist.memory.footprint import KINDS, MemoryConfig, distinct_breakdowns, format_bytes, local_params, per_rank_bytes
+from wmdist.memory.presets import PRESETS, preset_fields
 from wmdist.memory.remedies import limiting_kind, remedies_for
 from wmdist.memory.transient import TransientPeak, transient_peak
-from wmdist.ui import Panel
 from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH
+from wmdist.ui.panel import Panel, View
 
 MAX_BARS_WORLD = 1024   # above this many ranks, show ranks 0..7 of the dp group instead of every distinct one
 CAVEATS = ("<b>What this model simplifies.</b> Activations under tp: only the part marked <i>of which "
@@ -29,6 +28,23 @@ CAVEATS = ("<b>What this model simplifies.</b> Activations under tp: only the pa
            "which overstates the saving unless sequence parallelism is on. Pipelines: one micro-batch's "
            "activations per stage; GPipe keeps all M in flight, 1F1B up to P on the first stage. ZeRO: the table "
            "is the steady state between steps; the peak within a step is given under the table.")
+
+
+CUSTOM = "custom (set below)"
+# The panel opens on a setting where every control changes the picture: GPT-3 6.7B in bf16 with fp32 master
+# weights and Adam, 8 ranks as dp 4 x tp 2, ZeRO-1, sequence 2048, checkpointing on.
+TEACHING = dict(param_dtype="bf16", master_weights=True, zero_stage=1, dp=4, tp=2,
+                checkpointing=True, batch_bytes=2 ** 20)
+GROUPS = {"model": ("preset", "params", "layers", "seq_len", "micro_batch", "act_bytes_per_token_per_layer",
+                    "act_replicated_bytes_per_token_per_layer", "input_bytes_per_token", "batch_bytes"),
+          "precision": ("param_dtype", "grad_dtype", "grad_accum_dtype", "optimizer", "master_weights"),
+          "parallel": ("dp", "tp", "pp", "cp", "zero_stage", "sequence_parallel", "checkpointing"),
+          "device": ("capacity_gb", "binary")}
+
+
+def teaching_config(preset: str = "gpt3-6.7b") -> MemoryConfig:
+    """The panel's opening setting for a preset (see TEACHING)."""
+    return MemoryConfig(**preset_fields(preset), **TEACHING)
 
 
 @dataclass(frozen=True)
@@ -46,11 +62,19 @@ class MemoryPanel(Panel):
     """Controls -> MemoryConfig -> per-rank bytes -> stacked bars, the limit and its remedies."""
 
     run_label = "measure: real ZeRO (tiny model)"
-    control_columns = 2
+    hint = ("move the ZeRO stage from 1 to 3, then untick checkpointing; pick another preset, or set the "
+            "parameters yourself.")
+    control_groups = GROUPS
 
-    def __init__(self, params: float = 1e9, config: MemoryConfig | None = None):
+    def __init__(self, params: float | None = None, config: MemoryConfig | None = None):
+        """No arguments: a GPT-3 6.7B preset on 8 ranks. `params` or `config`: that custom setting instead."""
         style, width = {"description_width": LABEL_WIDTH}, W.Layout(width=CONTROL_WIDTH)
-        extra = {"capacity_gb": W.FloatText(value=80.0, description="device capacity (GB)", style=style, layout=width),
+        custom = params is not None or config is not None
+        self.preset = W.Dropdown(options=[CUSTOM, *PRESETS], value=CUSTOM if custom else "gpt3-6.7b",
+                                 description="model preset", style=style, layout=width)
+        self._applying = False
+        extra = {"preset": self.preset,
+                 "capacity_gb": W.FloatText(value=80.0, description="device capacity (GB)", style=style, layout=width),
                  "binary": W.Checkbox(value=False, description="binary units (GiB)", indent=False, layout=width)}
         self.measure_ranks = W.IntSlider(value=4, min=2, max=4, description="ranks to measure on", style=style,
                                          layout=width)
@@ -58,8 +82,35 @@ class MemoryPanel(Panel):
                                    "tiny model (2,105 fp32 parameters, Adam) at this ZeRO stage on real ranks: "
                                    "it checks the rules, not the size, dtypes or degrees set above.</div>",
                                    layout=width)
-        super().__init__(config or MemoryConfig(params=int(params)), extra_controls=extra,
-                         extra_widgets=[self.measure_ranks, self.measure_note])
+        start = config or (MemoryConfig(params=int(params)) if params is not None else teaching_config())
+        super().__init__(start, extra_controls=extra, extra_widgets=[self.measure_ranks, self.measure_note])
+
+    def views(self) -> list[View]:
+        return [View("bytes per rank", self._draw_bars, height=340)]
+
+    def apply_preset(self, name: str) -> None:
+        """Set the model fields of a published shape (params, layers, sequence, activation bytes) at once."""
+        if name == CUSTOM:
+            return
+        self._applying = True
+        try:
+            for field, value in preset_fields(name, self.controls["seq_len"].value or None).items():
+                self.controls[field].value = value
+        finally:
+            self._applying = False
+        self.update()
+
+    def _changed(self, name: str, change: dict) -> None:
+        if self._applying:
+            return
+        if name == "preset":
+            self.apply_preset(change["new"])
+            return
+        if name in ("params", "layers") and self.preset.value != CUSTOM:
+            self._applying = True                   # the shape no longer is the preset's
+            self.preset.value = CUSTOM
+            self._applying = False
+        super()._changed(name, change)
 
     def compute(self, config: MemoryConfig) -> Breakdown:
         capacity = self.extra["capacity_gb"].value
@@ -74,34 +125,37 @@ class MemoryPanel(Panel):
         return Breakdown(groups, ranks[0], fullest, transient_peak(config, ranks[0]),
                          transient_peak(config, ranks[0], layer))
 
-    def figure(self, config: MemoryConfig, result: Breakdown) -> Figure:
+    def _draw_bars(self, fig: Any, config: MemoryConfig, result: Breakdown) -> None:
         index = next(i for i, (ranks, _) in enumerate(result.groups) if result.fullest_rank in ranks)
         run = self.measured
         note = "" if run is None else (f"measured: {run.name} on {run.world_size} real ranks, course's tiny model: "
-                                       f"{'PASS' if run.passed else 'FAIL'} (table below)")
-        return memory_bars(result.groups, self.extra["capacity_gb"].value * 1e9, self.extra["binary"].value,
-                           f"{config.world_size} rank(s), ZeRO-{config.zero_stage}", (index, result.peak_whole.peak),
-                           note)
+                                       f"{'PASS' if run.passed else 'FAIL'} (see details)")
+        bars = [(rank_label(ranks), b) for ranks, b in result.groups]
+        draw_bars(fig, bars, self.extra["capacity_gb"].value * 1e9, self.extra["binary"].value,
+                  f"{config.world_size} rank(s), ZeRO-{config.zero_stage}", (index, result.peak_whole.peak), note)
 
     def describe(self, config: MemoryConfig, result: Breakdown) -> str:
         binary, cap, b = self.extra["binary"].value, self.extra["capacity_gb"].value * 1e9, result.fullest
         kind = limiting_kind(b)
         size = lambda n: format_bytes(n, binary)   # noqa: E731 - one unit choice for the whole summary
-        rows = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td style='text-align:right'>{b[k]:,}</td>"
-                       f"<td style='text-align:right'>{size(b[k])}</td></tr>" for k in (*KINDS, "total"))
         fixes = "; ".join(f"<b>{r.name}</b> ({html.escape(r.how)})" for r in remedies_for(kind))
         verdict = (f"fits in {size(cap)}" if b["total"] <= cap else
                    f"<b style='color:#b00'>does not fit</b> in {size(cap)}")
         whole, layer = result.peak_whole, result.peak_layer
-        peak = (f"<p>Within a step ZeRO-{config.zero_stage} briefly holds more ({html.escape(whole.what)}): peak "
+        peak = (f"<br>Within a step ZeRO-{config.zero_stage} briefly holds more ({html.escape(whole.what)}): peak "
                 f"<b>{size(whole.peak)}</b> with the whole model gathered at once (as our demo does), "
-                f"{size(layer.peak)} one layer at a time (as FSDP does).</p>" if whole.extra else "")
-        return (f"<p>Fullest rank: {result.fullest_rank} of {config.world_size}. Total "
-                f"{size(b['total'])}: {verdict}.</p>"
-                f"<table><tr><th>kind</th><th>bytes</th><th>size</th></tr>{rows}</table>{peak}"
-                f"<p>Largest kind (the limit): <b>{kind.replace('_', ' ')}</b>. Remedies that target it: {fixes}. "
-                f"More replicated data-parallel workers shrink none of these.</p>"
-                f"<p style='font-size:90%'>{CAVEATS}</p>{self._measured_html()}")
+                f"{size(layer.peak)} one layer at a time (as FSDP does)." if whole.extra else "")
+        return (f"Fullest rank: {result.fullest_rank} of {config.world_size}, <b>{size(b['total'])}</b>: {verdict}."
+                f"{peak}<br>Largest kind (the limit): <b>{kind.replace('_', ' ')}</b>. Remedies that target it: "
+                f"{fixes}. More replicated data-parallel workers shrink none of these.")
+
+    def details(self, config: MemoryConfig, result: Breakdown) -> str:
+        binary, b = self.extra["binary"].value, result.fullest
+        rows = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td style='text-align:right'>{b[k]:,}</td>"
+                       f"<td style='text-align:right; white-space:nowrap'>{format_bytes(b[k], binary)}</td></tr>"
+                       for k in (*KINDS, "total"))
+        return (f"<p>Rank {result.fullest_rank}, by kind:</p><table><tr><th>kind</th><th>bytes</th><th>size</th></tr>"
+                f"{rows}</table><p>{CAVEATS}</p>{self._measured_html()}")
 
     def measure(self, config: MemoryConfig, progress: Any) -> Any:
         """Train the course's tiny model with ZeRO at this panel's stage on a few real ranks."""

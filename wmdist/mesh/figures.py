@@ -3,14 +3,23 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogLocator
 
 from wmdist.costs.mesh import AXES
 from wmdist.memory.footprint import format_bytes
 from wmdist.mesh.demos import MeshRun
 from wmdist.mesh.patterns import PATTERNS, PatternsResult, Placement
+from wmdist.ui.render import FONT, SMALL, axes_grid, eng_axis
 
 COLORS = {"dp": "tab:blue", "tp": "tab:red", "pp": "tab:green", "cp": "tab:purple"}
 MAX_PLACEMENTS = 8
+MARGINS = (0.02, 0.98, 0.16, 0.91)
+
+
+def label(ax: plt.Axes, row: int, text: str) -> None:
+    """A bar's label above its bar, a few pixels right of the axis line (never struck through by it)."""
+    ax.annotate(text, (0, row - 0.2), xycoords=ax.get_yaxis_transform(), xytext=(4, 0), textcoords="offset points",
+                va="center", fontsize=SMALL + 0.5)
 
 
 def format_seconds(s: float) -> str:
@@ -35,23 +44,21 @@ def bytes_axes(ax: plt.Axes, result: PatternsResult, ledger: dict[str, int] | No
     for i, a in enumerate(AXES):
         t = result.traffic[a]
         ax.barh(i + 0.18, values[i], height=0.42, color=COLORS[a], alpha=0.8)
-        ax.text(1.2, i - 0.2, f"{PATTERNS[a]}: {format_bytes(t.bytes_sent)}, {t.messages} messages", va="center",
-                fontsize=8)
+        label(ax, i, f"{PATTERNS[a]}: {format_bytes(t.bytes_sent)}, {t.messages} messages")
     if ledger is not None:
         ax.plot([max(ledger[a], 1) for a in AXES], [i + 0.18 for i in range(len(AXES))], "kD", ms=6,
                 label="measured (ledger)")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=SMALL, loc="lower right")
     ax.set_xscale("log")
-    top = max(values) * 10
-    ax.set_xlim(1, top)
-    decades = [10 ** k for k in range(0, len(str(int(top))), 3)]          # 1 B, 1 kB, 1 MB, ...: no mathtext
-    ax.set_xticks(decades, [format_bytes(d) for d in decades])
+    ax.set_xlim(1, max(values) * 10)
+    ax.xaxis.set_major_locator(LogLocator(base=10, numticks=12))
+    eng_axis(ax.xaxis, "B")
     ax.minorticks_off()
     ax.set_ylim(len(AXES) - 0.5, -0.6)
     ax.set_yticks([])
     c = result.coords
-    ax.set_title(f"bytes sent per step by one rank\n(dp {c['dp']}, tp {c['tp']}, pp stage {c['pp']}, cp {c['cp']})",
-                 fontsize=9)
+    ax.set_title(f"bytes sent per step by one rank (dp {c['dp']}, tp {c['tp']}, pp stage {c['pp']}, cp {c['cp']})",
+                 fontsize=FONT, loc="left")
     ax.set_xlabel("bytes (log scale)")
 
 
@@ -74,14 +81,13 @@ def time_axes(ax: plt.Axes, result: PatternsResult) -> None:
         if result.traffic[a].messages:
             kind = "latency-bound" if lat > tra else "bandwidth-bound"
             link = "fast" if best.inside[a] else "slow"
-            ax.text(0, i - 0.2, f"{a.upper()}: {format_seconds((lat + tra) * scale)}, {kind}, {link} link",
-                    va="center", fontsize=8)
+            label(ax, i, f"{a.upper()}: {format_seconds((lat + tra) * scale)}, {kind}, {link} link")
     ax.set_xlim(0, max([(best.latency[a] + best.transfer[a]) / scale for a in AXES] + [1e-9]) * 1.1)
     ax.set_ylim(len(AXES) - 0.5, -0.6)
     ax.set_yticks([])
     ax.set_xlabel(f"{unit} per step")
-    ax.set_title("time per axis on the best order's links\n(hatched: messages x latency; solid: bytes / bandwidth)",
-                 fontsize=9)
+    ax.set_title("time per axis on the best order's links (hatched: messages × latency; solid: bytes / bandwidth)",
+                 fontsize=FONT, loc="left")
 
 
 def order_label(p: Placement, result: PatternsResult) -> str:
@@ -99,24 +105,28 @@ def placement_axes(ax: plt.Axes, result: PatternsResult) -> None:
         default = tuple(p.inside[a] for a in AXES) == key
         ax.barh(i + 0.18, p.total / scale, height=0.42, color="tab:green" if i == 0 else "0.7",
                 edgecolor="k" if default else "none", linewidth=1.5)
-        ax.text(0, i - 0.2, f"{order_label(p, result)}: {format_seconds(p.total)}", va="center", fontsize=8)
+        label(ax, i, f"{order_label(p, result)}: {format_seconds(p.total)}")
     ax.set_yticks([])
     ax.set_ylim(len(shown) - 0.5, -0.6)
     ax.set_xlim(0, max(p.total for p in shown) / scale * 1.1 or 1.0)
     ax.set_xlabel(f"exposed communication, {unit} per step")
-    ax.set_title("Mesh orders on the two-level machine\n(green: best; outlined: default tp·cp·dp·pp)", fontsize=9)
+    ax.set_title("mesh orders on the two-level machine (green: best; outlined: default tp·cp·dp·pp)",
+                 fontsize=FONT, loc="left")
 
 
-def patterns_figure(result: PatternsResult, measured: MeshRun | None = None) -> Figure:
-    """Bytes per pattern, time per pattern, and exposed time per placement, side by side."""
-    with plt.ioff():
-        fig, axes = plt.subplots(3, 1, figsize=(6.4, 8.4))
-        fig.subplots_adjust(left=0.03, right=0.97, bottom=0.06, top=0.95, hspace=0.55)   # fixed: no layout pass
-        bytes_axes(axes[0], result, measured_for(result, measured))
-        time_axes(axes[1], result)
-        placement_axes(axes[2], result)
-    plt.close(fig)   # returned, not left in pyplot: a cell shows it once
-    return fig
+def draw_bytes(fig: Figure, result: PatternsResult, measured: MeshRun | None) -> None:
+    """The panel's main view: bytes per axis for the shown rank, the ledger's bytes after a run."""
+    bytes_axes(axes_grid(fig, margins=MARGINS)[0], result, measured_for(result, measured))
+
+
+def draw_time(fig: Figure, result: PatternsResult) -> None:
+    """Time per axis on the best order's links."""
+    time_axes(axes_grid(fig, margins=MARGINS)[0], result)
+
+
+def draw_orders(fig: Figure, result: PatternsResult) -> None:
+    """Exposed time of each distinct mesh order."""
+    placement_axes(axes_grid(fig, margins=MARGINS)[0], result)
 
 
 def ledger_figure(run: MeshRun) -> Figure:
@@ -134,9 +144,9 @@ def ledger_figure(run: MeshRun) -> Figure:
                 bottom = [b + v for b, v in zip(bottom, values)]
         ax.plot([], [], "k_", ms=14, mew=2, label="formula (cumulative)")
         ax.set_xticks(list(ranks), [f"rank {r}\n" + "\n".join(f"{a} {c[a]}" for a in AXES if getattr(run.spec, a) > 1)
-                                    for r, c in zip(ranks, run.coords)], fontsize=7)
+                                    for r, c in zip(ranks, run.coords)], fontsize=8)
         ax.set(ylabel="bytes sent in the step", title=f"ledger by axis, {run.spec.degrees}")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         fig.tight_layout()
     plt.close(fig)   # returned, not left in pyplot: a cell shows it once
     return fig

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import html
 
-from matplotlib.figure import Figure
-
 from wmdist.costs.mesh import AXES
 from wmdist.costs.validate import require_int
 from wmdist.memory.footprint import format_bytes
 from wmdist.mesh.demos import MeshRun, run_mesh
-from wmdist.mesh.figures import format_seconds, patterns_figure
+from wmdist.mesh.figures import draw_bytes, draw_orders, draw_time, format_seconds
 from wmdist.mesh.patterns import PatternsConfig, PatternsResult, patterns
 from wmdist.mesh.spec import MAX_CONTEXT, MeshSpec
-from wmdist.ui import Panel
-from wmdist.ui.panel import Progress
+from wmdist.ui.panel import Panel, Progress, View
 
 RUN_LIMITS = {"world size": 8, "width": 256, "layers": 16, "batch": 64}   # what "run it" runs on this machine
 
@@ -77,7 +74,11 @@ class PatternsPanel(Panel):
     """
 
     run_label = "Run one step on local ranks"
-    control_columns = 2
+    hint = ("raise the context T from 8 to 4,096 and watch CP and DP bytes pass TP's; then set <i>DP share "
+            "hidden</i> to 0.8 and see the best order change.")
+    control_groups = {"model": ("width", "heads", "layers", "seq_len", "batch", "microbatches", "buckets"),
+                      "mesh": ("dp", "tp", "pp", "cp"),
+                      "machine": ("ranks_per_node", "intra_gbps", "intra_us", "inter_gbps", "inter_us", "dp_hidden")}
 
     def __init__(self, config: PatternsConfig | None = None):
         self.report = None                       # the last run's Report (checks and exact counts)
@@ -86,8 +87,10 @@ class PatternsPanel(Panel):
     def compute(self, config: PatternsConfig) -> PatternsResult:
         return patterns(config)
 
-    def figure(self, config: PatternsConfig, result: PatternsResult) -> Figure:
-        return patterns_figure(result, self.measured)
+    def views(self) -> list[View]:
+        return [View("bytes per axis", lambda fig, c, r: draw_bytes(fig, r, self.measured), height=300),
+                View("time per axis", lambda fig, c, r: draw_time(fig, r), height=300),
+                View("mesh orders", lambda fig, c, r: draw_orders(fig, r), height=360)]
 
     def describe(self, config: PatternsConfig, result: PatternsResult) -> str:
         text = summary(result)

@@ -10,66 +10,81 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from wmdist.costs import pipeline as pcosts
 from wmdist.pipeline.bubble import BubbleView
 from wmdist.pipeline.measure import ImbalanceCurve, MeasuredBubble
 from wmdist.pipeline.schedules import FORWARD, format_token
 from wmdist.spans import Span
-from wmdist.ui import timeline_figure, timelines_figure
+from wmdist.ui.render import DPI, FONT, SMALL, axes_grid, integer_axis, log2_axis
+from wmdist.ui.timeline import timeline_figure, timelines_figure
 
 COLORS = {"forward": "tab:green", "backward": "tab:purple"}
 MAX_LABELLED = 24          # actions per rank up to which bars carry their token
+CHAR_PX = 0.62 * SMALL * DPI / 72      # width of one label character on screen, in pixels
 
 
-def slot_axes(ax: plt.Axes, view: BubbleView) -> None:
-    """The ideal slot diagram: one row per rank, forwards green, backwards purple, gaps are the bubble."""
+def slot_axes(ax: plt.Axes, view: BubbleView, end: float | None = None) -> None:
+    """The ideal slot diagram: one row per rank, forwards green, backwards purple, gaps are the bubble.
+
+    A bar carries its token (F3, B0, F3.1) when the token fits inside it on screen.
+    """
     sim, schedule = view.sim, view.schedule
     with_stage = schedule.chunks > 1
-    min_width = sim.makespan * (0.03 if with_stage else 0.02)      # a bar narrower than its token stays blank
+    end = float(sim.makespan) if end is None else end
+    px_per_slot = ax.get_position().width * ax.figure.get_figwidth() * DPI / end
     for rank, timings in enumerate(sim.timings):
         for kind, color in ((FORWARD, COLORS["forward"]), ("B", COLORS["backward"])):
             bars = [(float(t.start), float(t.end - t.start)) for t in timings if t.action.kind == kind]
             ax.broken_barh(bars, (rank - 0.4, 0.8), facecolors=color, edgecolor="k", linewidth=0.3)
         if len(timings) <= MAX_LABELLED:
             for t in timings:
-                if t.end - t.start >= min_width:
-                    ax.text(float(t.start + t.end) / 2, rank, format_token(t.action, with_stage), ha="center",
-                            va="center", fontsize=6 if with_stage else 7, color="white")
+                token = format_token(t.action, with_stage)
+                if float(t.end - t.start) * px_per_slot >= CHAR_PX * len(token) + 3:
+                    ax.text(float(t.start + t.end) / 2, rank, token, ha="center", va="center", fontsize=SMALL,
+                            color="white")
     ax.set_yticks(range(schedule.stages), [f"rank {r}" for r in range(schedule.stages)])
     ax.set_ylim(schedule.stages - 0.5, -0.5)
-    ax.set_xlim(0, float(sim.makespan))
-    ax.set_xlabel("time (slots: a forward of one unit of work = 1, its backward = 2)")
-    ax.set_title(f"ideal slot diagram: {schedule.name}, P={schedule.stages}, M={schedule.microbatches}"
+    ax.set_xlim(0, end)
+    integer_axis(ax.xaxis)
+    ax.set_xlabel("time in slots (a forward of one unit of work = 1, its backward = 2)")
+    ax.set_title(f"ideal: {schedule.name}, P={schedule.stages}, M={schedule.microbatches}"
                  + (f", v={schedule.chunks}" if with_stage else "") + f"; idle {view.idle:.3f} of the schedule",
-                 fontsize=10)
+                 fontsize=FONT, loc="left")
+    ax.legend(handles=[Patch(color=COLORS["forward"], label="forward"), Patch(color=COLORS["backward"],
+                                                                              label="backward")],
+              fontsize=SMALL, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False)
 
 
 def curve_axes(ax: plt.Axes, view: BubbleView) -> None:
     """Idle fraction against M at this P: both conventions, the balanced formula, and the large-M limit."""
     c, cfg = view.curve, view.config
     v = f"v{cfg.chunks}" if cfg.chunks > 1 else ""
-    ax.plot(c.microbatches, c.idle, "o-", color="tab:red", ms=3, label="f = idle / whole schedule")
-    ax.plot(c.microbatches, c.over_ideal, "s-", color="tab:blue", ms=3, label="r = idle / ideal time")
+    ax.plot(c.microbatches, c.idle, "o-", color="tab:red", ms=4, label="f = idle / whole schedule")
+    ax.plot(c.microbatches, c.over_ideal, "s-", color="tab:blue", ms=4, label="r = idle / ideal time")
     ax.plot(c.microbatches, c.formula, "--", color="0.3", lw=1, label=f"(P-1)/({v}M+P-1), balanced")
     if c.limit > 0:
         ax.axhline(c.limit, color="tab:red", ls=":", lw=1, label=f"limit 1 - mean/max = {c.limit:.3f}")
     ax.axvline(cfg.microbatches, color="0.6", lw=0.8)
-    ax.set(xscale="log", xlabel="microbatches M", ylabel="bubble", ylim=(0, min(1.5, max(c.over_ideal) * 1.1 + 0.05)),
-           title=f"bubble vs M at P={cfg.stages}: f = r/(1+r)")
-    ax.set_xticks(c.microbatches, [str(m) for m in c.microbatches])
-    ax.minorticks_off()
-    ax.legend(fontsize=7)
+    ax.set(xscale="log", xlabel="microbatches M", ylabel="bubble",
+           ylim=(0, min(1.5, max(c.over_ideal) * 1.1 + 0.05)))
+    ax.set_title(f"bubble vs M at P={cfg.stages} (grey line: M={cfg.microbatches}); f = r/(1+r)",
+                 fontsize=FONT, loc="left")
+    log2_axis(ax.xaxis, c.microbatches)
+    ax.legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
 def held_axes(ax: plt.Axes, view: BubbleView) -> None:
     """Activation sets each rank holds at its peak (bars), and the closed form (x)."""
-    ranks = range(view.schedule.stages)
+    ranks = list(range(view.schedule.stages))
     ax.bar(ranks, view.peak, color="tab:orange", label="simulated peak")
-    ax.plot(ranks, view.peak_formula, "kx", label="formula")
-    ax.set(xlabel="rank", ylabel="microbatch activation sets", title="activations in flight (peak per rank)")
-    ax.set_xticks(list(ranks))
-    ax.legend(fontsize=7)
+    ax.plot(ranks, view.peak_formula, "kx", ms=8, mew=2, label="formula")
+    ax.set(xlabel="rank", ylabel="microbatch activation sets", ylim=(0, max(view.peak) * 1.15 + 0.5))
+    ax.set_title(f"activations in flight at the peak, {view.schedule.name}", fontsize=FONT, loc="left")
+    ax.set_xticks(ranks)
+    integer_axis(ax.yaxis)
+    ax.legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)   # beside, never on a bar
 
 
 def in_slots(spans: Sequence[Span], slot_seconds: float) -> list[Span]:
@@ -77,34 +92,31 @@ def in_slots(spans: Sequence[Span], slot_seconds: float) -> list[Span]:
     return [Span(s.row, s.start / slot_seconds, s.end / slot_seconds, s.kind, s.label) for s in spans]
 
 
-def bubble_figure(view: BubbleView, measured: MeasuredBubble | None = None) -> Figure:
-    """The panel's figure: slot diagram, measured Gantt chart (when it matches), bubble curve, activations.
-
-    Laid out by hand (fixed margins in inches) rather than by matplotlib's
-    constrained layout, which would cost a slider more than everything else.
-    """
+def draw_slots(fig: Figure, view: BubbleView, measured: MeasuredBubble | None = None) -> None:
+    """The panel's main view: the ideal slot diagram, and under it the measured one when it ran this schedule."""
     show = measured is not None and measured.schedule == view.schedule
-    rows = [0.55 + 0.3 * view.schedule.stages] * (2 if show else 1) + [2.4]
-    gap, top, bottom = 0.75, 0.35, 0.5
-    height = sum(rows) + gap * (len(rows) - 1) + top + bottom
-    with plt.ioff():
-        fig = plt.figure(figsize=(9.5, height))
-    grid = fig.add_gridspec(len(rows), 2, height_ratios=rows, left=0.09, right=0.98, top=1 - top / height,
-                            bottom=bottom / height, hspace=gap / (sum(rows) / len(rows)), wspace=0.22)
-    ideal = fig.add_subplot(grid[0, :])
-    slot_axes(ideal, view)
-    if show:
-        low = fig.add_subplot(grid[1, :])
-        timeline_figure(in_slots(measured.median_timeline, measured.work.slot_seconds), ax=low, unit="s")
-        low.set_xlabel(f"time (slots of {1e3 * measured.work.slot_seconds:g} ms)")
-        low.set_title(f"measured on {view.schedule.stages} ranks (median of {len(measured.idle)} steps): idle "
-                      f"{measured.median_idle:.3f}, ideal {measured.predicted:.3f}", fontsize=10)
-        end = max(float(view.sim.makespan), max(s.end for s in measured.median_timeline) / measured.work.slot_seconds)
-        ideal.set_xlim(0, end)
-        low.set_xlim(0, end)
-    curve_axes(fig.add_subplot(grid[-1, 0]), view)
-    held_axes(fig.add_subplot(grid[-1, 1]), view)
-    return fig
+    if not show:
+        slot_axes(axes_grid(fig, margins=(0.1, 0.98, 0.14, 0.88))[0], view)
+        return
+    ideal, low = axes_grid(fig, 2, 1, margins=(0.1, 0.98, 0.09, 0.92), hspace=0.6)
+    spans = in_slots(measured.median_timeline, measured.work.slot_seconds)
+    end = max(float(view.sim.makespan), max(s.end for s in spans))
+    slot_axes(ideal, view, end)
+    timeline_figure(spans, ax=low, unit="s")
+    low.set_xlim(0, end)
+    low.set_xlabel(f"time in slots of {1e3 * measured.work.slot_seconds:g} ms")
+    low.set_title(f"measured on {view.schedule.stages} ranks (median of {len(measured.idle)} steps): idle "
+                  f"{measured.median_idle:.3f}, ideal {measured.predicted:.3f}", fontsize=FONT, loc="left")
+
+
+def draw_curve(fig: Figure, view: BubbleView) -> None:
+    """Bubble against microbatches, legend on the right."""
+    curve_axes(axes_grid(fig, margins=(0.09, 0.62, 0.14, 0.9))[0], view)
+
+
+def draw_held(fig: Figure, view: BubbleView) -> None:
+    """Activation sets in flight per rank, legend on the right."""
+    held_axes(axes_grid(fig, margins=(0.09, 0.75, 0.14, 0.9))[0], view)
 
 
 def measured_vs_ideal(measured: MeasuredBubble) -> Figure:

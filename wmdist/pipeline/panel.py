@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from matplotlib.figure import Figure
-
 from wmdist.pipeline.bubble import BubbleConfig, BubbleView, bubble_view
-from wmdist.pipeline.figures import bubble_figure
+from wmdist.pipeline.figures import draw_curve, draw_held, draw_slots
 from wmdist.pipeline.measure import MeasuredBubble, measure_bubble
 from wmdist.pipeline.plan import PipeWork, microbatch_sizes, stage_blocks
-from wmdist.ui import Panel
+from wmdist.ui.panel import Panel, View
 
 RUN_REPEATS = 3
 RUN_STEP_SECONDS = 1.0       # the longest ideal step "run it" asks for; slots shrink to fit, down to...
@@ -38,16 +36,20 @@ class BubblePanel(Panel):
     """
 
     run_label = "Run it on P local ranks"
+    hint = ("move M from 8 to 32 and watch the gaps shrink; then pick 1F1B and compare the activations "
+            "in flight; then tick <i>unequal stages</i>.")
 
     def __init__(self, config: BubbleConfig | None = None):
         self.curves: dict = {}          # simulated curve points of this panel, so a slider move adds one
         super().__init__(config or BubbleConfig())
 
+    def views(self) -> list[View]:
+        return [View("slot diagram", lambda fig, c, r: draw_slots(fig, r, self.measured), height=330),
+                View("bubble vs M", lambda fig, c, r: draw_curve(fig, r), height=330),
+                View("activations in flight", lambda fig, c, r: draw_held(fig, r), height=330)]
+
     def compute(self, config: BubbleConfig) -> BubbleView:
         return bubble_view(config, self.curves)
-
-    def figure(self, config: BubbleConfig, result: BubbleView) -> Figure:
-        return bubble_figure(result, self.measured)
 
     def describe(self, config: BubbleConfig, v: BubbleView) -> str:
         p, m, c = config.stages, config.microbatches, config.chunks

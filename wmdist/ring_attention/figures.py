@@ -1,113 +1,104 @@
-"""Figures for chapter 06: the traffic widget's six plots and the load-balance timelines (pure functions)."""
+"""Figures for chapter 06: the traffic panel's six views and the load-balance timelines (pure functions)."""
 from __future__ import annotations
-
-import math
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 from wmdist.ring_attention.traffic import RingMeasurement, TrafficConfig, TrafficResult
 from wmdist.spans import Span
-from wmdist.ui import timeline_figure, timelines_figure
+from wmdist.ui.render import FONT, SMALL, axes_grid, eng_axis, log2_axis
+from wmdist.ui.timeline import timeline_figure, timelines_figure
 
 COLORS = {"DP": "tab:orange", "TP": "tab:purple", "CP": "tab:blue"}
-_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-# Tick labels 10^k as plain text: matplotlib's default writes them as mathtext, whose parsing was a third
-# of a redraw.
-DECADES = FuncFormatter(lambda y, _: f"10{str(round(math.log10(y))).translate(_SUPERSCRIPT)}" if y > 0 else "")
+MARGINS = (0.14, 0.68, 0.14, 0.9)          # the legend sits right of the plot, never over a curve
 
 
 def _f(values: tuple[int, ...] | list[int]) -> list[float]:
-    return [float(v) for v in values]
+    return [float(v) for v in values]      # floats: FLOP counts pass 2^63, which numpy keeps as objects
 
 
-def _finish(ax: plt.Axes, title: str, xlabel: str, ylabel: str, mark: float | None = None) -> None:
-    """Title, axis labels and legend, alike on every axes; `mark`: a dotted line at the configured value."""
-    if mark is not None:
-        ax.axvline(mark, color="0.5", ls=":", lw=1)
-    ax.set_title(title, fontsize=10)
+def _axes(fig: Figure, title: str, xlabel: str, ylabel: str, yunit: str) -> plt.Axes:
+    """One log-log axes in `fig` (reused), titled on the left, the y axis in engineering units of `yunit`."""
+    ax = axes_grid(fig, margins=MARGINS)[0]
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=FONT, loc="left")
     ax.set(xlabel=xlabel, ylabel=ylabel)
-    ax.legend(fontsize=8)
+    eng_axis(ax.yaxis, yunit)
+    return ax
 
 
-def _blank(into: Figure | None) -> tuple[Figure, list[plt.Axes]]:
-    """A new figure of 3 x 2 axes, or `into` (made by traffic_figure) emptied of its curves.
-
-    Making axes is most of a redraw's cost (their ticks), so a slider reuses
-    the six axes and only replaces what is drawn in them.
-    """
-    if into is None:
-        fig, axes = plt.subplots(3, 2, figsize=(8.6, 9.6))
-        # Fixed margins and no minor ticks: on log axes spanning ten decades, a layout engine and minor tick
-        # labels made each redraw take seconds.
-        fig.subplots_adjust(left=0.09, right=0.98, bottom=0.05, top=0.97, wspace=0.3, hspace=0.42)
-        return fig, list(axes.flat)
-    for ax in into.axes:
-        for artist in [*ax.lines, *ax.collections, *ax.patches]:
-            artist.remove()
-        ax.relim()
-        ax.set_prop_cycle(None)
-    return into, list(into.axes)
+def _finish(ax: plt.Axes, xs: list[float], mark: float | None = None) -> None:
+    """Integer ticks on the x axis, a dotted line at the configured value, the legend beside the plot."""
+    log2_axis(ax.xaxis, [int(x) for x in xs])
+    if mark is not None:
+        ax.axvline(mark, color="0.5", ls=":", lw=1, label="this setting")
+    ax.legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
-def traffic_figure(c: TrafficConfig, r: TrafficResult, measured: RingMeasurement | None = None,
-                   into: Figure | None = None) -> Figure:
-    """Six plots: bytes per rank, FLOPs vs traffic, memory per rank, overlap, DP/TP/CP vs S and vs width.
-
-    `into`: a figure this function made before, redrawn in place (same axes).
-    """
-    with plt.ioff():                    # drawing included: a pyplot figure drawn on interactively is shown again
-        return _traffic(c, r, measured, into)
-
-
-def _traffic(c: TrafficConfig, r: TrafficResult, measured: RingMeasurement | None, into: Figure | None) -> Figure:
-    fig, axes = _blank(into)
-    s = [float(x) for x in r.s_grid]                 # floats: FLOP counts pass 2^63, which numpy keeps as objects
-    ax = axes[0]
-    ax.loglog(s, _f(r.sent_s), color="tab:blue", label="N-1 sends (no return)")
-    ax.loglog(s, _f(r.sent_paper_s), color="tab:red", ls="--", label="N sends (paper's loop)")
+def draw_sent(fig: Figure, c: TrafficConfig, r: TrafficResult, measured: RingMeasurement | None) -> None:
+    """Forward K, V bytes per rank against S: N-1 sends and the paper's N, and the run's ledger."""
+    ax = _axes(fig, "forward K, V bytes sent per rank", "S (tokens)", "bytes", "B")
+    s = _f(r.s_grid)
+    ax.plot(s, _f(r.sent_s), color="tab:blue", lw=2, label="N-1 sends (no return)")
+    ax.plot(s, _f(r.sent_paper_s), color="tab:red", ls="--", label="N sends (paper's loop)")
     if measured is not None:
-        ax.loglog([measured.seq_len] * len(measured.sent), measured.sent, "ko", ms=5,
-                  label=f"measured, N={measured.world_size}")
-    _finish(ax, "forward K, V bytes sent per rank", "S (tokens)", "bytes", mark=c.seq_len)
+        ax.plot([measured.seq_len] * len(measured.sent), _f(measured.sent), "ko", ms=6,
+                label=f"measured, N={measured.world_size}")
+    _finish(ax, s, c.seq_len)
 
-    ax = axes[1]
-    ax.loglog(s, _f(r.flops_s), color="tab:green", label="attention FLOPs (all ranks)")
-    ax.loglog(s, _f(r.total_sent_s), color="tab:blue", label="K, V bytes sent (all ranks)")
-    _finish(ax, "arithmetic ~ S^2, traffic ~ S", "S (tokens)", "FLOPs / bytes", mark=c.seq_len)
 
-    ax = axes[2]
-    ax.loglog(s, _f(r.kv_storage_s), color="tab:blue", label="K, V held per rank (2 blocks)")
-    ax.loglog(s, [r.scores_blocked] * len(s), color="tab:green", label="score tiles per rank (2)")
-    ax.loglog(s, _f(r.scores_full_s), color="tab:red", ls="--", label="full S x S scores (1 process)")
+def draw_flops(fig: Figure, c: TrafficConfig, r: TrafficResult) -> None:
+    """Arithmetic grows like S², traffic like S: the two against S on one log axis."""
+    ax = _axes(fig, "arithmetic ~ S², traffic ~ S (all ranks)", "S (tokens)", "FLOP or bytes", "")
+    s = _f(r.s_grid)
+    ax.plot(s, _f(r.flops_s), color="tab:green", lw=2, label="attention FLOP")
+    ax.plot(s, _f(r.total_sent_s), color="tab:blue", lw=2, label="K, V bytes sent")
+    _finish(ax, s, c.seq_len)
+
+
+def draw_memory(fig: Figure, c: TrafficConfig, r: TrafficResult, measured: RingMeasurement | None) -> None:
+    """What a rank holds: K, V blocks, score tiles; against the full S x S scores of one process."""
+    ax = _axes(fig, "memory per rank", "S (tokens)", "bytes", "B")
+    s = _f(r.s_grid)
+    ax.plot(s, _f(r.kv_storage_s), color="tab:blue", lw=2, label="K, V held (2 blocks)")
+    ax.plot(s, [float(r.scores_blocked)] * len(s), color="tab:green", lw=2, label="score tiles (2)")
+    ax.plot(s, _f(r.scores_full_s), color="tab:red", ls="--", label="full S x S scores\n(one process)")
     if measured is not None:
-        ax.loglog([measured.seq_len] * len(measured.peak), measured.peak, "ko", ms=5, label="measured peak per rank")
-    _finish(ax, "memory per rank", "S (tokens)", "bytes", mark=c.seq_len)
+        ax.plot([measured.seq_len] * len(measured.peak), _f(measured.peak), "ko", ms=6,
+                label="measured peak per rank")
+    _finish(ax, s, c.seq_len)
 
-    ax = axes[3]
+
+def draw_overlap(fig: Figure, c: TrafficConfig, r: TrafficResult) -> None:
+    """One ring step: compute ~ c² against the next block's send ~ c; the send hides where compute is larger."""
+    ax = _axes(fig, f"overlap on {c.device}", "c = S/N tokens per rank", "time per ring step", "s")
     blocks = [2 ** i for i in range(4, 17)]
     scale = r.step_compute_s / r.tokens_per_rank ** 2, r.step_comm_s / r.tokens_per_rank
-    ax.loglog(blocks, [scale[0] * x * x for x in blocks], color="tab:green", label="compute one step ~ c^2")
-    ax.loglog(blocks, [scale[1] * x for x in blocks], color="tab:blue", label="send next K, V ~ c")
-    ax.axvline(r.min_block, color="k", lw=1, label=f"c* = {r.min_block}")
-    ax.plot([r.tokens_per_rank], [r.step_compute_s], "o", color="tab:green" if r.hides else "tab:red")
-    _finish(ax, f"overlap on {c.device}", "c = S/N tokens per rank", "seconds per step")
+    ax.plot(blocks, [scale[0] * x * x for x in blocks], color="tab:green", lw=2, label="compute one step ~ c²")
+    ax.plot(blocks, [scale[1] * x for x in blocks], color="tab:blue", lw=2, label="send next K, V ~ c")
+    ax.axvline(r.min_block, color="k", lw=1, label=f"c* = {r.min_block:,}: hides above")
+    ax.plot([r.tokens_per_rank], [r.step_compute_s], "o", ms=8, color="tab:green" if r.hides else "tab:red",
+            label=f"this setting: c = {r.tokens_per_rank:,}")
+    _finish(ax, blocks)
 
-    ax = axes[4]
+
+def draw_parallel_s(fig: Figure, c: TrafficConfig, r: TrafficResult) -> None:
+    """DP, TP and CP bytes per rank for one layer and step, against S."""
+    ax = _axes(fig, "bytes per rank, one layer and step", "S (tokens)", "bytes", "B")
+    s = _f(r.s_grid)
     for k, ys in r.parallel_s.items():
-        ax.loglog(s, _f(ys), color=COLORS[k], label=k)
-    _finish(ax, "bytes per rank, one layer and step", "S (tokens)", "bytes", mark=c.seq_len)
+        ax.plot(s, _f(ys), color=COLORS[k], lw=2, label=k)
+    _finish(ax, s, c.seq_len)
 
-    ax = axes[5]
+
+def draw_parallel_w(fig: Figure, c: TrafficConfig, r: TrafficResult) -> None:
+    """The same three against the model width h, at this S."""
+    ax = _axes(fig, f"same, against width h (S = {c.seq_len:,})", "h = heads x head width", "bytes", "B")
+    w = _f(r.width_grid)
     for k, ys in r.parallel_w.items():
-        ax.loglog(_f(r.width_grid), _f(ys), color=COLORS[k], label=k)
-    _finish(ax, f"same, over width h (S = {c.seq_len:,})", "h = heads x head width", "bytes", mark=c.width)
-    for ax in fig.axes:
-        ax.minorticks_off()
-        ax.xaxis.set_major_formatter(DECADES)
-        ax.yaxis.set_major_formatter(DECADES)
-    return fig
+        ax.plot(w, _f(ys), color=COLORS[k], lw=2, label=k)
+    _finish(ax, w, c.width)
 
 
 def balance_figure(spans: dict[str, tuple[Span, ...]], cpu_s: dict[str, list[float]]) -> Figure:

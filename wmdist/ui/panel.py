@@ -1,107 +1,154 @@
-"""The panel base: controls -> pure model -> figure, and a "run it" button with progress.
+"""The panel base: controls -> pure model -> one figure view and its numbers, and a "run it" button.
 
-A chapter's panel subclasses `Panel` and supplies four things: the config it
-starts from (a dataclass whose fields carry knobs), `compute(config)` (the
-pure model), `figure(config, result)` and `describe(config, result)`; a panel
-that can measure on real ranks also supplies `measure(config, progress)`.
-The base wires everything else once, so every panel behaves alike:
+A chapter's panel subclasses `Panel` and supplies: the config it starts from
+(a dataclass whose fields carry knobs), `compute(config)` (the pure model),
+`views()` (the plots it can show, each a `View`), `describe(config, result)`
+(the key numbers, short) and optionally `details(config, result)` (the rest,
+in a collapsed accordion) and `measure(config, progress)` for the button.
+The base wires everything else once, so all five panels behave alike:
 
-- each control change rebuilds the config, recomputes and redraws once;
-- a bad input shows its error and *clears* the figure, so nothing stale stays
-  on screen looking current;
-- the run button shows progress, keeps the kernel alive on failure (the error
-  goes into the status line), stores what it measured in `self.measured`, and
-  redraws with it;
-- long text wraps inside a fixed-width column (one or `control_columns` knobs
-  wide), so no readout is squeezed and the figure keeps the rest of the row.
+- A control change recomputes, draws the selected view into the figure it
+  drew last time (wmdist.ui.render: axes reused, PNG at screen size) and
+  only then sets the figure and the numbers, back to back, so the new
+  numbers never sit beside the old picture.
+- A panel with several plots shows one at a time, chosen by buttons above
+  the figure; every plot stays one click away and only the one on screen is
+  drawn, which is what keeps a slider move within ~100 ms.
+- A bad input shows its error and clears the figure, so nothing stale stays
+  on screen looking current.
+- The run button shows progress, keeps the kernel alive on failure (the error
+  goes into the status line), stores what it measured in `self.measured`,
+  and redraws with it.
+- Displayed, a panel offers both the live widget and a static PNG of its
+  figure (the mime bundle): JupyterLab shows the widget, a static renderer
+  (GitHub, nbviewer, the course site) the picture.
 
 Tests drive a panel headlessly by setting `.value` on `panel.controls[name]`
-and reading `panel.result`, `panel.shown` (the figure), `panel.error` and
-`panel.summary.value`.
+(or `panel.selector.value` for a view) and reading `panel.result`,
+`panel.shown` (the Figure of the view on screen, None after an error),
+`panel.png`, `panel.error` and `panel.summary.value`.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import html
+import re
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import ipywidgets as W
-import matplotlib.pyplot as plt
-from IPython.display import display
 from matplotlib.figure import Figure
 
 from wmdist.ui.controls import CONTROL_WIDTH, controls_for
+from wmdist.ui.prefetch import Prefetcher, candidates
+from wmdist.ui.render import FONT, canvas_figure, img_html, to_png
 
 Progress = Callable[[int, int, str], None]
-WRAP = "white-space: normal; overflow-wrap: anywhere; line-height: 1.35"
+WRAP = "white-space: normal; overflow-wrap: break-word; line-height: 1.4"
+LEFT_WIDTH = "26em"
+
+
+@dataclass(frozen=True)
+class View:
+    """One plot a panel can show: its button label, its size on screen in pixels, and how to draw it.
+
+    `draw(fig, config, result)` draws into `fig` (use wmdist.ui.render.axes_grid(fig, ...) to get its axes,
+    reused from the last call); it reads `panel.measured` itself when it shows a measurement.
+    """
+    name: str
+    draw: Callable[[Figure, Any, Any], None]
+    width: int = 720
+    height: int = 360
 
 
 class Panel:
     """Base class; see the module docstring for what a subclass supplies."""
 
-    run_label: str | None = None      # text of the "run it" button; None: no button
-    control_columns: int = 1          # > 1: knobs in a grid on top, figure and summary side by side below
+    run_label: str | None = None                        # text of the "run it" button; None: no button
+    hint: str = ""                                      # one line: what to try first
+    control_groups: dict[str, tuple[str, ...]] = {}     # tab title -> knob names; {}: one column of knobs
+    measured_view: str | None = None                    # the view a finished run switches to (None: the first)
 
     def __init__(self, config: Any, extra_controls: dict[str, W.ValueWidget] | None = None,
-                 extra_widgets: list[W.Widget] | None = None):
+                 extra_widgets: list[W.Widget] | None = None, top_widgets: list[W.Widget] | None = None):
         self.initial = config
         self.controls = controls_for(config)
         self.extra = extra_controls or {}      # value controls outside the config (e.g. a capacity line)
         self.config: Any = None
         self.result: Any = None
         self.measured: Any = None
-        self.shown: Figure | None = None       # the figure on screen now (None after an error)
+        self.png: bytes = b""                  # the view on screen, as shown
+        self._shown: Figure | None = None      # its figure, when drawn here (None after an error)
+        self._stale = False                    # True: the PNG came from the prefetcher, _shown is older
         self.error = ""
         self._last_run = ""                    # the run button's last status line
+        self._views = {v.name: v for v in self.views()}
+        self._figures: dict[str, Figure] = {}  # one figure per view, drawn into again on every change
+        self._ahead: dict[str, Figure] = {}    # the prefetcher's own figures (it runs on another thread)
+        self.prefetch = Prefetcher()
+        self._moved: tuple[str | None, bool] = (None, True)    # the control that changed last, and which way
+        self.selector = W.ToggleButtons(options=list(self._views), value=next(iter(self._views)),
+                                        style={"button_width": "auto"},
+                                        layout=W.Layout(display=None if len(self._views) > 1 else "none"))
+        self.figure_box = W.HTML(layout=W.Layout(min_height=f"{max(v.height for v in self._views.values())}px"))
         self.summary = W.HTML(layout=W.Layout(width="100%"))
+        self.more = W.HTML()
+        self.details_box = W.Accordion(children=[self.more], titles=("details",), selected_index=None)
         self.status = W.HTML(layout=W.Layout(width=CONTROL_WIDTH))
-        self.out = W.Output(layout=W.Layout(min_height="320px"))
         self.progress = W.IntProgress(value=0, min=0, max=1, layout=W.Layout(width=CONTROL_WIDTH, visibility="hidden"))
         self.run_button = W.Button(description=self.run_label or "", icon="play",
                                    layout=W.Layout(width=CONTROL_WIDTH, display=None if self.run_label else "none"))
         self.run_button.on_click(lambda _: self.run())
-        for c in [*self.controls.values(), *self.extra.values()]:
-            c.observe(lambda _change: self.update(), names="value")
-        self.widget = self._layout([*self.controls.values(), *self.extra.values()], extra_widgets or [])
+        for name, c in [*self.controls.items(), *self.extra.items()]:
+            c.observe(lambda change, name=name: self._changed(name, change), names="value")
+        self.selector.observe(lambda _change: self.redraw(), names="value")
+        self.widget = self._layout(top_widgets or [], extra_widgets or [])
         for w, name in ((self.widget, "panel"), (self.summary, "summary"), (self.status, "status"),
-                        (self.out, "figure"), (self.run_button, "run"), (self.progress, "progress")):
+                        (self.figure_box, "figure"), (self.run_button, "run"), (self.progress, "progress"),
+                        (self.selector, "views"), (self.details_box, "details")):
             w.add_class(f"wmdist-{name}")        # stable hooks for the real-browser test
         self.update()
 
-    def _layout(self, knobs: list[W.Widget], extra_widgets: list[W.Widget]) -> W.Box:
-        """Controls in a fixed-width column left of the figure and summary; or, for a panel with many
-        knobs (control_columns > 1), the knobs in a grid on top, then figure and run box | summary,
-        so controls, plot and numbers fit one screen. Long text wraps; it never widens a column."""
-        run_box = [self.run_button, *extra_widgets, self.progress, self.status]
-        if self.control_columns == 1:
-            left = W.VBox([*knobs, *run_box], layout=W.Layout(width="27em", min_width="27em", flex="0 0 auto",
-                                                              overflow="hidden"))
-            right = W.VBox([self.out, self.summary], layout=W.Layout(flex="1 1 auto", min_width="0"))
-            return W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start"))
-        for k in knobs:                                          # each fills its grid cell, labels a bit wider
-            k.layout.width = "96%"
-            if "description_width" in k.style.keys:
-                k.style.description_width = "13em"
-        grid = W.GridBox(knobs, layout=W.Layout(width="100%", grid_gap="0 1em",
-                                                grid_template_columns=f"repeat({self.control_columns}, minmax(0, 1fr))"))
-        left = W.VBox([self.out, *run_box], layout=W.Layout(flex="0 0 auto", max_width="55%", overflow="hidden"))
-        right = W.VBox([self.summary], layout=W.Layout(flex="1 1 0", min_width="0", overflow="hidden"))
-        below = W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start", grid_gap="1em"))
-        return W.VBox([grid, below], layout=W.Layout(width="100%"))
+    def _layout(self, top: list[W.Widget], extra_widgets: list[W.Widget]) -> W.Box:
+        """Controls (grouped in tabs when there are many) and the run box in a fixed-width column on the left;
+        the view buttons, the figure at its own size and the key numbers on the right; details folded below."""
+        knobs = [*self.controls.values(), *self.extra.values()]
+        if self.control_groups:
+            by_name = {**self.controls, **self.extra}
+            grouped = {n for names in self.control_groups.values() for n in names}
+            missing = [n for n in by_name if n not in grouped]
+            if missing:
+                raise ValueError(f"control_groups leaves out {missing}: every control must be reachable")
+            pages = [W.VBox([by_name[n] for n in names]) for names in self.control_groups.values()]
+            knob_box: list[W.Widget] = [W.Tab(children=pages, titles=tuple(self.control_groups))]
+        else:
+            knob_box = knobs
+        hint = W.HTML(f"<div style='{WRAP}; color:#333'><b>Try first:</b> {self.hint}</div>" if self.hint else "")
+        left = W.VBox([*top, *knob_box, self.run_button, *extra_widgets, self.progress, self.status],
+                      layout=W.Layout(width=LEFT_WIDTH, min_width=LEFT_WIDTH, flex="0 0 auto"))
+        right = W.VBox([self.selector, self.figure_box, self.summary],
+                       layout=W.Layout(flex="1 1 auto", min_width="0", overflow="visible"))
+        row = W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start", grid_gap="0.8em"))
+        return W.VBox([hint, row, self.details_box], layout=W.Layout(width="100%"))
 
     # --- what a subclass supplies ----------------------------------------------------
+
+    def views(self) -> list[View]:
+        """The plots this panel can show, the first one on screen at the start."""
+        raise NotImplementedError
 
     def compute(self, config: Any) -> Any:
         """The pure model for one config (formulas, schedules): no processes, fast."""
         raise NotImplementedError
 
-    def figure(self, config: Any, result: Any) -> Figure:
-        """A matplotlib figure of the result (and of self.measured, when there is one)."""
+    def describe(self, config: Any, result: Any) -> str:
+        """The key numbers as short HTML: what a reader should take away, next to the figure."""
         raise NotImplementedError
 
-    def describe(self, config: Any, result: Any) -> str:
-        """An HTML summary of the result: the numbers a reader should take away."""
-        raise NotImplementedError
+    def details(self, config: Any, result: Any) -> str:
+        """Secondary HTML (full tables, caveats, the last measurement), folded under the panel; "" for none."""
+        return ""
 
     def measure(self, config: Any, progress: Progress) -> Any:
         """Run the real thing on local ranks; whatever it returns lands in self.measured."""
@@ -109,35 +156,96 @@ class Panel:
 
     # --- the loop ----------------------------------------------------------------------
 
-    def read_config(self) -> Any:
-        """The config the controls describe (ValueError/TypeError name a bad input)."""
-        values = {name: c.value for name, c in self.controls.items()}
+    def read_config(self, change: dict[str, Any] | None = None) -> Any:
+        """The config the controls describe, with `change` applied (ValueError/TypeError name a bad input)."""
+        values = {**{name: c.value for name, c in self.controls.items()}, **(change or {})}
         for name, value in values.items():        # a log slider yields floats for an integer field
-            if isinstance(getattr(self.initial, name), int) and isinstance(value, float) and value.is_integer():
-                values[name] = int(value)
-            elif isinstance(getattr(self.initial, name), int) and isinstance(value, float):
+            if isinstance(getattr(self.initial, name), int) and isinstance(value, float):
                 values[name] = int(round(value))
         return dataclasses.replace(self.initial, **values)
 
+    @property
+    def shown(self) -> Figure | None:
+        """The Figure of the view on screen, drawn now if the picture came from the prefetcher."""
+        if self._stale and self.result is not None:
+            self._shown = self._render(self._figures, self.selector.value, self.config, self.result)[0]
+            self._stale = False
+        return self._shown
+
+    def _changed(self, name: str, change: dict) -> None:
+        old, new = change["old"], change["new"]
+        try:
+            forward = bool(new > old)
+        except TypeError:                       # options that do not order (strings): by position
+            options = getattr(change["owner"], "options", ())
+            values = [o[1] if isinstance(o, tuple) else o for o in options]
+            forward = new in values and old in values and values.index(new) > values.index(old)
+        self._moved = (name, forward)
+        self.update()
+
     def update(self) -> None:
-        """Recompute and redraw once; on a bad input, show the error and clear the figure."""
+        """Recompute, draw the view on screen (or take it from the prefetcher), then show figure and numbers
+        together; on a bad input, show the error and clear the figure."""
+        self.prefetch.cancel()
         try:
             config = self.read_config()
             result = self.compute(config)
         except (ValueError, TypeError) as err:
-            self.error, self.result, self.shown = str(err), None, None
+            self.error, self.result, self._shown, self._stale, self.png = str(err), None, None, False, b""
             self.status.value = f"<div style='{WRAP}; color:#b00'><b>cannot compute:</b> {html.escape(self.error)}</div>"
-            self.summary.value = ""
-            self.out.clear_output()
+            self.summary.value = self.more.value = self.figure_box.value = ""
             return
         self.config, self.result, self.error = config, result, ""
+        summary = f"<div style='{WRAP}; font-size:{FONT + 3}px'>{self.describe(config, result)}</div>"
+        more = self.details(config, result)
+        figure = self._draw()
         self.status.value = self._last_run
-        self.summary.value = f"<div style='{WRAP}'>{self.describe(config, result)}</div>"
-        with self.out:
-            self.out.clear_output(wait=True)
-            self.shown = self.figure(config, result)
-            display(self.shown)
-            plt.close(self.shown)
+        self.figure_box.value, self.summary.value = figure, summary
+        self.more.value = f"<div style='{WRAP}'>{more}</div>" if more else ""
+        self.details_box.layout.display = None if more else "none"
+        self._draw_ahead()
+
+    def redraw(self) -> None:
+        """Draw the selected view for the current result (a view button, or a measurement landing)."""
+        self.prefetch.cancel()
+        if self.result is not None:
+            self.figure_box.value = self._draw()
+            self._draw_ahead()
+
+    def _key(self, view: str, config: Any) -> str:
+        return f"{view}|{config!r}|{[c.value for c in self.extra.values()]!r}"
+
+    def _render(self, figures: dict[str, Figure], view_name: str, config: Any, result: Any) -> tuple[Figure, bytes]:
+        view = self._views[view_name]
+        fig = figures.get(view_name)
+        if fig is None:
+            fig = figures[view_name] = canvas_figure(view.width, view.height)
+        view.draw(fig, config, result)
+        return fig, to_png(fig)
+
+    def _draw(self) -> str:
+        view = self.selector.value
+        png = self.prefetch.get(self._key(view, self.config))
+        if png is None:
+            self._shown, png = self._render(self._figures, view, self.config, self.result)
+            self._stale = False
+        else:
+            self._stale = True
+        self.png = png
+        return img_html(png, view)
+
+    def _draw_ahead(self) -> None:
+        """Queue the pictures one control step away (the prefetcher draws them while the kernel is idle)."""
+        view, (last, forward) = self.selector.value, self._moved
+        jobs = []
+        for name, value in candidates(self.controls, last, forward):
+            try:
+                config = self.read_config({name: value})
+            except (ValueError, TypeError):
+                continue
+            jobs.append((self._key(view, config), lambda c=config: self._render(self._ahead, view, c,
+                                                                                  self.compute(c))[1]))
+        self.prefetch.schedule(jobs)
 
     def _report_progress(self, done: int, total: int, text: str) -> None:
         self.progress.max, self.progress.value = max(total, 1), done
@@ -155,6 +263,7 @@ class Panel:
             return None
         self.run_button.disabled = True
         self.progress.layout.visibility = "visible"
+        self.prefetch.cancel(clear=True)         # pictures drawn ahead show no measurement
         try:
             self.measured = self.measure(self.config, self._report_progress)
         except Exception as err:   # a failed rank or a bad input: say so in the panel, keep the kernel alive
@@ -163,8 +272,22 @@ class Panel:
             return None
         finally:
             self.run_button.disabled = False
+        self.prefetch.cancel(clear=True)
+        self.selector.value = self.measured_view or self.selector.options[0]
         self.update()
         return self.measured
 
-    def _ipython_display_(self) -> None:
-        display(self.widget)
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The live widget for JupyterLab, and the figure on screen now as a PNG (with the numbers as text) for
+        renderers without a kernel."""
+        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
+        bundle["text/plain"] = strip_tags(self.summary.value) or f"{type(self).__name__}: {self.error}"
+        if self.png:
+            bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
+        return bundle
+
+
+def strip_tags(markup: str) -> str:
+    """HTML to one plain line: tags dropped, entities decoded, line breaks kept as '; '."""
+    text = re.sub(r"<br\s*/?>|</p>|</tr>", "; ", markup)
+    return html.unescape(re.sub(r"<[^>]+>", "", text)).strip(" ;")
