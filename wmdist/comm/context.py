@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 # new_group looks its naming function up in torch's module at call time; swapping that function for one
 # call is process-wide, so two threads of one process (under torchrun) must not make groups at once.
 _NAMING = threading.Lock()
+# torch's own new_group, whatever later replaces dist.new_group (a rank answers a plain one from its cache).
+_torch_new_group = dist.new_group
 
 
 def group_name(ranks: tuple[int, ...]) -> str:
@@ -45,11 +47,11 @@ def new_named_group(ranks: tuple[int, ...], timeout: timedelta | None = None) ->
     """
     original = getattr(c10d, "_process_group_name", None)
     if original is None:        # another torch: its own naming (history-dependent names may return)
-        return dist.new_group(list(ranks), timeout=timeout, use_local_synchronization=True)
+        return _torch_new_group(list(ranks), timeout=timeout, use_local_synchronization=True)
     with _NAMING:
         c10d._process_group_name = lambda _ranks, use_hashed_name: c10d.GroupName(group_name(ranks))
         try:
-            return dist.new_group(list(ranks), timeout=timeout, use_local_synchronization=True)
+            return _torch_new_group(list(ranks), timeout=timeout, use_local_synchronization=True)
         finally:
             c10d._process_group_name = original
 

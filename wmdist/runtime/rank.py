@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from wmdist.comm import Context, Ledger, RankResources
 from wmdist.runtime.failures import AT_END_OF_CALL
+from wmdist.runtime.groups import groups_lost, route_new_group
 from wmdist.runtime.isolation import RankState
 from wmdist.runtime.messages import MessageAudit
 
@@ -136,6 +137,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
         os._exit(1)
     # Process groups and buffers: kept across calls, never demo state; its groups time out with the world's.
     resources = RankResources(timeout=timedelta(seconds=group_timeout_s))
+    route_new_group(resources, world_size, lambda: audit.ledger)
     while True:
         try:
             message = conn.recv_bytes()
@@ -154,7 +156,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
             fn, args, kwargs = cloudpickle.loads(message)
             result = fn(Context(rank, world_size, ledger, resources=resources), *args, **kwargs)
             _end_lines(streams)
-            reply = cloudpickle.dumps(("ok", baseline.restore(), audit.counts(), result))
+            reply = cloudpickle.dumps(("ok", baseline.restore() + groups_lost(resources), audit.counts(), result))
         except BaseException:
             _end_lines(streams)
             reply = cloudpickle.dumps(("error", traceback.format_exc(), ledger.last_status()))
