@@ -15,7 +15,7 @@ import os
 import sys
 from typing import NoReturn
 
-from wmdist import runtime
+from wmdist import lab, runtime
 from wmdist.demos import plan, registry, verify
 from wmdist.memory.command import add_memory_parser, join_signed_values, memory_main
 from wmdist.pipeline import cli as schedule_cli
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON")
     add_memory_parser(sub)
     schedule_cli.add_parser(sub)
+    lab.add_parser(sub)
     for command in sub.choices.values():      # schedule sets its own one-line error: make it torchrun-aware too
         command.error = functools.partial(usage_error, command.prog)     # type: ignore[method-assign]
     return parser
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             return memory_main(args)
         if args.command == "schedule":
             return schedule_cli.main(args)
+        if args.command == "lab":
+            return lab.main(args)
         if args.command == "verify":
             code = _cmd_verify(args, parser)
         else:
