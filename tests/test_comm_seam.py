@@ -7,7 +7,7 @@ import torch
 
 from wmdist import runtime
 from wmdist.comm import (Context, Ledger, Mesh, all_gather, all_reduce, all_to_all, broadcast, counted, irecv, isend,
-                         reduce_scatter, ring_all_reduce)
+                         recv, reduce_scatter, ring_all_reduce, send)
 from wmdist.runtime import RankFailure, run
 
 
@@ -60,6 +60,26 @@ def test_isend_irecv_handles_are_counted_and_deliver():
     for rank, (got, totals, busy) in enumerate(res):
         assert got == [float((rank - 1) % 3)] * 5 and busy == 64.0
         assert totals == {"bytes_sent": 20, "bytes_recv": 20, "messages": 1, "rounds": 2}
+
+
+def into_a_larger_buffer(ctx, counted_recv):
+    """Rank 0 sends 10 floats (40 B); rank 1 receives them into a buffer of 20 (80 B)."""
+    if ctx.rank == 0:
+        send(ctx, torch.ones(10), 1)
+    elif counted_recv:
+        recv(ctx, torch.zeros(20), 0)
+    else:
+        torch.distributed.recv(torch.zeros(20), 0)
+    return ctx.rank
+
+
+@pytest.mark.parametrize("counted_recv", [True, False], ids=["counted", "raw"])
+def test_a_receive_into_a_larger_buffer_fails_its_call_naming_both_sizes(counted_recv):
+    with pytest.raises(RankFailure) as info:
+        run(into_a_larger_buffer, 2, counted_recv, timeout=60)
+    assert info.value.reason == "unmatched" and info.value.rank == 1
+    assert "received 40 B in messages from rank 0 into receive buffers of 80 B" in str(info.value)
+    assert run(lambda ctx: ctx.rank, 2) == [0, 1]
 
 
 def test_a_rank_stuck_waiting_on_a_handle_is_named_with_the_transfer():

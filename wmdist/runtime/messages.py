@@ -58,6 +58,29 @@ COLLECTIVES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coa
 Posted = dict[tuple[int, ...], tuple[int, int, list[tuple[int, str]]]]
 
 
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def mismatched_sizes(sizes: list[tuple[list[list[int]], list[list[int]]]], any_source: list[int]) -> \
+        tuple[int, str] | None:
+    """The first receiver whose buffers differ in size from the messages sent to it: (its rank, what), or None.
+
+    gloo delivers a smaller message into a larger buffer without a word, and the
+    tail keeps stale values, so a buffer must be exactly the size of its message.
+    Checked once every count matched; not for a rank that received from any rank.
+    """
+    n = len(sizes)
+    for j in range(n):
+        for i in range(n):
+            sent, buffers = sizes[i][0][j], sizes[j][1][i]
+            if not any_source[j] and sent != buffers:
+                return j, (f"received {sent[0]} B in messages from rank {i} into receive buffers of {buffers[0]} B "
+                           f"(each buffer must be the size of the message it receives: a larger one keeps stale "
+                           f"values past what arrived, and the ledger would count bytes that never came)")
+    return None
+
+
 def unmatched_collectives(posted: list[Posted]) -> tuple[int, tuple[int, ...], str] | None:
     """The first group whose members posted different collectives: (rank to blame, ranks involved, what), or None.
 
@@ -121,6 +144,9 @@ class MessageAudit:
         self.sent = [0] * self.world_size
         self.received = [0] * self.world_size
         self.any_source = 0
+        # Per peer: [bytes, sum of crc32(size)]: an order-free fingerprint of the message sizes (sizes_in: buffers).
+        self.sizes_out = [[0, 0] for _ in range(self.world_size)]
+        self.sizes_in = [[0, 0] for _ in range(self.world_size)]
         self.pending: list[tuple[Any, str]] = []     # (Work, description) not yet completed
         self.collectives: dict[tuple[int, ...], list] = {}   # group's global ranks: [count, crc, tail]
         self._ranks: dict[int, tuple[int, ...] | None] = {}  # id(group) -> its global ranks, this call
@@ -164,8 +190,8 @@ class MessageAudit:
         ledger.leave()
         return work
 
-    def posted(self, kind: str, group: Any, peer: int | None, tag: int, work: Any) -> None:
-        """Count one posted op (`peer` is a group rank; None: a receive from any rank)."""
+    def posted(self, kind: str, group: Any, peer: int | None, tag: int, work: Any, size: int = 0) -> None:
+        """Count one posted op of `size` bytes (`peer` is a group rank; None: a receive from any rank)."""
         if peer is None:
             self.any_source += 1
             where = "any rank"
@@ -175,6 +201,9 @@ class MessageAudit:
             except (ValueError, RuntimeError):
                 return    # a group torch does not know the ranks of: cannot be attributed
             (self.sent if kind == "send" else self.received)[peer] += 1
+            sizes = (self.sizes_out if kind == "send" else self.sizes_in)[peer]
+            sizes[0] += size
+            sizes[1] = (sizes[1] + zlib.crc32(size.to_bytes(8, "little"))) % (1 << 64)
             where = f"rank {peer}"
         self._keep(work, f"its {kind} {'to' if kind == 'send' else 'from'} {where} (tag {tag})")
 
@@ -186,12 +215,12 @@ class MessageAudit:
 
         def counted_send(group: Any, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
             work = audit._raw(f"dist.send to group rank {dst} (tag {tag})", lambda: send(group, tensors, dst, tag))
-            audit.posted("send", group, dst, tag, work)
+            audit.posted("send", group, dst, tag, work, _bytes(tensors))
             return work
 
         def counted_recv(group: Any, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
             work = audit._raw(f"dist.recv from group rank {src} (tag {tag})", lambda: recv(group, tensors, src, tag))
-            audit.posted("receive", group, src, tag, work)
+            audit.posted("receive", group, src, tag, work, _bytes(tensors))
             return work
 
         def counted_recv_any(group: Any, tensors: list[torch.Tensor], tag: int = 0) -> Any:
@@ -223,12 +252,12 @@ class MessageAudit:
 
         return counted_collective
 
-    def counts(self) -> tuple[list[int], list[int], int, int, Posted]:
+    def counts(self) -> tuple[list[int], list[int], int, int, Posted, tuple[list[list[int]], list[list[int]]]]:
         """(sends posted to each rank, receives posted from each rank, receives from any rank, ops never waited
-        for, collectives posted on each group)."""
+        for, collectives posted on each group, (sizes sent to, buffers posted from each rank))."""
         unwaited = sum(1 for work, _ in self.pending if not work.is_completed())
         posted = {key: (count, crc, list(tail)) for key, (count, crc, tail) in self.collectives.items()}
-        return self.sent, self.received, self.any_source, unwaited, posted
+        return self.sent, self.received, self.any_source, unwaited, posted, (self.sizes_out, self.sizes_in)
 
     def drain(self, within: float = DRAIN_TIMEOUT_S) -> str | None:
         """Wait up to `within` seconds for the ops the call never waited for (all matched); describe one that

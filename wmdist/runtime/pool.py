@@ -29,7 +29,8 @@ import cloudpickle
 
 from wmdist.runtime import cleanup
 from wmdist.runtime.failures import PoolRestartWarning, RankFailure, exit_failure, timeout_failure
-from wmdist.runtime.messages import DRAIN_AT_LEAST_S, DRAIN_TIMEOUT_S, unmatched, unmatched_collectives
+from wmdist.runtime.messages import (DRAIN_AT_LEAST_S, DRAIN_TIMEOUT_S, mismatched_sizes, unmatched,
+                                     unmatched_collectives)
 from wmdist.runtime.rank import STATUS_BYTES, worker_main
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "Pool", "PoolRestartWarning", "RankFailure"]
@@ -173,12 +174,15 @@ class Pool:
 
         counts[r] = (sends rank r posted to each rank, receives it posted from
         each rank, receives from any rank, ops it never waited for, collectives
-        it posted on each group).
+        it posted on each group, sizes of what it sent and of its receive buffers).
         """
         problem = unmatched([c[0] for c in counts], [c[1] for c in counts], [c[2] for c in counts])
         if problem is not None:
             raise RankFailure(problem[0], "unmatched", f"{problem[1]}; the call fails so that the message "
                                                        "cannot reach a later call", None)
+        wrong = mismatched_sizes([c[5] for c in counts], [c[2] for c in counts])
+        if wrong is not None:
+            raise RankFailure(wrong[0], "unmatched", wrong[1], None)
         stray = unmatched_collectives([c[4] for c in counts])
         if stray is not None:
             raise RankFailure(stray[0], "unmatched", f"{stray[2]}; the call fails so that the collective cannot "
