@@ -44,6 +44,20 @@ def tolerance(case: AffineCase, world_size: int) -> float:
     return factor * float(magnitude)
 
 
+def agreement_checks(cases: list[AffineCase], outcomes: list[list[list[RankOutcome]]], world_size: int) -> list[Check]:
+    """Per case: the ranks' all-gathered states against the loop (to `tolerance`), hand-off against all-gather (exact)."""
+    why = "a summary regroups the products: reassociation_bound(chunked depth, T) * max|h|_abs"
+    checks: list[Check] = []
+    for i, case in enumerate(cases):
+        gathered = gather_states(outcomes, i, COMBINES.index("gathered"))
+        handed = gather_states(outcomes, i, COMBINES.index("handoff"))
+        checks.append(close_check(f"{case.label}: ranks == sequential loop", gathered,
+                                  sequential(case.A, case.b, case.h0), tolerance(case, world_size), why))
+        checks.append(exact_check(f"{case.label}: hand-off == all-gather", handed, gathered,
+                                  "both apply the same summaries to h0 in the same order"))
+    return checks
+
+
 def predicted_traffic(case: AffineCase, world_size: int, combine: str, rank: int) -> dict[str, int]:
     """bytes_sent, bytes_recv, messages the formulas give one rank for one case and combine."""
     elem = case.b.element_size()
@@ -88,15 +102,7 @@ def affine_demo(world_size: int, steps: int = 37, batch: int = 2, state_sizes: t
     start = time.perf_counter()
     outcomes = scan_cases(n, cases)
     seconds = time.perf_counter() - start
-    why = "a summary regroups the products: reassociation_bound(chunked depth, T) * max|h|_abs"
-    checks: list[Check] = []
-    for i, case in enumerate(cases):
-        gathered = gather_states(outcomes, i, COMBINES.index("gathered"))
-        handed = gather_states(outcomes, i, COMBINES.index("handoff"))
-        checks.append(close_check(f"{case.label}: ranks == sequential loop", gathered,
-                                  sequential(case.A, case.b, case.h0), tolerance(case, n), why))
-        checks.append(exact_check(f"{case.label}: hand-off == all-gather", handed, gathered,
-                                  "both apply the same summaries to h0 in the same order"))
+    checks = agreement_checks(cases, outcomes, n)
     exact = traffic_counts(outcomes, cases, n, ops=True)
     return Report("scan-affine", n, checks, exact, seconds,
                   {"steps": steps, "batch": batch, "state_sizes": list(state_sizes), "dtype": "float32"})
