@@ -157,3 +157,13 @@ def test_directories_left_by_a_dead_owner_are_removed_at_pool_start(tmp_path):
     done = python(STALE, str(tmp_path))
     assert done.returncode == 0 and "[0]" in done.stdout, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wmdist-live", "wmdist-unmarked"]
+
+
+def test_a_run_whose_parent_builds_an_optimizer_leaves_no_inductor_directory(tmp_path):
+    # A demo's single-device reference builds an optimizer in the parent: torch.optim imports torch._dynamo,
+    # which makes an empty torchinductor_<user> in $TMPDIR (issue 19: left by `wmdist verify dp-train -n 2`).
+    done = python("import torch, wmdist\n"
+                  "print(wmdist.run(lambda ctx: ctx.rank, 2))\n"
+                  "torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n", str(tmp_path))
+    assert done.returncode == 0 and "[0, 1]" in done.stdout, done.stderr
+    assert os.listdir(tmp_path) == []

@@ -73,6 +73,24 @@ def remove_stale(tmp: str | None = None) -> list[str]:
     return removed
 
 
+def inductor_dirs(tmp: str | None = None) -> set[str]:
+    """The inductor cache directories (torchinductor_<user>) in the temporary directory now."""
+    return set(glob.glob(os.path.join(tmp or tempfile.gettempdir(), "torchinductor_*")))
+
+
+def remove_empty_inductor_dirs(before: set[str]) -> None:
+    """Remove the inductor cache directories made since `before` that are still empty.
+
+    torch.optim imports torch._dynamo on the first optimizer a process builds
+    (a demo's single-device reference does), and that import makes an empty
+    torchinductor_<user> directory in $TMPDIR; nothing in wmdist compiles, so
+    one left empty at exit was made for nothing. One with files is kept.
+    """
+    for path in inductor_dirs() - before:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)               # only if still empty
+
+
 def mark_multiprocessing_dir() -> None:
     """Mark multiprocessing's temporary directory of this process (the forkserver's socket) as ours."""
     path = multiprocessing.util.get_temp_dir()

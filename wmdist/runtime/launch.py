@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from wmdist.comm import Context, Ledger, RankResources
+from wmdist.runtime import cleanup
 from wmdist.runtime.failures import RankFailure
 from wmdist.runtime.pool import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, Pool
 from wmdist.runtime.warm import WarmPools
@@ -58,6 +59,7 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+atexit.register(cleanup.remove_empty_inductor_dirs, cleanup.inductor_dirs())    # see its docstring
 
 
 def warm_pids() -> dict[int, list[int]]:
