@@ -120,22 +120,42 @@ WHY = ("the ideal time charges nothing for messages; here each hop costs ~0.1-5 
        "wake-ups on a loaded machine, against slots of {:g} ms (median of 3 steps)")
 
 
+SMALL_M = 1      # (P-1)/P vs (P-1)/(P+1): they differ by (P-1)/(P(P+1)) >= 0.097 for 2 <= P <= 8, ~2x ALLOWANCE
+
+
+def off_by_one_gap(stages: int, microbatches: int) -> float:
+    """(P-1)/(M+P-1) - (P-1)/(M+P) = (P-1)/((M+P-1)(M+P)): what the measured check must be able to tell apart."""
+    return (stages - 1) / ((microbatches + stages - 1) * (microbatches + stages))
+
+
 def bubble_demo(world_size: int, microbatches: int | None = None) -> Report:
-    """The text's balanced forward pipeline, timed: measured idle fraction vs (P-1)/(M+P-1), M = 2P by default."""
+    """The text's balanced forward pipeline, timed: measured idle fraction vs (P-1)/(M+P-1), M = 2P by default.
+
+    At M = 2P the formula and the off-by-one (P-1)/(M+P) differ by less than
+    the allowance, so for P > 1 a second run at M = SMALL_M, where they differ
+    by about twice the allowance, shows that the measurement tells them apart.
+    """
     m = 2 * require_int("world_size", world_size, 1) if microbatches is None else \
         require_int("microbatches", microbatches, 1, MAX_MICROBATCHES)      # 0 is refused, not the default
-    schedule = make_schedule("gpipe", world_size, m)
-    work = PipeWork(batch_size=m, forward_only=True, slot_seconds=SLOT_SECONDS, repeats=3)
-    require_world(world_size, schedule)
-    work.check(schedule)
+    sizes = [m] + ([SMALL_M] if world_size > 1 and m != SMALL_M else [])
+    plans = [(make_schedule("gpipe", world_size, k),
+              PipeWork(batch_size=k, forward_only=True, slot_seconds=SLOT_SECONDS, repeats=3)) for k in sizes]
+    for schedule, work in plans:
+        require_world(world_size, schedule)
+        work.check(schedule)
     start = time.perf_counter()
-    measured = measure_bubble(schedule, work)
+    runs = [measure_bubble(schedule, work) for schedule, work in plans]
     formula = pcosts.bubble_fraction(world_size, m)
-    checks = [close_check("measured idle fraction == (P-1)/(M+P-1)", measured.median_idle, formula, ALLOWANCE,
+    checks = [close_check("measured idle fraction == (P-1)/(M+P-1)", runs[0].median_idle, formula, ALLOWANCE,
                           WHY.format(1e3 * SLOT_SECONDS))]
+    if len(runs) > 1:
+        gap = off_by_one_gap(world_size, SMALL_M)
+        checks.append(close_check(f"M={SMALL_M}: measured idle fraction == (P-1)/(M+P-1)", runs[1].median_idle,
+                                  pcosts.bubble_fraction(world_size, SMALL_M), ALLOWANCE,
+                                  WHY.format(1e3 * SLOT_SECONDS) + f"; (P-1)/(M+P) would miss by {gap:.3f}"))
     return Report("pp-bubble", world_size, checks, [], time.perf_counter() - start,
                   {"schedule": "gpipe (forwards only)", "microbatches": m, "slot_ms": 1e3 * SLOT_SECONDS,
-                   "formula": formula}, measured)
+                   "formula": formula}, runs[0])
 
 
 @dataclass(frozen=True)
