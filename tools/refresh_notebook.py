@@ -1,25 +1,103 @@
-"""Execute notebooks and store only the outputs nbval should check.
+"""Execute notebooks and store their outputs: nbval's expectations, and what a reader without a kernel sees.
 
 Usage: python tools/refresh_notebook.py notebooks/00_start_here.ipynb [...]
 
-The course's convention (docs/notebooks.md): cells starting with the comment
-`# NBVAL_CHECK_OUTPUT` keep their output, which becomes nbval's expectation;
-every other cell is stored without output or execution count, and no widget
-state is stored. Fails if a cell raised (unless marked NBVAL_RAISES_EXCEPTION)
-or an output holds an absolute path of this machine.
+The course's convention (docs/notebooks.md):
+- Cells starting with `# NBVAL_CHECK_OUTPUT` keep their output exactly as it came: it is
+  nbval's expectation (the suite runs `--nbval-lax`, which compares those cells only).
+- Every other cell keeps its outputs too, so GitHub, nbviewer and the course site show the
+  figures, panels and report tables the prose points at. They are made lean: consecutive
+  stream outputs merged and carriage-return progress reduced to its last state (nbconvert's
+  CoalesceStreamsPreprocessor), a repeated output in a cell dropped, PNGs stored at the size
+  they are shown (never above MAX_WIDTH px) and recompressed losslessly, and this checkout's
+  path replaced by `.`.
+- A widget's live view (`application/vnd.jupyter.widget-view+json`) is dropped, since no widget
+  state is stored and JupyterLab would show "model not found" in its place; its static
+  fallbacks (`image/png`, `text/html`, a meaningful `text/plain`) stay. A widget that has only
+  ipywidgets' default repr to fall back on (a progress bar) is dropped whole.
+- Code cells are numbered 1, 2, ... in order; widget state and machine-specific metadata go.
+
+Fails if a cell raised (unless marked NBVAL_RAISES_EXCEPTION) or a checked output holds an
+absolute path of this machine.
 """
 from __future__ import annotations
 
 import argparse
+import base64
+import io
+import json
+import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
+from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+from PIL import Image
 
 CHECK = "NBVAL_CHECK_OUTPUT"
 RAISES = "NBVAL_RAISES_EXCEPTION"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+MAX_WIDTH = 1200                       # px: wider than any panel the course draws (ui/render.py, 1 px per CSS px)
+WIDGET_REPR = re.compile(r"^[A-Z]\w*\(.*\)$", re.S)      # ipywidgets' default text/plain: `IntProgress(value=3, ...)`
+REPO = Path(__file__).resolve().parents[1]
+
+
+def screen_size_png(data: str, meta: dict[str, Any]) -> str:
+    """A base64 PNG at the size it is shown, recompressed losslessly (kept as it came if that is no smaller).
+
+    The shown width is the display width in `meta` (a "retina" figure stores twice the pixels
+    it is shown at) capped at MAX_WIDTH; a display width/height in `meta` is removed once the
+    image has exactly that many pixels.
+    """
+    image = Image.open(io.BytesIO(base64.b64decode(data)))
+    width = min(int(meta.get("width", image.width)), MAX_WIDTH, image.width)
+    resized = width < image.width
+    if resized:
+        image = image.resize((width, max(1, round(image.height * width / image.width))), Image.LANCZOS)
+    out = io.BytesIO()
+    image.save(out, format="PNG", optimize=True)
+    encoded = base64.b64encode(out.getvalue()).decode("ascii")
+    if resized or int(meta.get("width", -1)) == image.width:
+        meta.pop("width", None)
+        meta.pop("height", None)
+    return encoded if resized or len(encoded) < len(data) else data
+
+
+def _scrub(value: Any, root: str) -> Any:
+    """`value` (text, a list of lines, or nested JSON) with the checkout's absolute path replaced by `.`."""
+    if isinstance(value, str):
+        return value.replace(root, ".")
+    if isinstance(value, list):
+        return [_scrub(v, root) for v in value]
+    if isinstance(value, dict):
+        return type(value)((k, _scrub(v, root)) for k, v in value.items())
+    return value
+
+
+def reader_outputs(outputs: list[Any], root: str = str(REPO)) -> list[Any]:
+    """The outputs of an unchecked cell as stored for a reader: lean, static, no widget views, no duplicates."""
+    kept, seen = [], set()
+    for out in outputs:
+        data = out.get("data")
+        if data is not None and WIDGET_VIEW in data:
+            del data[WIDGET_VIEW]
+            if set(data) <= {"text/plain"} and WIDGET_REPR.match("".join(data.get("text/plain", ""))):
+                continue                         # only the default repr is left: nothing to show without a kernel
+        if data is not None and "image/png" in data:
+            meta = out.get("metadata", {})
+            data["image/png"] = screen_size_png(data["image/png"], meta.get("image/png", {}))
+            if meta.get("image/png") == {}:
+                del meta["image/png"]
+        out = _scrub(out, root)
+        key = json.dumps({k: v for k, v in out.items() if k != "execution_count"}, sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        kept.append(out)
+    return kept
 
 
 def refresh(path: Path, timeout: int = 600) -> float:
@@ -33,24 +111,27 @@ def refresh(path: Path, timeout: int = 600) -> float:
     client.execute()
     seconds = time.perf_counter() - start
     problems, count = [], 0
-    home = str(Path(__file__).resolve().parents[2])
+    home = str(REPO.parent)
+    coalesce = CoalesceStreamsPreprocessor()
     for i, cell in enumerate(nb.cells):
+        cell.metadata.pop("execution", None)
         if cell.cell_type != "code":
             continue
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if errors and RAISES not in cell.source:
             problems.append(f"cell {i} raised {errors[0].ename}: {errors[0].evalue}")
+        count += 1
+        cell.execution_count = count
         if CHECK in cell.source:
-            count += 1
-            cell.execution_count = count
-            for out in cell.outputs:
-                if "execution_count" in out:
-                    out.execution_count = count
-                if home in str(out):
-                    problems.append(f"cell {i} output holds the local path {home}")
+            if home in str(cell.outputs):
+                problems.append(f"cell {i} output holds the local path {home}")
         else:
-            cell.outputs, cell.execution_count = [], None
-        cell.metadata.pop("execution", None)
+            cell, _ = coalesce.preprocess_cell(cell, {}, i)
+            cell.outputs = reader_outputs(cell.outputs)
+        for out in cell.outputs:
+            if "execution_count" in out:
+                out.execution_count = count
+        nb.cells[i] = cell
     nb.metadata.pop("widgets", None)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.metadata["language_info"] = {"name": "python"}
