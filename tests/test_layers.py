@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "wmdist"
-LAYERS = [("costs", "knobs", "spans"), ("comm",), ("runtime",), ("report", "compare", "models", "transformer"), ("exercises",),
+LAYERS = [("costs", "knobs", "spans"), ("comm",), ("runtime",), ("report", "report_html", "compare", "models", "transformer"), ("exercises",),
           ("ui",)]
-TOP = ("demos", "bench", "cli", "__main__", "__init__")
+TOP = ("demos", "bench", "bench_panels", "cli", "__main__", "__init__")
 CAPSTONE = "mesh"
 PURE = ["costs", "knobs.py", "spans.py", "comm/mesh.py", "memory/footprint.py", "memory/remedies.py",
         "data_parallel/scaling.py", "pipeline/schedules.py", "pipeline/simulate.py", "pipeline/plan.py",

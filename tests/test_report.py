@@ -43,7 +43,13 @@ def test_text_html_and_json_views():
     assert text.splitlines()[0] == "demo on 2 rank(s): FAIL"
     assert "FAIL bytes sent [step 1] per rank: measured [10, 13], predicted [10, 12]" in text
     html = r._repr_html_()
-    assert html.count("<table>") == 2 and "naive mean is wrong" in html and "held bytes [case parameters]" in html
+    # one table per reason (two here) and one of exact counts; each reason is said once, above its rows
+    assert html.count("<table>") == 3 and "naive mean is wrong" in html and "held bytes [case parameters]" in html
+    assert html.count("reordered float32 sum") == 1 and html.count("1000x rounding") == 1
+    many = Report("many", 2, checks=[Check(f"rank {i}", 0.1, 1.0, "same reason") for i in range(12)])
+    folded = many._repr_html_()
+    assert folded.count("same reason") == 1 and "<details>" in folded and "all ok</b>, 12 check(s)" in folded
+    assert "<details open>" in Report("bad", 2, checks=[*many.checks, Check("x", 2.0, 1.0, "same reason")])._repr_html_()
     d = json.loads(to_json([r]))[0]
     assert d["passed"] is False and d["exact"][0] == {"quantity": "bytes sent", "rank": 0, "measured": 10,
                                                       "predicted": 10, "phase": None, "step": 0, "case": None}

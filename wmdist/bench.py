@@ -238,6 +238,11 @@ def bench_ring_attention(world_size: int = 4, seq_len: int = 4096, repeats: int 
                          "a rank also keeps two packed K, V blocks (one in use, one arriving) and its score tiles")])
 
 
+def _panels() -> BenchResult:
+    from wmdist.bench_panels import bench_panels      # imports the widgets only when asked for
+    return bench_panels()
+
+
 def benchmarks() -> dict[str, Callable[[], BenchResult]]:
     """Every benchmark by name, in the order `wmdist bench` runs them."""
     table: dict[str, Callable[[], BenchResult]] = {
@@ -246,5 +251,6 @@ def benchmarks() -> dict[str, Callable[[], BenchResult]]:
         "pool-memory": bench_memory,
         "allreduce-fit": bench_allreduce_fit,
         "ring-attention": bench_ring_attention,
+        "panels": _panels,
     }
     return table

@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from wmdist.report_html import checks_html, counts_html
+
 
 @dataclass(frozen=True)
 class Check:
@@ -178,17 +180,9 @@ class Report:
         if self.error is not None:
             out.append(f"<p>broke while running: {esc(self.error)}</p>")
         if self.checks:
-            rows = "".join(f"<tr><td>{'ok' if c.passed else 'FAIL'}</td><td style='text-align:left'>{esc(c.name)}</td>"
-                           f"<td>{c.error:.3g}</td><td>{'&ge;' if c.must_differ else '&le;'} {c.tolerance:.3g}</td>"
-                           f"<td style='text-align:left'>{esc(c.reason)}</td></tr>" for c in self.checks)
-            out.append("<table><tr><th></th><th>check</th><th>error</th><th>tolerance</th><th>why</th></tr>"
-                       f"{rows}</table>")
+            out.append(checks_html(self.checks))        # report_html: grouped by reason, long groups folded
         if self.exact:
-            rows = "".join(f"<tr><td>{'ok' if all(r.passed for r in g) else 'FAIL'}</td>"
-                           f"<td style='text-align:left'>{esc(g[0].label)}</td><td>{[r.measured for r in g]}</td>"
-                           f"<td>{[r.predicted for r in g]}</td></tr>" for _, g in self.groups())
-            out.append("<table><tr><th></th><th>exact count</th><th>measured per rank</th>"
-                       f"<th>predicted per rank</th></tr>{rows}</table>")
+            out.append(counts_html([g for _, g in self.groups()]))
         return "\n".join(out)
 
 

@@ -86,7 +86,7 @@ class MemoryPanel(Panel):
         super().__init__(start, extra_controls=extra, extra_widgets=[self.measure_ranks, self.measure_note])
 
     def views(self) -> list[View]:
-        return [View("bytes per rank", self._draw_bars, height=340)]
+        return [View("bytes per rank", self._draw_bars)]
 
     def apply_preset(self, name: str) -> None:
         """Set the model fields of a published shape (params, layers, sequence, activation bytes) at once."""

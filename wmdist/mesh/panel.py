@@ -88,9 +88,9 @@ class PatternsPanel(Panel):
         return patterns(config)
 
     def views(self) -> list[View]:
-        return [View("bytes per axis", lambda fig, c, r: draw_bytes(fig, r, self.measured), height=300),
-                View("time per axis", lambda fig, c, r: draw_time(fig, r), height=300),
-                View("mesh orders", lambda fig, c, r: draw_orders(fig, r), height=360)]
+        return [View("bytes per axis", lambda fig, c, r: draw_bytes(fig, r, self.measured)),
+                View("time per axis", lambda fig, c, r: draw_time(fig, r)),
+                View("mesh orders", lambda fig, c, r: draw_orders(fig, r))]
 
     def describe(self, config: PatternsConfig, result: PatternsResult) -> str:
         text = summary(result)

@@ -22,7 +22,8 @@ from wmdist.ui.timeline import timeline_figure, timelines_figure
 
 COLORS = {"forward": "tab:green", "backward": "tab:purple"}
 MAX_LABELLED = 24          # actions per rank up to which bars carry their token
-CHAR_PX = 0.62 * SMALL * DPI / 72      # width of one label character on screen, in pixels
+TOKEN = 8                              # points: 11 px on screen
+CHAR_PX = 0.6 * TOKEN * DPI / 72       # width of one token character (DejaVu Sans F, B and digits), in pixels
 
 
 def slot_axes(ax: plt.Axes, view: BubbleView, end: float | None = None) -> None:
@@ -41,17 +42,16 @@ def slot_axes(ax: plt.Axes, view: BubbleView, end: float | None = None) -> None:
         if len(timings) <= MAX_LABELLED:
             for t in timings:
                 token = format_token(t.action, with_stage)
-                if float(t.end - t.start) * px_per_slot >= CHAR_PX * len(token) + 3:
-                    ax.text(float(t.start + t.end) / 2, rank, token, ha="center", va="center", fontsize=SMALL,
+                if float(t.end - t.start) * px_per_slot >= CHAR_PX * len(token) + 1:
+                    ax.text(float(t.start + t.end) / 2, rank, token, ha="center", va="center", fontsize=TOKEN,
                             color="white")
     ax.set_yticks(range(schedule.stages), [f"rank {r}" for r in range(schedule.stages)])
     ax.set_ylim(schedule.stages - 0.5, -0.5)
     ax.set_xlim(0, end)
     integer_axis(ax.xaxis)
-    ax.set_xlabel("time in slots (a forward of one unit of work = 1, its backward = 2)")
-    ax.set_title(f"ideal: {schedule.name}, P={schedule.stages}, M={schedule.microbatches}"
-                 + (f", v={schedule.chunks}" if with_stage else "") + f"; idle {view.idle:.3f} of the schedule",
-                 fontsize=FONT, loc="left")
+    ax.set_xlabel("time in slots (per unit of work: forward 1, backward 2)")
+    ax.set_title(f"{schedule.name}, P={schedule.stages}, M={schedule.microbatches}"
+                 + (f", v={schedule.chunks}" if with_stage else "") + f": idle {view.idle:.3f}", fontsize=FONT, loc="left")
     ax.legend(handles=[Patch(color=COLORS["forward"], label="forward"), Patch(color=COLORS["backward"],
                                                                               label="backward")],
               fontsize=SMALL, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False)
@@ -92,21 +92,32 @@ def in_slots(spans: Sequence[Span], slot_seconds: float) -> list[Span]:
     return [Span(s.row, s.start / slot_seconds, s.end / slot_seconds, s.kind, s.label) for s in spans]
 
 
-def draw_slots(fig: Figure, view: BubbleView, measured: MeasuredBubble | None = None) -> None:
-    """The panel's main view: the ideal slot diagram, and under it the measured one when it ran this schedule."""
-    show = measured is not None and measured.schedule == view.schedule
-    if not show:
-        slot_axes(axes_grid(fig, margins=(0.1, 0.98, 0.14, 0.88))[0], view)
+def draw_slots(fig: Figure, view: BubbleView) -> None:
+    """The panel's main view: the ideal slot diagram."""
+    slot_axes(axes_grid(fig, margins=(0.1, 0.98, 0.14, 0.88))[0], view)
+
+
+def draw_measured(fig: Figure, view: BubbleView, measured: MeasuredBubble | None) -> None:
+    """The ideal slot diagram above the same schedule measured on real ranks, on one time axis."""
+    if measured is None or measured.schedule != view.schedule:
+        ax = axes_grid(fig)[0]
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "Press \"Run it on P local ranks\" to time this schedule\non real processes here.",
+                ha="center", va="center", fontsize=FONT + 1, transform=ax.transAxes)
         return
-    ideal, low = axes_grid(fig, 2, 1, margins=(0.1, 0.98, 0.09, 0.92), hspace=0.6)
+    ideal, low = axes_grid(fig, 2, 1, margins=(0.1, 0.98, 0.1, 0.91), hspace=0.45)
+    ideal.set_axis_on()
     spans = in_slots(measured.median_timeline, measured.work.slot_seconds)
     end = max(float(view.sim.makespan), max(s.end for s in spans))
     slot_axes(ideal, view, end)
+    ideal.set_xlabel("")
     timeline_figure(spans, ax=low, unit="s")
+    low.get_legend().remove()                            # the same two colours as the ideal diagram's legend
     low.set_xlim(0, end)
+    integer_axis(low.xaxis)
     low.set_xlabel(f"time in slots of {1e3 * measured.work.slot_seconds:g} ms")
     low.set_title(f"measured on {view.schedule.stages} ranks (median of {len(measured.idle)} steps): idle "
-                  f"{measured.median_idle:.3f}, ideal {measured.predicted:.3f}", fontsize=FONT, loc="left")
+                  f"{measured.median_idle:.3f}", fontsize=FONT, loc="left")
 
 
 def draw_curve(fig: Figure, view: BubbleView) -> None:

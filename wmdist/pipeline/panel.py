@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from wmdist.pipeline.bubble import BubbleConfig, BubbleView, bubble_view
-from wmdist.pipeline.figures import draw_curve, draw_held, draw_slots
+from wmdist.pipeline.figures import draw_curve, draw_held, draw_measured, draw_slots
 from wmdist.pipeline.measure import MeasuredBubble, measure_bubble
 from wmdist.pipeline.plan import PipeWork, microbatch_sizes, stage_blocks
 from wmdist.ui.panel import Panel, View
@@ -36,6 +36,7 @@ class BubblePanel(Panel):
     """
 
     run_label = "Run it on P local ranks"
+    measured_view = "measured"
     hint = ("move M from 8 to 32 and watch the gaps shrink; then pick 1F1B and compare the activations "
             "in flight; then tick <i>unequal stages</i>.")
 
@@ -44,9 +45,10 @@ class BubblePanel(Panel):
         super().__init__(config or BubbleConfig())
 
     def views(self) -> list[View]:
-        return [View("slot diagram", lambda fig, c, r: draw_slots(fig, r, self.measured), height=330),
-                View("bubble vs M", lambda fig, c, r: draw_curve(fig, r), height=330),
-                View("activations in flight", lambda fig, c, r: draw_held(fig, r), height=330)]
+        return [View("slot diagram", lambda fig, c, r: draw_slots(fig, r)),
+                View("measured", lambda fig, c, r: draw_measured(fig, r, self.measured), height=420),
+                View("bubble vs M", lambda fig, c, r: draw_curve(fig, r)),
+                View("activations in flight", lambda fig, c, r: draw_held(fig, r))]
 
     def compute(self, config: BubbleConfig) -> BubbleView:
         return bubble_view(config, self.curves)
@@ -63,11 +65,14 @@ class BubblePanel(Panel):
         if config.unequal:
             lines.append(f"stage 1 does twice the work: the slowest rank sets the pace, and as M grows the idle "
                          f"fraction tends to 1 - mean/max = <b>{v.curve.limit:.3f}</b>, not 0")
-        lines.append(f"activation sets held at the peak, rank 0..{p - 1}: {list(v.peak)} "
-                     f"(GPipe M, 1F1B min(P-r, M), interleaved more: {config.schedule} here)")
-        lines.append(f"boundary transfers per step: {v.transfers} activations forward and {v.transfers} gradients "
-                     f"back (M(P{'v' if c > 1 else ''}-1)); more microbatches mean more messages, not fewer")
         return "<br>".join(lines)
+
+    def details(self, config: BubbleConfig, v: BubbleView) -> str:
+        p = config.stages
+        return (f"Activation sets held at the peak, rank 0..{p - 1}: {list(v.peak)} (GPipe M, 1F1B min(P-r, M), "
+                f"interleaved more: {config.schedule} here).<br>Boundary transfers per step: {v.transfers} "
+                f"activations forward and {v.transfers} gradients back (M(P{'v' if config.chunks > 1 else ''}-1)); "
+                "more microbatches mean more messages, not fewer.")
 
     def measure(self, config: BubbleConfig, progress: Any) -> MeasuredBubble:
         """Run the selected schedule on P local ranks (training steps, fixed sleep per action) and time it."""

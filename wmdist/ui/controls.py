@@ -9,7 +9,7 @@ import ipywidgets as W
 from wmdist.knobs import Knob, knobs
 
 LABEL_WIDTH = "11em"
-CONTROL_WIDTH = "25em"
+CONTROL_WIDTH = "22em"
 
 
 def control(name: str, k: Knob, value: Any) -> W.ValueWidget:

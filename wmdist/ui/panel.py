@@ -46,7 +46,7 @@ from wmdist.ui.render import FONT, canvas_figure, img_html, to_png
 
 Progress = Callable[[int, int, str], None]
 WRAP = "white-space: normal; overflow-wrap: break-word; line-height: 1.4"
-LEFT_WIDTH = "26em"
+LEFT_WIDTH = "23em"
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class View:
     """
     name: str
     draw: Callable[[Figure, Any, Any], None]
-    width: int = 720
-    height: int = 360
+    width: int = 600        # fits beside the controls in a 1366 px window with JupyterLab's file browser open
+    height: int = 320
 
 
 class Panel:
@@ -92,7 +92,7 @@ class Panel:
                                         style={"button_width": "auto"},
                                         layout=W.Layout(display=None if len(self._views) > 1 else "none"))
         self.figure_box = W.HTML(layout=W.Layout(min_height=f"{max(v.height for v in self._views.values())}px"))
-        self.summary = W.HTML(layout=W.Layout(width="100%"))
+        self.summary = W.HTML(layout=W.Layout(width="auto"))     # not 100%: that plus the widget margin overflows
         self.more = W.HTML()
         self.details_box = W.Accordion(children=[self.more], titles=("details",), selected_index=None)
         self.status = W.HTML(layout=W.Layout(width=CONTROL_WIDTH))

@@ -36,7 +36,9 @@ def steps(control: W.ValueWidget) -> list[Any]:
         return [not v]
     if isinstance(control, (W.SelectionSlider, W.Dropdown)):
         values = [o[1] if isinstance(o, tuple) else o for o in control.options]
-        i = control.index
+        if v not in values:
+            return []
+        i = values.index(v)
         return [values[j] for j in (i + 1, i - 1) if 0 <= j < len(values)]
     if isinstance(control, W.FloatLogSlider):
         lo, hi = control.base ** control.min, control.base ** control.max
