@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from jupyter_client import KernelManager
 
@@ -20,7 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 def kernel(tmp_path):
     """A python3 kernel whose temporary directory is tmp_path; yields (manager, client)."""
     km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(REPO), env={**os.environ, "TMPDIR": str(tmp_path)})
+    err = open(tmp_path / "kernel.stderr", "w")           # what the kernel and its children write to fd 2
+    km.start_kernel(cwd=str(REPO), env={**os.environ, "TMPDIR": str(tmp_path)}, stderr=err)
+    err.close()
     kc = km.client()
     kc.start_channels()
     kc.wait_for_ready(timeout=120)
@@ -78,6 +81,29 @@ def test_two_interrupts_a_tenth_of_a_second_apart_leave_no_rank_alive(kernel, tm
     assert execute(kc, "print(wmdist.runtime.warm_pids())").strip() == "{}"
     assert glob.glob(str(tmp_path / "wmdist-*")) == []
     assert execute(kc, "print(wmdist.run(lambda ctx: ctx.rank, 4))").strip() == "[0, 1, 2, 3]"
+
+
+def test_stop_pressed_while_the_first_pool_starts_leaves_no_traceback_or_zombie(kernel, tmp_path):
+    km, kc = kernel
+    execute(kc, "import torch; torch.set_num_threads(1)\nimport wmdist")
+    kernel_process = psutil.Process(km.provisioner.pid)
+    msg_id = kc.execute("wmdist.run(lambda ctx: 0, 2)", stop_on_error=False)
+    deadline = time.monotonic() + 60
+    while not [p for p in kernel_process.children() if "forkserver" in " ".join(p.cmdline())]:
+        assert time.monotonic() < deadline, "the forkserver never started"
+        time.sleep(0.02)
+    time.sleep(0.3)                                   # the forkserver is importing torch (seconds)
+    km.interrupt_kernel()
+    while True:
+        reply = kc.get_shell_msg(timeout=120)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    time.sleep(0.5)
+    zombies = [p.pid for p in kernel_process.children() if p.status() == psutil.STATUS_ZOMBIE]
+    assert zombies == [], "a child of the kernel was left a zombie"
+    assert "Traceback" not in (tmp_path / "kernel.stderr").read_text()
+    assert execute(kc, "print(wmdist.run(lambda ctx: ctx.rank, 2))").strip() == "[0, 1]"
 
 
 def test_a_restart_shuts_the_ranks_down_and_the_kernel_exits_by_itself(kernel, tmp_path):

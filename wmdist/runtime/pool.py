@@ -19,6 +19,7 @@ import multiprocessing as mp
 import multiprocessing.spawn as mp_spawn
 import os
 import shutil
+import signal
 import threading
 import time
 import warnings
@@ -54,8 +55,33 @@ def _mp_context() -> mp.context.BaseContext:
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(_PRELOAD)
+        _start_forkserver_deaf_to_ctrl_c()
         return ctx
     return mp.get_context("spawn")
+
+
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start multiprocessing's forkserver (if not running) with SIGINT ignored.
+
+    Jupyter's Stop sends SIGINT to the kernel's whole process group. The
+    forkserver ignores SIGINT only once it has imported its preload (torch:
+    seconds), so Stop during the first pool start killed it mid-import, with a
+    traceback on the kernel's stderr and a zombie left until the kernel exits.
+    An ignored signal stays ignored across exec, and Python keeps it so, so the
+    forkserver starts deaf to Ctrl-C; the parent still gets its KeyboardInterrupt
+    (a Ctrl-C during the few milliseconds of the fork itself is dropped).
+    Only the main thread can change signal handlers: elsewhere it starts as before.
+    """
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _never_reimport_main_in_ranks() -> None:
