@@ -1,0 +1,131 @@
+"""The course site: built from the stored notebooks, and read page by page in headless Chromium.
+
+The whole site (all ten chapters) is built once into a temporary folder by tools/build_site.py
+(a few seconds: nothing is executed), then served on 127.0.0.1 and crawled from its index.
+Every page reached must load with HTTP 200, every image on it must load (requests that leave
+this machine are refused, so an image from elsewhere fails too), every link must resolve (a
+page or file of the site, an anchor that exists on its page, or an https link to a known
+host), and no page may show a Python traceback or a widget error. Each chapter page carries
+its Binder launch link and at least as many images as its notebook stores PNGs.
+
+Needs the `site` extra (part of `test`), Debian's `chromium` and the `playwright` package; like
+tests/test_browser.py it skips without the browser tools, and fails under CI=true.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urldefrag, urljoin, urlparse
+
+import nbformat
+import pytest
+
+from conftest import free_port
+from test_browser import CHROMIUM_ARGS, _tools
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+import build_site  # noqa: E402  (a script in tools/, not a package)
+
+# myst-parser 5 still reads a Sphinx attribute that Sphinx 11 will drop: not this project's to fix.
+pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated. Check CHANGES for Sphinx API")
+EXTERNAL_HOSTS = {"mybinder.org", "github.com", "www.sphinx-doc.org", "alabaster.readthedocs.io"}
+BAD_TEXT = ("Traceback (most recent call last)", "Error displaying widget", "model not found")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:      # keep the test's output to what fails
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The whole site, built from notebooks/ into a temporary folder; the build must take under a minute."""
+    pytest.importorskip("myst_nb", reason="the site needs the `site` extra: pip install -e '.[site]'")
+    start = time.perf_counter()
+    index = build_site.build(out=tmp_path_factory.mktemp("course") / "site")
+    seconds = time.perf_counter() - start
+    assert seconds < 60, f"the site took {seconds:.0f} s to build: build one chapter in the suite instead"
+    return index.parent
+
+
+def test_every_chapter_has_a_page_with_its_launch_link_and_its_figures(site):
+    chapters = build_site.chapters()
+    assert len(chapters) == 10
+    index = (site / "index.html").read_text(encoding="utf-8")
+    for path in chapters:
+        page = site / f"{path.stem}.html"
+        assert page.is_file(), f"no page for {path.name}"
+        html = page.read_text(encoding="utf-8")
+        launch = build_site.binder_url(path.name).replace("&", "&amp;")
+        assert launch in html and launch in index, f"{path.stem}: its Binder link is missing"
+        stored = sum("image/png" in out.get("data", {}) for cell in nbformat.read(path, as_version=4).cells
+                     if cell.cell_type == "code" for out in cell.outputs)
+        shown = len(re.findall(r"<img\b", html))
+        assert shown >= stored, f"{path.stem}: {stored} stored PNGs but {shown} images on its page"
+
+
+def _check_page(page, url: str, pages: dict[str, str], origin: str, anchors: dict[str, set[str]],
+                wanted: list[tuple[str, str, str]]) -> list[str]:
+    """Problems on the page at `url`. Adds the site pages it links to `pages` (url -> where it was linked), its
+    element ids to `anchors[url]`, and each link's anchor to `wanted` as (page, anchor, linked from)."""
+    problems = []
+    answer = page.goto(url, wait_until="load")
+    if answer is None or answer.status != 200:
+        return [f"{url}: HTTP {answer.status if answer else 'no answer'} (linked from {pages[url]})"]
+    broken = page.evaluate("""() => [...document.images]
+        .filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute('src'))""")
+    problems += [f"{url}: image does not load: {src}" for src in broken]
+    text = page.inner_text("body")
+    problems += [f"{url}: shows {bad!r}" for bad in BAD_TEXT if bad in text]
+    anchors[url] = set(page.evaluate("() => [...document.querySelectorAll('[id]')].map(e => e.id)"))
+    for href in page.evaluate("() => [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))"):
+        target, fragment = urldefrag(urljoin(url, href))
+        parsed = urlparse(target)
+        if target.startswith(origin):
+            if fragment:
+                wanted.append((target, fragment, url))
+            if target.endswith(".html") or target.endswith("/"):
+                pages.setdefault(target, url)
+            elif page.request.get(target).status != 200:
+                problems.append(f"{url}: link to a missing file {href}")
+        elif parsed.scheme != "https" or parsed.hostname not in EXTERNAL_HOSTS:
+            problems.append(f"{url}: link leaves the site for an unexpected place: {href}")
+    return problems
+
+
+def test_every_page_opens_in_chromium_with_its_images_and_links(site):
+    chromium, sync_playwright = _tools()
+    port = free_port()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(_Quiet, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{port}/"
+    pages, problems, seen = {origin + "index.html": "(start)"}, [], set()
+    anchors: dict[str, set[str]] = {}
+    wanted: list[tuple[str, str, str]] = []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1320, "height": 900})
+            page.set_default_timeout(60_000)
+            # Nothing leaves this machine: a script or image from elsewhere (MathJax's CDN) is refused.
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(origin)
+                       else route.abort())
+            while len(seen) < len(pages):
+                url = next(u for u in pages if u not in seen)
+                seen.add(url)
+                problems += _check_page(page, url, pages, origin, anchors, wanted)
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    problems += [f"{source}: link to #{fragment} on {target}, which has no such element"
+                 for target, fragment, source in wanted if fragment not in anchors.get(target, set())]
+    chapter_pages = {u for u in seen if re.search(r"/\d\d_\w+\.html$", u)}
+    assert len(chapter_pages) == 10, f"the crawl reached {len(chapter_pages)} chapter pages: {sorted(seen)}"
+    assert not problems, "\n".join(problems)
