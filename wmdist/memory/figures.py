@@ -72,11 +72,19 @@ def draw_bars(fig: Figure, bars: Breakdowns, capacity_bytes: float | None, binar
         fig.text(0.01, 0.015, note, fontsize=SMALL, color="0.3", va="bottom")
 
 
-def stage_figure(bars: Breakdowns, title: str) -> Figure:
-    """Bytes held per rank at each ZeRO stage, stacked by kind (chapter 03's evidence, measured or modelled)."""
+def zero_stages_figure(held: dict[int, dict[str, int]], predicted: dict[int, int], world_size: int,
+                       rank: int = 0) -> Figure:
+    """Chapter 03's evidence: bytes one rank really held at each ZeRO stage, by kind (bars), and the memory
+    model's total for that rank (black ticks). `held[stage][kind]` and `predicted[stage]` are bytes."""
+    bars = [(f"ZeRO-{stage}", {**{k: 0 for k in KINDS}, **kinds, "total": sum(kinds.values())})
+            for stage, kinds in sorted(held.items())]
     with plt.ioff():
-        fig, ax = plt.subplots(figsize=(7.6, 3.4))
-        fig.subplots_adjust(left=0.1, right=0.72, bottom=0.14, top=0.9)
-    bars_axes(ax, bars, title=title)
+        fig, ax = plt.subplots(figsize=(7.6, 3.3))
+        fig.subplots_adjust(left=0.1, right=0.72, bottom=0.12, top=0.9)
+    bars_axes(ax, bars, title=f"bytes rank {rank} of {world_size} held, measured, by ZeRO stage")
+    unit, _ = scale(max(b["total"] for _, b in bars), False)
+    ax.plot(range(len(bars)), [predicted[stage] / unit for stage in sorted(held)], "k_", ms=40, mew=2)
+    ax.plot([], [], "k_", ms=14, mew=2, label="memory model")          # a legend-sized stand-in for the ticks
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=SMALL, frameon=False)
     plt.close(fig)   # returned, not left in pyplot: a cell shows it once
     return fig
