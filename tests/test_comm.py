@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from wmdist import costs
-from wmdist.data_parallel.ring import rank_vector, reference_sum, ring_allreduce_demo, sum_bound, within_bound
 from wmdist.comm import Ledger, Record, all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from wmdist.compare import bound_ratio
+from wmdist.data_parallel.ring import rank_vector, reference_sum, ring_allreduce_demo, sum_bound
 from wmdist.runtime import run
 
 LENGTHS = [1, 2, 7, 64, 1000, 4097]   # shorter than N, not divisible by N, divisible
@@ -44,11 +45,11 @@ def test_ring_collectives_match_gloo_and_single_process(n):
         for rank, res in enumerate(results):
             got = res[i]
             # Different summation orders of float32: the elementwise bound derived in ring.sum_bound.
-            assert within_bound(got["ours"], expected, bound) <= 1
-            assert within_bound(got["ours"], got["theirs"], bound) <= 1
+            assert bound_ratio(got["ours"], expected, bound) <= 1
+            assert bound_ratio(got["ours"], got["theirs"], bound) <= 1
             assert torch.equal(got["ours"], results[0][i]["ours"])          # every rank identical
             chunk = expected[bounds[rank]:bounds[rank + 1]]
-            assert within_bound(got["mine"], chunk, bound[bounds[rank]:bounds[rank + 1]]) <= 1
+            assert bound_ratio(got["mine"], chunk, bound[bounds[rank]:bounds[rank + 1]]) <= 1
             # The shard owns its memory: a ZeRO rank must not keep the full buffer alive through a view.
             assert got["mine"].untyped_storage().nbytes() == got["mine"].numel() * 4
             # All-gather only copies: exact.
@@ -81,7 +82,7 @@ def test_bound_is_not_vacuous():
     # compare something real) and by no more than the elementwise bound anywhere.
     n, numel = 8, 100_003
     f32 = sum(rank_vector(r, numel) for r in range(n))
-    ratio = within_bound(f32, reference_sum(n, numel), sum_bound(n, numel))
+    ratio = bound_ratio(f32, reference_sum(n, numel), sum_bound(n, numel))
     assert 0 < ratio <= 1
 
 

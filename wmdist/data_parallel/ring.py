@@ -7,13 +7,13 @@ single-process reference can draw the very same vectors.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import torch
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, exchange, ring_all_reduce
+from wmdist.compare import bound_ratio
 from wmdist.exercises import Exercise
 from wmdist.report import Check, Demo, Report, close_check, counts_per_rank
 from wmdist.runtime import run
@@ -55,15 +55,6 @@ def sum_bound(world_size: int, numel: int, seed: int = 0) -> torch.Tensor:
     return costs.reordered_sum_bound(world_size, 1.0, extra_roundings=1 if world_size > 1 else 0) * total
 
 
-def within_bound(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> float:
-    """max_j |got - expected|_j / bound_j (0/0 = 0, x/0 = infinity): at most 1 when every element is within."""
-    diff = (got.double() - expected.double()).abs()
-    if diff.numel() == 0:
-        return 0.0
-    ratio = torch.where(bound > 0, diff / bound.clamp_min(1e-300), diff * math.inf)
-    return float(torch.nan_to_num(ratio, nan=0.0).max())
-
-
 def ring_allreduce_demo(world_size: int, numel: int = DEFAULT_NUMEL, seed: int = 0) -> Report:
     """Run the comparison on `world_size` ranks and build its Report."""
     costs.require_int("world_size", world_size, 1)
@@ -74,9 +65,9 @@ def ring_allreduce_demo(world_size: int, numel: int = DEFAULT_NUMEL, seed: int =
     expected, bound = reference_sum(world_size, numel, seed), sum_bound(world_size, numel, seed)
     why = "float32 sums in a different order: at most (2(N-1)+1) 2^-24 sum_r |x_r| per element; in units of that bound"
     checks = [Check(f"ring == single-process sum (rank {r}, in units of the rounding bound)",
-                    within_bound(out[0], expected, bound), 1.0, why) for r, out in enumerate(results)]
+                    bound_ratio(out[0], expected, bound), 1.0, why) for r, out in enumerate(results)]
     checks += [Check("ring == gloo all_reduce (rank 0, in units of the rounding bound)",
-                     within_bound(results[0][0], results[0][1], bound), 1.0, why),
+                     bound_ratio(results[0][0], results[0][1], bound), 1.0, why),
                close_check("every rank holds the same ring result", [o[0] for o in results],
                            [results[0][0]] * world_size, 0.0, "the all-gather copies one reduced chunk to all")]
     exact = counts_per_rank("bytes sent", [o[2]["bytes_sent"] for o in results],

@@ -18,13 +18,13 @@ cannot see, which would make the count look better than it is.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from wmdist.compare import bound_ratio, worst
 from wmdist.costs import require_int, reordered_sum_bound
 from wmdist.models import DynamicsCell, WorldModelConfig
 from wmdist.report import Check, Demo, Report, counts_per_rank, exact_check
@@ -189,13 +189,6 @@ def step_contributions(cfg: RolloutConfig) -> list[torch.Tensor]:
     return [c.grad.abs().sum(0) for c in copies]
 
 
-def _relative_to_bound(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> float:
-    """max |got - expected| / bound elementwise (0/0 counts as 0, x/0 as infinity)."""
-    diff = (got.double() - expected.double()).abs()
-    ratio = torch.where(bound > 0, diff / bound.double().clamp_min(1e-300), diff * math.inf)
-    return float(torch.nan_to_num(ratio, nan=0.0).max())
-
-
 @dataclass(frozen=True)
 class RecomputeCost:
     """What checkpointing traded: the fastest timed pass without and with it, and saved bytes with / without.
@@ -229,10 +222,11 @@ def checkpointing_report(world_size: int = 1, segment: int = 8, seq_len: int = 6
     seconds = time.perf_counter() - start
     per_unit = reordered_sum_bound(cfg.seq_len, 1.0)       # the bound scales with sum_t |term_t|, elementwise
     bounds = [per_unit * s for s in step_contributions(cfg)]
+    ratios = [bound_ratio(g, e, b) for g, e, b in zip(ckpt[0]["grads"], plain[0]["grads"], bounds)]
     checks = [exact_check("z gradient with checkpoints == without", ckpt[0]["grads"][-1], plain[0]["grads"][-1],
                           "recomputed forward repeats the same operations: bitwise equal"),
               Check("cell gradients with checkpoints == without (in units of the rounding bound)",
-                    max(_relative_to_bound(g, e, b) for g, e, b in zip(ckpt[0]["grads"], plain[0]["grads"], bounds)),
+                    ratios[worst(ratios)],
                     1.0, "per-step terms are bitwise equal; their sum over T steps is grouped by segment: "
                          "at most 2(T-1) 2^-24 sum_t |term_t|")]
     predicted, measured = activation_bytes(cfg), ckpt[0]
