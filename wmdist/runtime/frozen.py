@@ -1,4 +1,4 @@
-"""Imported last by the forkserver (pool._PRELOAD): make what it preloaded cheap to share with the ranks.
+"""Imported last by the forkserver (start._PRELOAD): make what it preloaded cheap to share with the ranks.
 
 Every rank is forked from the forkserver, so the modules it imported are
 shared copy-on-write pages. Two things would copy them into each rank:

@@ -1,0 +1,81 @@
+"""How rank processes are started: from multiprocessing's forkserver with torch preloaded, deaf to
+Ctrl-C while it imports, and never re-running the parent's __main__ (pool.py starts them)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.spawn as mp_spawn
+import signal
+import threading
+
+_INSTALL = threading.Lock()    # guards the one-time, process-wide hook of never_reimport_main_in_ranks
+
+# Preloaded in the forkserver, so every rank forks with them already imported and shares their
+# pages. Heavier, rarely used imports are left to the demos that need them, because every
+# preloaded module costs memory in the whole tree (measured: torch.distributed.checkpoint
+# +30 to 50 MB, torch.distributed.optim +80 MB over 8 ranks). `frozen` comes last: it adds
+# torch._dynamo, which every torch optimizer imports, and freezes the garbage collector (why: its docstring).
+_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "wmdist.comm", "wmdist.runtime.rank", "wmdist.models",
+            "wmdist.runtime.frozen"]
+
+
+def mp_context() -> mp.context.BaseContext:
+    """The forkserver context with torch preloaded, its server started (spawn where forkserver does not exist)."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        _start_forkserver_deaf_to_ctrl_c()
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start multiprocessing's forkserver (if not running) with SIGINT ignored.
+
+    Jupyter's Stop sends SIGINT to the kernel's whole process group. The
+    forkserver ignores SIGINT only once it has imported its preload (torch:
+    seconds), so Stop during the first pool start killed it mid-import, with a
+    traceback on the kernel's stderr and a zombie left until the kernel exits.
+    An ignored signal stays ignored across exec, and Python keeps it so, so the
+    forkserver starts deaf to Ctrl-C; the parent still gets its KeyboardInterrupt
+    (a Ctrl-C during the few milliseconds of the fork itself is dropped).
+    Only the main thread can change signal handlers: elsewhere it starts as before.
+    """
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def never_reimport_main_in_ranks() -> None:
+    """Start ranks without re-running the parent's __main__ in them (installed once, process-wide).
+
+    multiprocessing normally re-imports the parent's main script in every
+    child, so that functions defined there can be found. Ranks never need it
+    (functions travel by value), and re-running it breaks when the main
+    program is stdin or a script without an `if __name__ == "__main__"` guard
+    (and runs a guarded script's top level again). multiprocessing asks
+    `spawn.get_preparation_data(name)` what a child should prepare, with the
+    child's name, so a wrapper drops the main module for processes named
+    "wmdist-rank*" only. It stays installed: swapping it in and out around a
+    start raced with a second thread starting its own pool.
+    """
+    with _INSTALL:
+        original = mp_spawn.get_preparation_data
+        if getattr(original, "wmdist_ranks_skip_main", False):
+            return
+
+        def preparation_data(name: str) -> dict:
+            data = original(name)
+            if name.startswith("wmdist-rank"):
+                data.pop("init_main_from_path", None)
+                data.pop("init_main_from_name", None)
+            return data
+
+        preparation_data.wmdist_ranks_skip_main = True   # type: ignore[attr-defined]
+        mp_spawn.get_preparation_data = preparation_data
