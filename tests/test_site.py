@@ -129,3 +129,12 @@ def test_every_page_opens_in_chromium_with_its_images_and_links(site):
     chapter_pages = {u for u in seen if re.search(r"/\d\d_\w+\.html$", u)}
     assert len(chapter_pages) == 10, f"the crawl reached {len(chapter_pages)} chapter pages: {sorted(seen)}"
     assert not problems, "\n".join(problems)
+
+
+def test_readme_binder_links_follow_the_one_place_the_repository_is_named():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert build_site.readme_block(build_site.binder_repo()) in readme, \
+        "README's Binder links are stale: run `python tools/build_site.py --readme`"
+    for path in build_site.chapters():
+        assert f"[binder-{path.stem[:2]}]" in readme.split(build_site.BEGIN)[0], f"no Binder link for {path.stem}"
+    assert "](https://mybinder.org/v2/" not in readme       # every link goes through the generated block
