@@ -20,7 +20,7 @@ from wmdist.memory.transient import POINTS, zero_step_held
 from wmdist.memory.zero import HELD_KINDS, ZeroConfig, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
 from wmdist.models import flat_grads, flat_params, make_batch, make_model, shard_batch
-from wmdist.report import Check, Demo, Report, close_check, counts_per_rank
+from wmdist.report import Demo, Report, close_check, counts_per_rank, exact_check
 from wmdist.runtime import run
 
 
@@ -121,8 +121,8 @@ def torch_zero_report(world_size: int, cfg: ZeroConfig | None = None) -> Report:
     tol, why = adam_tolerance(cfg, world_size)
     checks = [close_check("ZeroRedundancyOptimizer == single-process Adam", theirs[0], reference_adam(cfg), tol, why),
               close_check("our ZeRO-1 == ZeroRedundancyOptimizer", ours, theirs[0], tol, why),
-              Check("every rank holds the same weights after the broadcast",
-                    max(float((t - theirs[0]).abs().max()) for t in theirs), 0.0, "broadcast copies exact bytes")]
+              exact_check("every rank holds the same weights after the broadcast", list(theirs),
+                          [theirs[0]] * len(theirs), "broadcast copies exact bytes")]
     return Report("zero-1-vs-torch", world_size, checks, [], seconds, {"steps": cfg.steps, "lr": cfg.lr})
 
 
