@@ -180,3 +180,10 @@ def test_dp_gradient_bound_and_pipeline_tolerances_are_their_formulas():
     o = TransformerConfig().obs_dim
     assert loss_tolerance(work, -0.75, 4) == pytest.approx((2 * (bt * o - 1) + 2 * 4 + 2) * U32 * 0.75, rel=1e-15)
     assert math.isclose(U64, 2.0 ** -53)
+
+
+def test_picard_rounding_level_is_the_running_sum_reordered():
+    from wmdist.diffusion.sampler import running_sum_tolerance
+    traj = torch.tensor([[1.0, -2.0], [1.5, -1.0], [0.5, -1.5]])               # K = 2 steps, 2 elements
+    partial = max(1.0 + 0.5 + 1.0, 2.0 + 1.0 + 0.5)                             # |x_0| + sum |increments|, by hand
+    assert running_sum_tolerance(traj) == 2 * (3 - 1) * U32 * partial
