@@ -2,9 +2,10 @@
 
 Every call runs with a fresh Context and Ledger; afterwards the rank puts back
 the process-wide settings the call changed (isolation.py) and reports with its
-result how many point-to-point messages it posted to and from each rank
-(messages.py), so the parent can check they all matched: the next call starts
-as the first one did. A rank's printed lines reach the parent's terminal or
+result how many point-to-point messages it posted to and from each rank, and
+the collectives it posted on each group (messages.py), so the parent can check
+they all matched; a plain dist.new_group is answered from the rank's cached
+groups (groups.py). The next call starts as the first one did. A rank's printed lines reach the parent's terminal or
 notebook whole, prefixed with its rank.
 """
 from __future__ import annotations
