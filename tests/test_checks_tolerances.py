@@ -84,8 +84,9 @@ def test_ring_attention_checks_are_tight_at_their_elementwise_bound(key):
         ranks = []
         for r in range(n):
             rows = positions(spec.seq_len, n, r, layout).tolist()
-            ranks.append({case_name("float32", True, layout): RankCase(
-                rows, moved["out"][:, :, rows], tuple(moved[g][:, :, rows] for g in ("dq", "dk", "dv")), {}, None, None)})
+            grads = tuple(moved[g][:, :, rows] for g in ("dq", "dk", "dv"))
+            ranks.append({case_name("float32", True, layout): RankCase(rows, moved["out"][:, :, rows], grads, {}, None,
+                                                                       None)})
         assert 5 in ranks[1][case_name("float32", True, layout)].rows
         checks = {c.name.rsplit(": ", 1)[1]: c for c in _checks(spec, n, ranks, "float32", True, layout)}
         assert checks[f"{key} == SDPA"].passed is passes

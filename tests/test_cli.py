@@ -45,7 +45,8 @@ def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monke
     def breaks(n):
         raise ValueError("tolerance must be a finite number >= 0.0, got nan")
     demos = {"breaks": Demo("breaks", "raises while running", breaks, world_sizes=(2,)),
-             "fine": Demo("fine", "passes", lambda n: Report("fine", n, [Check("x", 0.0, 1.0, "r")]), world_sizes=(2,)),
+             "fine": Demo("fine", "passes", lambda n: Report("fine", n, [Check("x", 0.0, 1.0, "r")]),
+                          world_sizes=(2,)),
              "wrong-size": Demo("wrong-size", "reports another size", lambda n: Report("wrong-size", 1), world_sizes=(2,))}
     monkeypatch.setattr("wmdist.demos.registry", lambda: demos)
     monkeypatch.setattr("wmdist.cli.registry", lambda: demos)
