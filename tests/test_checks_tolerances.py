@@ -188,3 +188,25 @@ def test_picard_rounding_level_is_the_running_sum_reordered():
     traj = torch.tensor([[1.0, -2.0], [1.5, -1.0], [0.5, -1.5]])               # K = 2 steps, 2 elements
     partial = max(1.0 + 0.5 + 1.0, 2.0 + 1.0 + 0.5)                             # |x_0| + sum |increments|, by hand
     assert running_sum_tolerance(traj) == 2 * (3 - 1) * U32 * partial
+
+
+def test_ring_attention_gradient_bounds_are_their_first_order_formulas():
+    """rounding_bounds' backward, written out again from its docstring: P recomputed (relative error E_P), dP and
+    rowsum(dO * O) (Dv u each, plus O's error), dS = P (dP - delta) (3 u), sums over S rows ((S + 1) u)."""
+    from wmdist.costs.ring_attention import lse_rounding_bound
+    from wmdist.ring_attention.tolerance import exact_attention, rounding_bounds
+    _, q, k, v, dout = _attention_case()
+    ex = exact_attention(q, k, v, dout, causal=False)
+    d, dv_dim, s_q, s_k = q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]
+    a, r, m = ex.score_abs, ex.exponent_range, ex.lse_abs
+    got = rounding_bounds(ex, U32, 4, 8, 1.0)
+    lse = lse_rounding_bound(d, 4, 8, a, r, m, U32, 1.0)
+    e_p = (d + 1) * U32 * a + lse + U32 * (r + 2 * 1.0)
+    p, do = ex.p, ex.dout.abs()
+    dv = (p.transpose(-2, -1) @ do) * (e_p + (s_q + 1) * U32)
+    delta = (do * got.out).sum(-1, keepdim=True) + dv_dim * U32 * (ex.dout * ex.o).abs().sum(-1, keepdim=True)
+    ds = p * (dv_dim * U32 * (do @ ex.v.abs().transpose(-2, -1)) + delta + (ex.dp - ex.delta).abs() * (e_p + 3 * U32))
+    dq = ex.scale * (ds @ ex.k.abs() + (s_k + 1) * U32 * (ex.ds.abs() @ ex.k.abs()))
+    dk = ex.scale * (ds.transpose(-2, -1) @ ex.q.abs() + (s_q + 1) * U32 * (ex.ds.abs().transpose(-2, -1) @ ex.q.abs()))
+    for name, want in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert torch.allclose(getattr(got, name), want, rtol=1e-12, atol=0), name
