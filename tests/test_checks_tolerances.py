@@ -39,6 +39,9 @@ def test_tp_tolerance_is_2_k_minus_1_u_max_ref_and_the_agreement_check_is_tight(
         got = [{"out": ref.clone()}, {"out": _moved(ref, (1, 0), times * tol)}]
         check, = agreement_checks("tp", got, [{"out": ref}, {"out": ref}], 48)
         assert check.passed is passes and "worst: rank 1" in check.reason
+    got = [{"out": ref.clone()}, {"out": _moved(ref, (0, 1), math.nan)}]      # a NaN on rank 1 is the worst rank
+    check, = agreement_checks("tp", got, [{"out": ref}, {"out": ref}], 48)
+    assert not check.passed and "worst: rank 1" in check.reason
 
 
 # --- chapter 06: ring attention -----------------------------------------------------------------
