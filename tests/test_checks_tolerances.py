@@ -166,6 +166,9 @@ def test_mesh_tolerances_are_their_formulas_and_the_worst_entry_check_is_tight()
         got = [{"w": g.double()}, {"w": _moved(p.double(), (1,), times * ref.grad_tolerance(p))}]
         check = _worst("grads", got, want, lambda r, n, w: ref.grad_tolerance(w), "why")
         assert check.passed is passes and "w on rank 1" in check.name
+    got = [{"w": g.double()}, {"w": _moved(p.double(), (0,), math.inf)}]
+    check = _worst("grads", got, want, lambda r, n, w: ref.grad_tolerance(w), "why")
+    assert not check.passed and "w on rank 1" in check.name and "not finite" in check.describe()
 
 
 # --- chapters 01 and 05: data-parallel and pipeline gradients -------------------------------------
