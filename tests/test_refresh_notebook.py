@@ -47,7 +47,8 @@ def test_widget_views_go_and_their_static_pictures_stay():
 
 
 def test_pngs_are_stored_at_the_size_they_are_shown():
-    retina = _display({"image/png": _png(1600, 800), "text/plain": "<Figure>"}, {"image/png": {"width": 800, "height": 400}})
+    retina = _display({"image/png": _png(1600, 800), "text/plain": "<Figure>"},
+                      {"image/png": {"width": 800, "height": 400}})
     huge = _display({"image/png": _png(3000, 1000), "text/plain": "<Figure 2>"})
     small, capped = rn.reader_outputs([retina, huge])
     assert _size(small.data["image/png"]) == (800, 400) and "image/png" not in small.metadata

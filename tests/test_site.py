@@ -90,7 +90,7 @@ def _check_page(page, url: str, pages: dict[str, str], origin: str, anchors: dic
         if target.startswith(origin):
             if fragment:
                 wanted.append((target, fragment, url))
-            if target.endswith(".html") or target.endswith("/"):
+            if target.endswith((".html", "/")):
                 pages.setdefault(target, url)
             elif page.request.get(target).status != 200:
                 problems.append(f"{url}: link to a missing file {href}")

@@ -50,7 +50,8 @@ nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json
 myst_enable_extensions = ["dollarmath", "amsmath"]
 html_theme = "alabaster"
 # Panels are drawn up to ~1000 px wide at one image pixel per CSS pixel (wmdist/ui/render.py): room for them.
-html_theme_options = {{"page_width": "1320px", "sidebar_width": "230px", "body_max_width": "none", "show_relbars": True}}
+html_theme_options = {{"page_width": "1320px", "sidebar_width": "230px", "body_max_width": "none",
+                       "show_relbars": True}}
 html_show_copyright = False
 html_title = "wmdist: distributed training of world models, run for real"
 html_show_sourcelink = False
@@ -86,7 +87,7 @@ def title(nb: nbformat.NotebookNode) -> str:
     """The notebook's first heading (`00 · Start here`)."""
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            found = re.search(r"^#\s+(.+)$", cell.source, re.M)
+            found = re.search(r"^#\s+(.+)$", cell.source, re.MULTILINE)
             if found:
                 return found.group(1).strip()
     raise SystemExit("a chapter notebook has no `# title` heading")
@@ -158,8 +159,8 @@ def build(selected: list[str] | None = None, out: Path = BUILD / "site", noteboo
 
 def readme_block(repo: str) -> str:
     """The README's Binder link definitions (markdown reference links: one per chapter, and the badge's)."""
-    lines = [f"{BEGIN} (written by `python tools/build_site.py --readme` from pyproject.toml's "
-             "[tool.wmdist] binder-repo) -->", f"[binder]: {binder_url(None, repo)}"]
+    note = f"{BEGIN} (written by `python tools/build_site.py --readme` from [tool.wmdist] binder-repo) -->"
+    lines = [note, f"[binder]: {binder_url(None, repo)}"]
     lines += [f"[binder-{p.stem[:2]}]: {binder_url(p.name, repo)}" for p in chapters()]
     return "\n".join(lines + [END])
 
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chapters", nargs="+", metavar="NN", help="build only these chapters (e.g. 00 05)")
     parser.add_argument("--out", type=Path, default=BUILD / "site", help="output folder (default build/site)")
-    parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS, help="where the notebooks are (default notebooks/)")
+    parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS,
+                        help="where the notebooks are (default notebooks/)")
     parser.add_argument("--readme", action="store_true", help="only rewrite the README's Binder links")
     args = parser.parse_args(argv)
     if args.readme:

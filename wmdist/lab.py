@@ -38,7 +38,8 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("lab", help="open the course in JupyterLab on chapter 00 (prints the URL; works as root)",
                               description=__doc__.splitlines()[0],
                               epilog="Arguments after `--` are passed to JupyterLab as they are.")
-    p.add_argument("--notebooks", type=Path, help="the course's notebooks folder (default: ./notebooks or the checkout's)")
+    p.add_argument("--notebooks", type=Path,
+                   help="the course's notebooks folder (default: ./notebooks or the checkout's)")
     p.add_argument("--port", type=int, help=f"port to serve on (default {DEFAULT_PORT} if free, else a free one)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser, only print the URL")
     p.add_argument("jupyter_args", nargs="*", metavar="-- JUPYTER_ARGS", help=argparse.SUPPRESS)
@@ -46,7 +47,8 @@ def add_parser(subparsers: Any) -> None:
 
 def find_notebooks(given: Path | None) -> Path:
     """The folder holding the course's start notebook, or SystemExit(2) saying where it looked."""
-    candidates = [given] if given is not None else [Path.cwd() / "notebooks", Path(__file__).resolve().parents[1] / "notebooks"]
+    checkout = Path(__file__).resolve().parents[1] / "notebooks"
+    candidates = [given] if given is not None else [Path.cwd() / "notebooks", checkout]
     for folder in candidates:
         if (folder / START).is_file():
             return folder.resolve()
