@@ -112,8 +112,7 @@ def test_pruning_one_hop_too_many_fails_the_sdpa_check():
     assert bound_ratio(got, want, bound) > 1                                             # rank 3 did not
 
 
-def test_bad_sizes_and_a_bad_reach_are_refused_before_any_send(monkeypatch):
-    monkeypatch.setattr(pruned_demo, "run", lambda *a, **k: pytest.fail("a process was started"))
+def test_bad_sizes_and_a_bad_reach_are_refused_before_any_send(no_processes):
     with pytest.raises(ValueError, match="divisible by 6") as err:
         pruned_demo.pruned_ring_demo(3, seq_len=15)
     assert "\n" not in str(err.value)
