@@ -17,7 +17,7 @@ from wmdist.ring_attention.spec import RingSpec, default_seq_len
 from wmdist.ring_attention.tolerance import exact_attention, tolerance
 from wmdist.runtime import run
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 
 
 def _sends_from_reach(reach: list[int]) -> list[int]:
