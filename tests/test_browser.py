@@ -294,9 +294,13 @@ def _memory_expected(dp: int) -> str:
     return f"of {dp * 2}, {format_bytes(total)}"
 
 
-# notebook -> (slider on its first panel, summary text before, summary texts after one ArrowRight)
-KNOWN = {"00_start_here.ipynb": ("dp degree", lambda: [_memory_expected(4)], lambda: [_memory_expected(6)]),
-         "01_data_parallel.ipynb": ("N max", lambda: [_scaling_expected(32)], lambda: [_scaling_expected(33)])}
+# notebook -> (control tab or None, slider on its first panel, summary before, summary texts after one ArrowRight)
+KNOWN = {"00_start_here.ipynb": ("parallel", "dp degree", lambda: [_memory_expected(4)],
+                                 lambda: [_memory_expected(6)]),
+         "01_data_parallel.ipynb": (None, "N max", lambda: [_scaling_expected(32)], lambda: [_scaling_expected(33)])}
+
+
+GUESS_NOTEBOOK = "01_data_parallel.ipynb"          # the chapter whose prediction prompt the browser answers
 
 
 def _latency(page, panel, handle) -> list[float]:
@@ -312,6 +316,27 @@ def _latency(page, panel, handle) -> list[float]:
         ms = page.wait_for_function(ANSWERED_JS, arg=[panel.element_handle(), src, text], timeout=MS)
         out.append(round(ms.json_value(), 1))
     return out
+
+
+RUN_CELL_JS = """(needle) => { const w = window.jupyterapp.shell.currentWidget; const cells = w.content.model.cells;
+  for (let i = 0; i < cells.length; i++) if (cells.get(i).sharedModel.getSource().includes(needle)) {
+    w.content.activeCellIndex = i; window.jupyterapp.commands.execute('notebook:run-cell'); return i; }
+  return -1; }"""
+
+
+def _guess_and_reveal(page, guess: str, shown: str) -> str:
+    """Type `guess` into the chapter's first prediction box, run the cell that reveals it, and return its text
+    once it shows the guess (as `shown`)."""
+    box = page.locator(".wmdist-guess input").first
+    box.scroll_into_view_if_needed()
+    box.fill(guess)
+    box.press("Enter")
+    index = page.evaluate(RUN_CELL_JS, ".reveal(")
+    assert index >= 0, "no reveal cell"
+    reveal = page.locator(".jp-Cell").nth(index).locator(".wmdist-reveal")
+    page.wait_for_function("""([el, g]) => el.textContent.includes(g)""",
+                           arg=[reveal.element_handle(timeout=MS), shown], timeout=MS)
+    return reveal.inner_text()
 
 
 LATENCY: dict[str, tuple[int, list[float]]] = {}         # "notebook panel i" -> (panel height, ms per press)
@@ -338,9 +363,11 @@ def test_every_panel_of_every_notebook(lab, name):
             assert height <= MAX_PANEL_PX, f"{name} panel {i} is {height:.0f} px tall in a 1366 x 768 window"
             assert page.evaluate(CLIPPED_JS, panel.element_handle()) == [], f"{name} panel {i} before any action"
             if i == 0 and name in KNOWN:                 # the kernel must answer with the pure model's numbers
-                label, before, after = KNOWN[name]
+                tab, label, before, after = KNOWN[name]
                 for text in before():
                     expect(summary).to_contain_text(text, timeout=MS)
+                if tab:
+                    panel.locator(".lm-TabBar-tab", has_text=tab).click()
                 panel.locator(".widget-slider", has_text=label).locator(".noUi-handle").press("ArrowRight")
                 for text in after():                     # the text itself: an intermediate reply may come first
                     expect(summary).to_contain_text(text, timeout=MS)
@@ -355,14 +382,14 @@ def test_every_panel_of_every_notebook(lab, name):
             LATENCY[f"{stem} panel {i}"] = (round(height), _latency(page, panel, panel.locator(
                 ".widget-slider .noUi-handle").first))
             views = panel.locator(".wmdist-views button")
-            for v in range(views.count()):               # every plot is one click away, and each is its own
+            for v in range(views.count() if views.count() > 1 else 0):               # every plot is one click away, and each is its own
                 plot = _plot(page, panel)
                 if "mod-active" in (views.nth(v).get_attribute("class") or ""):
                     continue
                 views.nth(v).click()
                 _plot(page, panel, other_than=plot)
                 assert page.evaluate(CLIPPED_JS, panel.element_handle()) == [], f"{name} panel {i} view {v}"
-            if views.count():
+            if views.count() > 1:
                 plot = _plot(page, panel)
                 views.first.click()
                 _plot(page, panel, other_than=plot)
@@ -377,6 +404,9 @@ def test_every_panel_of_every_notebook(lab, name):
                 _plot(page, panel, other_than=plot)      # the measured overlay is drawn
                 assert page.evaluate(CLIPPED_JS, panel.element_handle()) == [], f"{name} panel {i} after run"
             _shoot(panel, ARTIFACTS / f"{stem}_panel{i}_after.png")
+        if name == GUESS_NOTEBOOK:                       # ask before telling: a typed guess meets the run
+            text = _guess_and_reveal(page, "6000", shown="6,000")
+            assert "no guess entered" not in text and "%" in text, text       # how far off, as a percentage
         assert page.evaluate(ERRORS_JS) == [], f"{name}: a cell shows an error after the interactions"
     finally:
         page.close()

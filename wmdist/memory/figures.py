@@ -53,7 +53,7 @@ def bars_axes(ax: plt.Axes, bars: Breakdowns, capacity_bytes: float | None = Non
         top = max(top, peak[1] / unit)
     if capacity_bytes is not None:
         ax.axhline(capacity_bytes / unit, color="black", linestyle="--", linewidth=1.2,
-                   label=f"device capacity ({capacity_bytes / unit:.3g} {name})")
+                   label=f"capacity {capacity_bytes / unit:.3g} {name}")
         top = max(top, capacity_bytes / unit)
     ax.set_xticks(x, [label for label, _ in bars])
     ax.set_xlim(-0.6, len(bars) - 0.4)

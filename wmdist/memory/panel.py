@@ -138,7 +138,7 @@ class MemoryPanel(Panel):
         binary, cap, b = self.extra["binary"].value, self.extra["capacity_gb"].value * 1e9, result.fullest
         kind = limiting_kind(b)
         size = lambda n: format_bytes(n, binary)   # noqa: E731 - one unit choice for the whole summary
-        fixes = "; ".join(f"<b>{r.name}</b> ({html.escape(r.how)})" for r in remedies_for(kind))
+        fixes = ", ".join(f"<b>{r.name}</b>" for r in remedies_for(kind))
         verdict = (f"fits in {size(cap)}" if b["total"] <= cap else
                    f"<b style='color:#b00'>does not fit</b> in {size(cap)}")
         whole, layer = result.peak_whole, result.peak_layer
@@ -147,15 +147,17 @@ class MemoryPanel(Panel):
                 f"{size(layer.peak)} one layer at a time (as FSDP does)." if whole.extra else "")
         return (f"Fullest rank: {result.fullest_rank} of {config.world_size}, <b>{size(b['total'])}</b>: {verdict}."
                 f"{peak}<br>Largest kind (the limit): <b>{kind.replace('_', ' ')}</b>. Remedies that target it: "
-                f"{fixes}. More replicated data-parallel workers shrink none of these.")
+                f"{fixes} (how each works: details). More replicated data-parallel workers shrink none of these.")
 
     def details(self, config: MemoryConfig, result: Breakdown) -> str:
         binary, b = self.extra["binary"].value, result.fullest
         rows = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td style='text-align:right'>{b[k]:,}</td>"
                        f"<td style='text-align:right; white-space:nowrap'>{format_bytes(b[k], binary)}</td></tr>"
                        for k in (*KINDS, "total"))
+        how = "".join(f"<li><b>{r.name}</b>: {html.escape(r.how)}</li>" for r in remedies_for(limiting_kind(b)))
         return (f"<p>Rank {result.fullest_rank}, by kind:</p><table><tr><th>kind</th><th>bytes</th><th>size</th></tr>"
-                f"{rows}</table><p>{CAVEATS}</p>{self._measured_html()}")
+                f"{rows}</table><p>Remedies for its largest kind:</p><ul>{how}</ul><p>{CAVEATS}</p>"
+                f"{self._measured_html()}")
 
     def measure(self, config: MemoryConfig, progress: Any) -> Any:
         """Train the course's tiny model with ZeRO at this panel's stage on a few real ranks."""

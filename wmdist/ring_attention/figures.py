@@ -10,7 +10,7 @@ from wmdist.ui.render import FONT, SMALL, axes_grid, eng_axis, log2_axis
 from wmdist.ui.timeline import timeline_figure, timelines_figure
 
 COLORS = {"DP": "tab:orange", "TP": "tab:purple", "CP": "tab:blue"}
-MARGINS = (0.14, 0.68, 0.14, 0.9)          # the legend sits right of the plot, never over a curve
+MARGINS = (0.16, 0.68, 0.14, 0.9)          # the legend sits right of the plot, never over a curve
 
 
 def _f(values: tuple[int, ...] | list[int]) -> list[float]:

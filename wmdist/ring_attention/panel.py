@@ -31,8 +31,8 @@ class TrafficPanel(Panel):
     """
 
     run_label = "Run it on local ranks"
-    hint = ("double N and watch each rank's bytes level off near S·d<sub>KV</sub>·bytes while the FLOPs stay; "
-            "then open <i>overlap</i> and shrink S until the send stops hiding.")
+    hint = ("in <i>ring</i>, double N: each rank's bytes level off near S·d<sub>KV</sub>·bytes while the "
+            "FLOPs stay; then open the <i>overlap</i> view and shrink S until the send stops hiding.")
     control_groups = {"sizes": ("seq_len", "heads", "head_dim", "batch", "dtype", "causal"),
                       "ring": ("world_size", "block_size"),
                       "machine": ("device", "flops", "link")}

@@ -120,6 +120,8 @@ class Panel:
             missing = [n for n in by_name if n not in grouped]
             if missing:
                 raise ValueError(f"control_groups leaves out {missing}: every control must be reachable")
+            for c in by_name.values():               # a tab page is narrower than the column by its padding
+                c.layout.width = "97%"
             pages = [W.VBox([by_name[n] for n in names]) for names in self.control_groups.values()]
             knob_box: list[W.Widget] = [W.Tab(children=pages, titles=tuple(self.control_groups))]
         else:

@@ -105,11 +105,20 @@ def integer_axis(axis) -> None:
 
 
 def log2_axis(axis, values: Sequence[int]) -> None:
-    """A log axis over integers (N = 1..256) labelled at powers of two within `values`, as plain integers."""
+    """A log axis over integers (N = 1..256, S = 1,024..1,048,576) labelled at powers of two within `values`,
+    as plain integers, every k-th power so that the labels never touch on screen."""
     lo, hi = min(values), max(values)
-    ticks = [2 ** k for k in range(0, 31) if lo <= 2 ** k <= hi] or [lo, hi]
-    if len(ticks) > 9:                                   # keep labels apart: every other power of two
-        ticks = ticks[::2]
-    axis.set_major_locator(FixedLocator(ticks))
+    ticks = [2 ** k for k in range(0, 63) if lo <= 2 ** k <= hi] or [lo, hi]
+    ax = axis.axes
+    box = ax.get_position()
+    horizontal = axis is ax.xaxis
+    room = (box.width * ax.figure.get_figwidth() if horizontal else box.height * ax.figure.get_figheight()) * DPI
+    char = 0.62 * FONT * DPI / 72
+    for stride in range(1, len(ticks) + 1):
+        shown = ticks[::stride]
+        need = sum(len(f"{t:,}") * char + 14 for t in shown) if horizontal else len(shown) * 2.2 * FONT
+        if need <= room:
+            break
+    axis.set_major_locator(FixedLocator(shown))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v)):,}"))
     axis.set_minor_locator(NullLocator())
