@@ -43,6 +43,6 @@ def test_three_threads_starting_pools_at_once_never_rerun_main(tmp_path, entry):
         proc = subprocess.run([sys.executable, str(script), str(log)], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "RESULT [(1, [0]), (2, [0, 1]), (3, [0, 1, 2])]" in proc.stdout
+        assert "RESULT [(1, [0]), (2, [0, 1]), (3, [0, 1, 2])]" in proc.stdout, proc.stdout + proc.stderr[-3000:]
         tops = log.read_text().splitlines()
         assert len(tops) == 1 and tops[0].startswith("__main__ "), f"run {attempt}: main ran again: {tops}"

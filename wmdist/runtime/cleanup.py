@@ -40,9 +40,15 @@ def _identity(pid: int) -> str:
 
 
 def mark(path: str) -> str:
-    """Write this process's identity into `path`'s owner file; return `path`."""
-    with open(os.path.join(path, OWNER_FILE), "w") as f:
+    """Write this process's identity into `path`'s owner file, all at once; return `path`.
+
+    Written aside and renamed into place: a pool starting in another thread
+    must never read a half-written mark, which it would take for a dead owner.
+    """
+    aside = os.path.join(path, f".{OWNER_FILE}.{os.getpid()}.{threading.get_ident()}")
+    with open(aside, "w") as f:
         f.write(_identity(os.getpid()))
+    os.replace(aside, os.path.join(path, OWNER_FILE))
     return path
 
 
