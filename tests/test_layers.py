@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "wmdist"
-LAYERS = [("costs", "knobs", "spans"), ("comm",), ("runtime",), ("report", "report_html", "compare", "models", "transformer"), ("exercises",),
+LAYERS = [("costs", "knobs", "spans"), ("comm",), ("runtime",), ("report", "report_html", "compare", "models", "transformer"), ("exercises", "experiment"),
           ("ui",)]
 TOP = ("demos", "bench", "bench_panels", "cli", "__main__", "__init__")
 CAPSTONE = "mesh"

@@ -30,7 +30,9 @@ from wmdist.mesh.patterns import PatternsConfig, patterns, place
 from wmdist.mesh.reference import agreement, reference_step
 from wmdist.mesh.spec import MeshSpec
 from wmdist.mesh.stage import MeshStage, full_model
+from wmdist.mesh.step import mesh_step
 from wmdist.mesh.tables import memory_table, side_by_side
+from wmdist.runtime import run
 
 SHAPE = StepShape(width=24, heads=6, hidden=96, layers=5, seq_len=12, batch=7, microbatches=3, dp=2, tp=4, pp=2,
                   cp=3, buckets=3, max_len=12)       # uneven heads (6 over 4), layers (5 over 2), rows (7 over 2, 3)
@@ -118,10 +120,22 @@ def test_bad_sizes_are_refused_with_the_argument_named(no_processes):
                         (lambda: MeshSpec(seq_len=65), "seq_len must be an integer from 1 to 64"),
                         (lambda: D.mesh_3d_demo(4), "world_size 4 does not fit the mesh 2dp x 2tp x 2pp"),
                         (lambda: D.mesh_2d_demo(8), "needs exactly dp \\* tp \\* pp \\* cp = 4 ranks"),
+                        (lambda: D.run_mesh(D.MESH_CP, 4), "world_size 4 does not fit the mesh 2dp x 2cp x 2tp"),
                         (lambda: MemoryConfig(tp=2, param_pieces=(1, 2, 3)), "param_pieces must be a tuple of"),
                         (lambda: PatternsConfig(inter_gbps=0.0), "inter_gbps must be > 0")]:
         with pytest.raises(ValueError, match=words):
             call()
+
+
+def test_each_mesh_demo_refuses_every_size_but_its_own_in_its_spec(no_processes):
+    """The refusal is structural: `refuses(n)` is the spec's own ValueError, named, for every n but dp*tp*pp*cp."""
+    for demo in D.DEMOS:
+        size = demo.spec(demo.world_sizes[0]).world_size
+        assert demo.world_sizes == (size,) and demo.refuses(size) is None
+        for n in (1, 2, 3, 4, 5, 8, 16):
+            why = demo.refuses(n)
+            assert (why is None) == (n == size)
+            assert why is None or why.startswith(f"{demo.name}: world_size {n} does not fit the mesh")
 
 
 def test_momentum_is_torchs_sgd_bitwise():
@@ -198,7 +212,7 @@ def _along(ctx):
 
 
 def test_an_axis_view_is_the_rank_seen_from_one_axis(mesh3d):
-    out = D.run(_along, 8)
+    out = run(_along, 8)
     mesh = Mesh(dp=2, tp=4)
     for r, (tp_rank, tp_size, dp_rank, total, phases) in enumerate(out):
         assert (tp_rank, tp_size, dp_rank) == (mesh.coords(r)["tp"], 4, mesh.coords(r)["dp"])
@@ -214,8 +228,7 @@ def test_groups_are_cached_on_the_warm_ranks(mesh3d):
 
 def test_a_wrong_gradient_fails_the_check(mesh3d):
     spec = MeshSpec()
-    runs = D.run(D.mesh_step_counted, 8, spec)                    # warm pool: a fraction of a second
-    steps = [r[0] for r in runs]
+    steps = run(mesh_step, 8, spec)                               # warm pool: a fraction of a second
     name = next(iter(steps[3].grads))
     steps[3].grads[name] += 1e-3 * steps[3].grads[name].abs().max()
     checks = agreement(spec, reference_step(spec), steps)

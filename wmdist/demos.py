@@ -2,7 +2,10 @@
 
 Built explicitly from each chapter module's DEMOS and EXERCISES lists (no
 import-time registration side effects): adding a chapter means adding its
-modules here.
+modules here. A demo is an `experiment.Experiment` (spec, ranks, compare: the
+typed shape) or, in the chapters not yet converted, a `report.Demo` whose
+`run(world_size)` is written out by hand. Both answer `refuses(n)` without
+starting a process and `run(n)` with a Report under their name.
 """
 from __future__ import annotations
 
@@ -12,7 +15,10 @@ from typing import Callable
 
 from wmdist import runtime
 from wmdist.exercises import Exercise
+from wmdist.experiment import Experiment
 from wmdist.report import Demo, Report
+
+Registered = Demo | Experiment        # the typed shape, and the hand-written one it replaces chapter by chapter
 
 
 def _chapter_modules() -> list[ModuleType]:
@@ -35,7 +41,7 @@ def _chapter_modules() -> list[ModuleType]:
             ra_demos, ra_pruned, ra_torch, ra_balance, ra_long, ra_generation, ra_exercises, mesh_demos, mesh_exercises]
 
 
-def registry() -> dict[str, Demo]:
+def registry() -> dict[str, Registered]:
     """All demos, in course order."""
     demos = [d for m in _chapter_modules() for d in getattr(m, "DEMOS", [])]
     return {d.name: d for d in sorted(demos, key=lambda d: d.chapter)}
@@ -73,7 +79,7 @@ def plan(names: list[str] | None = None, world_size: int | None = None) -> tuple
     return [(name, world_size) for name in names or demos if name not in refused], refused
 
 
-def _run_one(demo: Demo, world_size: int) -> Report:
+def _run_one(demo: Registered, world_size: int) -> Report:
     """`demo.run(world_size)`, or a failed Report saying why it broke or why its report is not the one asked for."""
     start = time.perf_counter()
     try:
@@ -84,7 +90,7 @@ def _run_one(demo: Demo, world_size: int) -> Report:
     if report.world_size != world_size or report.name != demo.name:
         return Report(demo.name, world_size, seconds=report.seconds,
                       error=f"asked for {demo.name} on {world_size} rank(s), its report is {report.name} on "
-                            f"{report.world_size}; a demo declares the sizes it accepts (min/max_world_size)")
+                            f"{report.world_size}; a demo declares the sizes it accepts (its spec, or min/max_world_size)")
     return report
 
 

@@ -6,14 +6,16 @@ dp x tp x pp x cp degrees (their product is the world size), the gradient
 buckets, the pipeline schedule and the optimizer's learning rate. Every
 inconsistency (a tp rank without a head, a stage without a block, a cp
 block that does not divide the context) is refused here, with the argument
-named, so a demo fails before it starts processes.
+named, so a demo fails before it starts processes. `MeshRun` is what one run
+measured next to what was predicted: plain data, so figures and tables read
+it without importing the runner.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from wmdist.comm.mesh import Mesh
-from wmdist.costs.mesh import StepShape
+from wmdist.costs.mesh import StepShape, Traffic
 from wmdist.costs.validate import require_choice, require_int, require_real
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -79,3 +81,22 @@ class MeshSpec:
             raise ValueError(f"world_size {n} does not fit the mesh {self.degrees}: it needs exactly "
                              f"dp * tp * pp * cp = {self.world_size} ranks")
         return n
+
+    def for_world(self, world_size: int) -> MeshSpec:
+        """This spec, once `world_size` is checked to be its dp * tp * pp * cp (an experiment's `spec`)."""
+        self.check_world(world_size)
+        return self
+
+
+@dataclass(frozen=True)
+class MeshRun:
+    """Everything a notebook shows about one mesh step: per rank, per axis, measured next to predicted."""
+    spec: MeshSpec
+    coords: list[dict[str, int]]
+    measured: list[dict[str, Traffic]]       # ledger, per rank and axis
+    predicted: list[dict[str, Traffic]]      # costs.mesh.axis_traffic, per rank and axis
+    phases: list[dict[str, dict[str, int]]]  # each rank's ledger phase by phase
+    held: list[dict[str, int]]               # bytes held after the step, measured
+    held_predicted: list[dict[str, int]]     # the memory calculator's figures
+    step_seconds: list[float]                # the step on each rank
+    groups: list[int]                        # process groups each rank's process holds after the call

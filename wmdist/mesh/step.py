@@ -55,6 +55,7 @@ class RankStep:
     phases: dict[str, dict[str, int]]    # ledger: totals of every phase, in first-seen order
     held: dict[str, int]                 # bytes held after the step, by kind (HELD)
     seconds: float                       # the step on this rank (after the ranks lined up)
+    groups: int                          # process groups this rank's process holds afterwards (cached across calls)
 
 
 def rank_microbatches(spec: MeshSpec, coords: dict[str, int]) -> list[dict[str, torch.Tensor]]:
@@ -172,4 +173,4 @@ def mesh_step(ctx: Context, spec: MeshSpec) -> RankStep:
         traffic[axis] = Traffic(t["bytes_sent"], t["messages"])
     params = {n: p.detach().clone() for n, p in zip(names, stage.parameters())}
     return RankStep(ctx.rank, coords, loss, grads, params, traffic, ctx.ledger.by_phase(kind=None),
-                    held_bytes(stage, opt), seconds)
+                    held_bytes(stage, opt), seconds, len(ctx.resources.groups))

@@ -1,0 +1,121 @@
+"""A demo as one typed object: what it needs decided, what each rank does, how the results are judged.
+
+An `Experiment[S, R]` is its name (written once) and three functions:
+
+  spec(world_size) -> S           everything decided before any process starts (sizes, inputs,
+                                  schedules), validated. It is the one place a world size or an
+                                  input is refused (ValueError), so `refuses(n)` is "spec(n)
+                                  raises", and anything that goes wrong after it is a demo bug;
+  ranks(ctx, spec) -> R           what every rank does; R is a frozen dataclass of what the rank
+                                  computed and measured;
+  compare(spec, results) -> Verdict   the single-device reference, the tolerances with their
+                                  reasons, the exact counts against their formulas, and the typed
+                                  data that figures and text read.
+
+One runner (`Experiment.run`, `Experiment.run_spec`) does what every demo used to write out by
+hand: build the spec, time `runtime.run(ranks, spec.world_size, spec)`, compare, and make the
+Report under the experiment's name. A chapter keeps its public demo functions
+(`bubble_demo(world_size, microbatches)`) as small wrappers that build a spec with their options
+and call `run_spec`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from wmdist.comm import Context
+from wmdist.report import Check, Count, Report
+from wmdist.runtime import run
+
+Progress = Callable[[int, int, str], None]
+
+
+class Spec(Protocol):
+    """What a spec must say: how many ranks it runs on (the runner starts exactly that many)."""
+
+    @property
+    def world_size(self) -> int: ...
+
+
+S = TypeVar("S", bound=Spec)
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What `compare` concludes: float checks (with tolerances and reasons), exact counts, inputs, typed data.
+
+    `params` names the inputs the Report shows; `data` is the experiment's own frozen dataclass of
+    results (timelines, per-axis traffic) that figures read instead of calling a runner.
+    """
+    checks: Sequence[Check]
+    exact: Sequence[Count] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+    data: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment(Generic[S, R]):
+    """A registered demo: `spec` refuses or builds, `ranks` runs on every rank, `compare` judges.
+
+    `world_sizes` are the sizes `wmdist verify` runs by default; each must be one `spec` accepts
+    (checked here, so a registry cannot list a size its own demo refuses). `timeout` bounds the
+    ranks' call, in seconds.
+    """
+    name: str
+    title: str
+    chapter: str
+    world_sizes: tuple[int, ...]
+    spec: Callable[[int], S]
+    ranks: Callable[[Context, S], R]
+    compare: Callable[[S, list[R]], Verdict]
+    timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.world_sizes:
+            raise ValueError(f"experiment {self.name!r}: a name and at least one world size are required")
+        refused = [why for n in self.world_sizes if (why := self.refuses(n))]
+        if refused:
+            raise ValueError(f"experiment {self.name!r} lists world sizes its spec refuses: {'; '.join(refused)}")
+
+    def refuses(self, world_size: int) -> str | None:
+        """Why this experiment cannot run on `world_size` ranks (its spec's ValueError, named), or None.
+
+        Pure: building a spec starts no process, so `wmdist verify` asks this of every demo first.
+        """
+        try:
+            self.spec(world_size)
+        except ValueError as err:
+            return f"{self.name}: {err}"
+        return None
+
+    def run(self, world_size: int, progress: Progress | None = None) -> Report:
+        """The registered run on `world_size` ranks: `spec(world_size)` (refused here, before any process), then
+        `run_spec`."""
+        return self.run_spec(self.spec(world_size), progress)
+
+    def run_spec(self, spec: S, progress: Progress | None = None) -> Report:
+        """Run `ranks` on `spec.world_size` ranks, compare, and return the Report named `self.name`.
+
+        `seconds` is the wall time of the ranks' call (starting or reusing the pool included), not of the
+        comparison. `progress(done, total, text)` hears about the two parts and the verdict.
+        """
+        say = progress or (lambda done, total, text: None)
+        n = spec.world_size
+        say(0, 2, f"{self.name} on {n} rank(s): {self.title}")
+        start = time.perf_counter()
+        results = run(self.ranks, n, spec, timeout=self.timeout)
+        seconds = time.perf_counter() - start
+        say(1, 2, f"{self.name}: against the reference and the formulas")
+        verdict = self.compare(spec, results)
+        report = Report(self.name, n, list(verdict.checks), list(verdict.exact), seconds, dict(verdict.params),
+                        verdict.data)
+        say(2, 2, f"{self.name}: {'PASS' if report.passed else 'FAIL'}, ranks {seconds:.2f} s")
+        return report
+
+    def renamed(self, name: str) -> Experiment[S, R]:
+        """The same experiment under another name (a variant a notebook or panel runs, e.g. "mesh (widget)")."""
+        return dataclasses.replace(self, name=name)
