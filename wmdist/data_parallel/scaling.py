@@ -39,9 +39,9 @@ class ScalingParams:
     (b = 1e-10 s/B), a 400 MB gradient (100 M float32 parameters), 3 s of
     global compute per step. The knobs are the panel's slider ranges.
     """
-    alpha: float = knob(1e-4, "α: s per round", low=1e-7, high=1e-2, log=True, fmt=".2e")
-    beta: float = knob(1e-10, "β: s per byte", low=1e-12, high=1e-7, log=True, fmt=".2e")
-    payload_bytes: float = knob(4e8, "G: gradient bytes", low=1e5, high=1e11, log=True, fmt=".2e")
+    alpha: float = knob(1e-4, "α: s per round", low=1e-7, high=1e-2, log=True, fmt=".3s")
+    beta: float = knob(1e-10, "β: s per byte", low=1e-12, high=1e-7, log=True, fmt=".3s")
+    payload_bytes: float = knob(4e8, "G: gradient bytes", low=1e5, high=1e11, log=True, fmt=".3s")
     max_workers: int = knob(32, "N max", low=2, high=256)
     compute_seconds: float = knob(3.0, "C: compute s", low=1e-2, high=1e2, log=True, fmt=".3g")
 

@@ -69,7 +69,7 @@ DEGREE = dict(options=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256))   # 
 @dataclass(frozen=True)
 class MemoryConfig:
     """One training setup, as the sizes that decide what a rank stores. Knobs: the calculator's controls."""
-    params: int = knob(10 ** 9, "parameters P", low=1e3, high=1e12, log=True, step=0.1, fmt=".3g")
+    params: int = knob(10 ** 9, "parameters P", low=1e3, high=1e12, log=True, step=0.1, fmt=".3s")
     param_dtype: str = knob("fp32", "param dtype", options=PANEL_DTYPES)
     grad_dtype: str | None = knob(None, "grad dtype", options=(("same", None), *((d, d) for d in PANEL_DTYPES)))
     grad_accum_dtype: str | None = knob(None, "grad accum buffer", options=(("none", None), ("fp32", "fp32")))

@@ -52,8 +52,8 @@ class TrafficConfig:
     dtype: str = knob("bfloat16", "dtype", options=tuple(DTYPE_BYTES))
     causal: bool = knob(True, "causal mask")
     device: str = knob("A100 SXM, NVLink 3", "device, link", options=tuple(DEVICES))
-    flops: float = knob(1e11, "custom F (FLOP/s)", low=1e8, high=1e16, log=True, step=0.1, fmt=".2e")
-    link: float = knob(1e9, "custom B (bytes/s)", low=1e6, high=1e12, log=True, step=0.1, fmt=".2e")
+    flops: float = knob(1e11, "custom F (FLOP/s)", low=1e8, high=1e16, log=True, step=0.1, fmt=".3s")
+    link: float = knob(1e9, "custom B (bytes/s)", low=1e6, high=1e12, log=True, step=0.1, fmt=".3s")
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "heads", "head_dim", "world_size", "block_size", "batch"):
