@@ -90,7 +90,8 @@ def _run_one(demo: Registered, world_size: int) -> Report:
     if report.world_size != world_size or report.name != demo.name:
         return Report(demo.name, world_size, seconds=report.seconds,
                       error=f"asked for {demo.name} on {world_size} rank(s), its report is {report.name} on "
-                            f"{report.world_size}; a demo declares the sizes it accepts (its spec, or min/max_world_size)")
+                            f"{report.world_size}; a demo declares the sizes it accepts (its spec, or "
+                            f"min/max_world_size)")
     return report
 
 

@@ -7,18 +7,22 @@ with their bytes. `train_demo` runs GPipe, 1F1B and interleaved 1F1B: the
 loss and every gradient must equal the full-batch run (to the rounding of
 summing the B*T token rows in M groups), and bitwise equal a single process
 that accumulates the same microbatches in the same order.
+
+Both are `Experiment`s on one spec type, `Plans` (the (schedule, work) cases
+of a run on P ranks, built and checked before any process starts), and one
+rank function, `plans_rank`, that runs every case in one call.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from wmdist.comm import Context
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.validate import require_int
-from wmdist.pipeline.executor import StageRun, run_pipeline
+from wmdist.experiment import Experiment, Verdict
+from wmdist.pipeline.executor import StageRun, pipeline_rank
 from wmdist.pipeline.plan import (
-    MAX_STAGES,
     Message,
     PipeWork,
     check_name,
@@ -31,7 +35,7 @@ from wmdist.pipeline.plan import (
 )
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.stages import Reference, gradient_tolerance, loss_tolerance, model_for, reference
-from wmdist.report import Count, Demo, Report, close_check, counts_per_rank, exact_check, max_abs_error
+from wmdist.report import Check, Count, Report, close_check, counts_per_rank, exact_check, max_abs_error
 from wmdist.transformer import TransformerConfig
 
 WIDTH = TransformerConfig().width      # H: every boundary tensor is one microbatch of (b, T, H) float32
@@ -43,6 +47,29 @@ def plan(world_size: int, name: str, microbatches: int, chunks: int, work: PipeW
     require_world(world_size, schedule)
     work.check(schedule)
     return schedule
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plans:
+    """A pipeline experiment's spec: the (schedule, work) cases it runs, all on `world_size` = P ranks, checked."""
+    world_size: int
+    cases: tuple[tuple[Schedule, PipeWork], ...]
+
+
+@dataclass(frozen=True)
+class StageRuns:
+    """What one rank measured in each case of a Plans, in the cases' order."""
+    runs: tuple[StageRun, ...]
+
+
+def plans_rank(ctx: Context, plans: Plans) -> StageRuns:
+    """Rank function: every case's pipeline step on this rank, one after the other (each from a fresh ledger)."""
+    return StageRuns(tuple(pipeline_rank(ctx, schedule, work) for schedule, work in plans.cases))
+
+
+def by_case(results: list[StageRuns]) -> list[list[StageRun]]:
+    """The ranks' results regrouped: for each case, every rank's StageRun in rank order."""
+    return [list(runs) for runs in zip(*(r.runs for r in results), strict=True)]
 
 
 def boundary_counts(schedule: Schedule, runs: list[StageRun], work: PipeWork, case: str) -> list[Count]:
@@ -79,31 +106,44 @@ class ForwardResult:
     output_error: float       # max |pipeline output - single device|
 
 
-def forward_demo(world_size: int, microbatches: int = 8, work: PipeWork | None = None) -> Report:
-    """GPipe's forward on `world_size` stages: outputs equal one process; M(P-1) activation transfers, counted."""
+def forward_spec(world_size: int, microbatches: int = 8, work: PipeWork | None = None) -> Plans:
+    """GPipe's forwards of M microbatches on P = `world_size` stages, checked (the batch defaults to 2M)."""
     require_int("microbatches", microbatches, 1, MAX_MICROBATCHES)      # named before the batch it sizes
     work = work or PipeWork(batch_size=2 * microbatches, forward_only=True)
     if not work.forward_only:
         raise ValueError("forward_demo runs forwards only: pass a PipeWork with forward_only=True")
-    schedule = plan(world_size, "gpipe", microbatches, 1, work)
-    start = time.perf_counter()
-    runs: list[StageRun] = run_pipeline(world_size, schedule, work)
-    seconds = time.perf_counter() - start
-    ref = reference(work, microbatches, gradients=False)
+    return Plans(world_size=world_size, cases=((plan(world_size, "gpipe", microbatches, 1, work), work),))
+
+
+def compare_forward(plans: Plans, results: list[StageRuns]) -> Verdict:
+    """The output against the single-device model (bitwise), the boundary transfers against the schedule."""
+    (schedule, work), = plans.cases
+    runs, = by_case(results)
+    P, M = plans.world_size, schedule.microbatches
+    ref = reference(work, M, gradients=False)
     output = runs[-1].outputs
     checks = [exact_check("pipeline output == single-device model", output, ref.output,
                           "every operation acts on each token row alone: splitting the batch into microbatches "
                           "and the layers into stages changes no arithmetic")]
     exact = boundary_counts(schedule, runs, work, "forward")
     total = sum(r.transfers["activation sends"] for r in runs)
-    exact.append(Count("activation transfers, all ranks (M(P-1))", 0, total,
-                       pcosts.boundary_transfers(world_size, microbatches), case="forward"))
-    data = ForwardResult(world_size, microbatches, total, sum(r.bytes["activation bytes sent"] for r in runs),
+    exact.append(Count("activation transfers, all ranks (M(P-1))", 0, total, pcosts.boundary_transfers(P, M),
+                       case="forward"))
+    data = ForwardResult(P, M, total, sum(r.bytes["activation bytes sent"] for r in runs),
                          max_abs_error(output, ref.output))
-    return Report("pp-forward", world_size, checks, exact, seconds,
-                  {"schedule": "gpipe (forwards only)", "microbatches": microbatches, "batch_size": work.batch_size,
-                   "layers": work.layers, "blocks per stage": [len(b) for b in stage_blocks(work.layers, world_size)]},
-                  data)
+    params = {"schedule": "gpipe (forwards only)", "microbatches": M, "batch_size": work.batch_size,
+              "layers": work.layers, "blocks per stage": [len(b) for b in stage_blocks(work.layers, P)]}
+    return Verdict(checks=checks, exact=exact, params=params, data=data)
+
+
+FORWARD_DEMO = Experiment(name="pp-forward", chapter="05", world_sizes=(1, 2, 4), spec=forward_spec,
+                          title="Forward pipeline (GPipe's forwards): output == one process, M(P-1) transfers",
+                          ranks=plans_rank, compare=compare_forward)
+
+
+def forward_demo(world_size: int, microbatches: int = 8, work: PipeWork | None = None) -> Report:
+    """GPipe's forward on `world_size` stages: outputs equal one process; M(P-1) activation transfers, counted."""
+    return FORWARD_DEMO.run_spec(forward_spec(world_size, microbatches, work))
 
 
 @dataclass(frozen=True)
@@ -130,20 +170,25 @@ def train_plans(world_size: int) -> list[tuple[str, int, int]]:
     return [("gpipe", m, 1), ("1f1b", m, 1), ("interleaved", m, 2 if 2 * world_size <= PipeWork().layers else 1)]
 
 
-def train_demo(world_size: int, plans: list[tuple[str, int, int]] | None = None) -> Report:
-    """One training step under each schedule: loss and every gradient vs one process, transfers and peaks counted."""
-    plans = plans or train_plans(world_size)
-    schedules = []
-    for name, m, v in plans:
+def train_spec(world_size: int, plans: list[tuple[str, int, int]] | None = None) -> Plans:
+    """One training step per (schedule, M, v), batch 2M, on `world_size` ranks, checked (default: train_plans)."""
+    cases = []
+    for name, m, v in plans or train_plans(world_size):
         make_schedule(check_name(name), world_size, m, v)       # P, M and v named first, then the batch
         work = PipeWork(batch_size=2 * m)
-        schedules.append((plan(world_size, name, m, v, work), work))
-    start = time.perf_counter()
-    results = [(s, w, run_pipeline(world_size, s, w)) for s, w in schedules]
-    seconds = time.perf_counter() - start
-    checks, exact, data = [], [], []
+        cases.append((plan(world_size, name, m, v, work), work))
+    return Plans(world_size=world_size, cases=tuple(cases))
+
+
+def compare_train(plans: Plans, results: list[StageRuns]) -> Verdict:
+    """Per schedule: loss and gradients against the full batch (rounding bound), bitwise against one process
+    accumulating the same microbatches; transfers and peak activation sets against the schedule."""
+    P = plans.world_size
+    checks: list[Check] = []
+    exact: list[Count] = []
+    data = []
     references: dict[int, Reference] = {}            # one per M: the schedules differ only in accumulation order
-    for schedule, work, runs in results:
+    for (schedule, work), runs in zip(plans.cases, by_case(results), strict=True):
         name, m = schedule.name, schedule.microbatches
         if m not in references:
             references[m] = reference(work, m)
@@ -152,7 +197,7 @@ def train_demo(world_size: int, plans: list[tuple[str, int, int]] | None = None)
         grads = {k: v for r in runs for k, v in r.grads.items()}
         names = sorted(ref.grads)
         gtol = gradient_tolerance(work, ref.bound)
-        loss = runs[(schedule.virtual_stages - 1) % world_size].loss
+        loss = runs[(schedule.virtual_stages - 1) % P].loss
         checks += [
             close_check(f"{name}: loss == single device, whole batch", loss, ref.loss,
                         loss_tolerance(work, float(ref.loss), m), "positive terms summed in M groups"),
@@ -164,16 +209,23 @@ def train_demo(world_size: int, plans: list[tuple[str, int, int]] | None = None)
                         "the same operations in the same order: bitwise")]
         exact += boundary_counts(schedule, runs, work, name)
         exact += counts_per_rank("activation sets held (peak)", [r.peak_held for r in runs],
-                                 [pcosts.peak_activations_in_flight(name, world_size, m, schedule.chunks, rank=r)
-                                  for r in range(world_size)], case=name)
+                                 [pcosts.peak_activations_in_flight(name, P, m, schedule.chunks, rank=r)
+                                  for r in range(P)], case=name)
         data.append(TrainResult(name, m, schedule.chunks, max_abs_error(loss, ref.loss),
                                 max_abs_error([grads[k] for k in names], [ref.grads[k] for k in names]), gtol,
                                 tuple(r.peak_held for r in runs)))
-    return Report("pp-train", world_size, checks, exact, seconds,
-                  {"plans": [f"{n} M={m} v={v}" for n, m, v in plans], "batch_size": "2M"}, tuple(data))
+    params = {"plans": [f"{s.name} M={s.microbatches} v={s.chunks}" for s, _ in plans.cases], "batch_size": "2M"}
+    return Verdict(checks=checks, exact=exact, params=params, data=tuple(data))
 
 
-DEMOS = [Demo("pp-forward", "Forward pipeline (GPipe's forwards): output == one process, M(P-1) transfers",
-              forward_demo, world_sizes=(1, 2, 4), chapter="05", max_world_size=MAX_STAGES),
-         Demo("pp-train", "Pipeline training (GPipe, 1F1B, interleaved): loss and gradients == one process",
-              train_demo, world_sizes=(1, 2, 4), chapter="05", max_world_size=MAX_STAGES)]
+TRAIN_DEMO = Experiment(name="pp-train", chapter="05", world_sizes=(1, 2, 4), spec=train_spec,
+                        title="Pipeline training (GPipe, 1F1B, interleaved): loss and gradients == one process",
+                        ranks=plans_rank, compare=compare_train)
+
+
+def train_demo(world_size: int, plans: list[tuple[str, int, int]] | None = None) -> Report:
+    """One training step under each schedule: loss and every gradient vs one process, transfers and peaks counted."""
+    return TRAIN_DEMO.run_spec(train_spec(world_size, plans))
+
+
+DEMOS = [FORWARD_DEMO, TRAIN_DEMO]

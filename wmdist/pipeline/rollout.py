@@ -18,7 +18,6 @@ transition (later transitions see parameters the earlier ones moved).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -26,21 +25,40 @@ import torch
 from wmdist.comm import Context
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF
 from wmdist.costs.validate import require_int
+from wmdist.experiment import Experiment, Verdict
 from wmdist.pipeline.executor import StageRun, pipeline_rank
-from wmdist.pipeline.plan import MAX_STAGES, PipeWork, microbatch_sizes, require_world
+from wmdist.pipeline.plan import PipeWork, microbatch_sizes, require_world
 from wmdist.pipeline.schedules import Schedule, make_schedule
 from wmdist.pipeline.stages import batch_for, gradient_tolerance, model_for, one_thread, reference
-from wmdist.report import Demo, Report, close_check, differ_check, max_abs_error
-from wmdist.runtime import run
+from wmdist.report import Report, close_check, differ_check, max_abs_error
 
 LR = 0.05
 
 
-def rollout_rank(ctx: Context, schedule: Schedule, work: PipeWork, lr: float) -> tuple[StageRun, dict[str, torch.Tensor]]:
+@dataclass(frozen=True, kw_only=True)
+class RolloutSpec:
+    """The step decided before any process starts: a 1F1B schedule of M = 2P microbatches, E trajectories of T."""
+    schedule: Schedule
+    work: PipeWork
+    lr: float = LR
+
+    @property
+    def world_size(self) -> int:
+        return self.schedule.stages
+
+
+@dataclass(frozen=True)
+class RolloutRank:
+    """One rank's part: its pipeline step (gradients of the one loss) and the parameters it owns after SGD."""
+    run: StageRun
+    stepped: dict[str, torch.Tensor]
+
+
+def rollout_rank(ctx: Context, spec: RolloutSpec) -> RolloutRank:
     """Rank function: the pipeline computes the gradient of the one loss; this rank steps the parameters it owns."""
-    result = pipeline_rank(ctx, schedule, work)
-    owned = {n: p.detach() for n, p in model_for(work).named_parameters() if n in result.grads}
-    return result, {n: p - lr * result.grads[n] for n, p in owned.items()}      # one plain SGD step
+    result = pipeline_rank(ctx, spec.schedule, spec.work)
+    owned = {n: p.detach() for n, p in model_for(spec.work).named_parameters() if n in result.grads}
+    return RolloutRank(result, {n: p - spec.lr * result.grads[n] for n, p in owned.items()})      # one plain SGD step
 
 
 def single_step(work: PipeWork, lr: float) -> dict[str, torch.Tensor]:
@@ -84,8 +102,8 @@ class RolloutResult:
     per_transition_gap: float                       # max |T small steps - one step|, parameters
 
 
-def rollout_demo(world_size: int, environments: int | None = None, horizon: int = 8) -> Report:
-    """One optimizer step over E whole trajectories on a 1F1B pipeline of P = N ranks; two mistakes shown."""
+def rollout_spec(world_size: int, environments: int | None = None, horizon: int = 8) -> RolloutSpec:
+    """E = `environments` trajectories (default 2M) of `horizon` steps on a 1F1B pipeline of P = N ranks, checked."""
     m = 2 * require_int("world_size", world_size, 1)                   # microbatches: M = 2P
     require_int("horizon", horizon, 1, 64)
     if environments is not None:
@@ -98,20 +116,23 @@ def rollout_demo(world_size: int, environments: int | None = None, horizon: int 
     schedule = make_schedule("1f1b", world_size, m)
     require_world(world_size, schedule)
     work.check(schedule)
-    start = time.perf_counter()
-    results = run(rollout_rank, world_size, schedule, work, LR)
-    seconds = time.perf_counter() - start
-    stepped = {n: v for _, params in results for n, v in params.items()}
+    return RolloutSpec(schedule=schedule, work=work)
+
+
+def compare_rollout(spec: RolloutSpec, results: list[RolloutRank]) -> Verdict:
+    """The pipeline's step against one process's; the two mistakes computed in one process and shown to differ."""
+    work, m, lr = spec.work, spec.schedule.microbatches, spec.lr
+    stepped = {n: v for r in results for n, v in r.stepped.items()}
     ref = reference(work, m)
     gtol = gradient_tolerance(work, ref.bound)
     with one_thread():                                  # the ranks' kernels
-        right, cut, per_step = single_step(work, LR), time_cut_gradient(work, 2), step_per_transition(work, LR)
+        right, cut, per_step = single_step(work, lr), time_cut_gradient(work, 2), step_per_transition(work, lr)
     names = sorted(right)
-    ptol = LR * gtol + 2 * FLOAT32_ROUNDOFF * max(float(v.abs().max()) for v in right.values())
+    ptol = lr * gtol + 2 * FLOAT32_ROUNDOFF * max(float(v.abs().max()) for v in right.values())
     sizes = microbatch_sizes(work.batch_size, m)
     envs = tuple(tuple(range(sum(sizes[:k]), sum(sizes[:k + 1]))) for k in range(m))
-    data = RolloutResult(work.batch_size, horizon, envs, max_abs_error([stepped[n] for n in names],
-                                                                       [right[n] for n in names]), ptol,
+    data = RolloutResult(work.batch_size, work.seq_len, envs, max_abs_error([stepped[n] for n in names],
+                                                                            [right[n] for n in names]), ptol,
                          max_abs_error([cut[n] for n in names], [ref.grads[n] for n in names]),
                          max_abs_error([per_step[n] for n in names], [right[n] for n in names]))
     checks = [
@@ -124,10 +145,19 @@ def rollout_demo(world_size: int, environments: int | None = None, horizon: int 
         differ_check("one optimizer step per transition: DIFFERENT parameters", [per_step[n] for n in names],
                      [right[n] for n in names], 1000 * ptol,
                      "later transitions are evaluated with parameters the earlier steps already moved")]
-    return Report("pp-rollout", world_size, checks, [], seconds,
-                  {"environments": work.batch_size, "horizon": horizon, "microbatches": m, "schedule": "1f1b",
-                   "lr": LR}, data)
+    params = {"environments": work.batch_size, "horizon": work.seq_len, "microbatches": m, "schedule": "1f1b",
+              "lr": lr}
+    return Verdict(checks=checks, params=params, data=data)
 
 
-DEMOS = [Demo("pp-rollout", "Rollout training: one loss over whole trajectories, one step, on a 1F1B pipeline",
-              rollout_demo, world_sizes=(1, 2, 4), chapter="05", max_world_size=MAX_STAGES)]
+ROLLOUT_DEMO = Experiment(name="pp-rollout", chapter="05", world_sizes=(1, 2, 4), spec=rollout_spec,
+                          title="Rollout training: one loss over whole trajectories, one step, on a 1F1B pipeline",
+                          ranks=rollout_rank, compare=compare_rollout)
+
+
+def rollout_demo(world_size: int, environments: int | None = None, horizon: int = 8) -> Report:
+    """One optimizer step over E whole trajectories on a 1F1B pipeline of P = N ranks; two mistakes shown."""
+    return ROLLOUT_DEMO.run_spec(rollout_spec(world_size, environments, horizon))
+
+
+DEMOS = [ROLLOUT_DEMO]

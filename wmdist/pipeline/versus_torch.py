@@ -10,6 +10,9 @@ order torch actually runs them in. torch's stages communicate on the default
 process group inside step(); the ledger gets one record per step whose
 bytes are the boundary tensors this rank's stages send and receive
 (plan.transfer_counts times the microbatch tensor size), not an observation.
+
+The demo is an `Experiment` on chapter 05's `Plans`: each rank runs every case
+with our executor and then with torch's schedule, in one call, timing both.
 """
 from __future__ import annotations
 
@@ -20,11 +23,13 @@ from typing import Any
 import torch
 
 from wmdist.comm import Context, counted
-from wmdist.pipeline.executor import StageRun, run_pipeline
-from wmdist.pipeline.plan import MAX_STAGES, PipeWork, require_world, transfer_counts
+from wmdist.experiment import Experiment, Verdict
+from wmdist.pipeline.demos import Plans
+from wmdist.pipeline.executor import StageRun, pipeline_rank
+from wmdist.pipeline.plan import PipeWork, require_world, transfer_counts
 from wmdist.pipeline.schedules import Schedule, make_schedule
 from wmdist.pipeline.stages import StageModule, batch_for, microbatch_loss, model_for
-from wmdist.report import Demo, Report, counts_per_rank, exact_check, max_abs_error
+from wmdist.report import Check, Count, Report, counts_per_rank, exact_check, max_abs_error
 from wmdist.runtime import run
 
 
@@ -123,44 +128,84 @@ def check_torch_plan(world_size: int, name: str, microbatches: int, chunks: int,
     return schedule
 
 
+@dataclass(frozen=True)
+class BothRuns:
+    """One rank's step of every case twice: our executor, then torch's schedule, each timed on the rank."""
+    ours: tuple[StageRun, ...]
+    theirs: tuple[TorchRun, ...]
+    seconds: tuple[tuple[float, float], ...]     # per case: (ours, torch's) on this rank
+
+
+def both_rank(ctx: Context, plans: Plans) -> BothRuns:
+    """Rank function: each case with our executor, then with torch.distributed.pipelining, on the same stages."""
+    ours, theirs, seconds = [], [], []
+    for schedule, work in plans.cases:
+        start = time.perf_counter()
+        ours.append(pipeline_rank(ctx, schedule, work))
+        middle = time.perf_counter()
+        theirs.append(torch_pipeline_rank(ctx, schedule, work))
+        seconds.append((middle - start, time.perf_counter() - middle))
+    return BothRuns(tuple(ours), tuple(theirs), tuple(seconds))
+
+
+def comparisons(plans: Plans, results: list[BothRuns]) -> list[Comparison]:
+    """Per case: each rank's order of work under both, and how far the losses and gradients are apart."""
+    out = []
+    for k, (schedule, _) in enumerate(plans.cases):
+        ours, theirs = [r.ours[k] for r in results], [r.theirs[k] for r in results]
+        mine = {n: v for r in ours for n, v in r.grads.items()}
+        torch_grads = {n: v for r in theirs for n, v in r.grads.items()}
+        grad_error = max_abs_error([mine[n] for n in sorted(mine)],
+                                   [torch_grads.get(n, torch.zeros(0)) for n in sorted(mine)])
+        loss_error = max_abs_error(ours[-1].loss, theirs[-1].loss)
+        out.append(Comparison(schedule.name, tuple(r.order for r in ours), tuple(r.order for r in theirs), loss_error,
+                              grad_error, max(r.seconds[k][0] for r in results),
+                              max(r.seconds[k][1] for r in results)))
+    return out
+
+
 def compare(world_size: int, name: str, microbatches: int, chunks: int = 1, work: PipeWork | None = None) -> Comparison:
     """Run `name` on `world_size` ranks with our executor and with torch's schedule; compare everything."""
     work = work or PipeWork(batch_size=2 * microbatches)
     schedule = check_torch_plan(world_size, name, microbatches, chunks, work)
-    start = time.perf_counter()
-    ours: list[StageRun] = run_pipeline(world_size, schedule, work)
-    middle = time.perf_counter()
-    theirs: list[TorchRun] = run(torch_pipeline_rank, world_size, schedule, work)
-    end = time.perf_counter()
-    mine = {k: v for r in ours for k, v in r.grads.items()}
-    torch_grads = {k: v for r in theirs for k, v in r.grads.items()}
-    grad_error = max_abs_error([mine[k] for k in sorted(mine)], [torch_grads.get(k, torch.zeros(0)) for k in sorted(mine)])
-    loss_error = max_abs_error(ours[-1].loss, theirs[-1].loss)
-    return Comparison(name, tuple(r.order for r in ours), tuple(r.order for r in theirs), loss_error, grad_error,
-                      middle - start, end - middle)
+    plans = Plans(world_size=world_size, cases=((schedule, work),))
+    return comparisons(plans, run(both_rank, world_size, plans))[0]
 
 
-def torch_demo(world_size: int) -> Report:
-    """GPipe, 1F1B and interleaved 1F1B: our executor vs torch.distributed.pipelining, per rank order and values."""
+def torch_spec(world_size: int) -> Plans:
+    """GPipe, 1F1B and interleaved 1F1B (v = 2 where the blocks allow), M = 2P, batch 2M, checked against torch's."""
     chunks = 2 if 2 * world_size <= PipeWork().layers else 1
-    plans = [("gpipe", 2 * world_size, 1), ("1f1b", 2 * world_size, 1), ("interleaved", 2 * world_size, chunks)]
-    for name, m, v in plans:
-        check_torch_plan(world_size, name, m, v, PipeWork(batch_size=2 * m))
-    start = time.perf_counter()
-    results = [compare(world_size, name, m, v) for name, m, v in plans]
-    seconds = time.perf_counter() - start
+    cases = [(name, 2 * world_size, v) for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", chunks))]
+    works = [PipeWork(batch_size=2 * m) for _, m, _ in cases]
+    return Plans(world_size=world_size, cases=tuple((check_torch_plan(world_size, name, m, v, work), work)
+                                                    for (name, m, v), work in zip(cases, works)))
+
+
+def compare_torch(plans: Plans, results: list[BothRuns]) -> Verdict:
+    """Losses and gradients bitwise equal torch's; every rank ran the same actions in torch's order."""
     why = "same stages, same loss, same order: torch runs the very same float operations"
-    checks, exact = [], []
-    for c in results:
+    checks: list[Check] = []
+    exact: list[Count] = []
+    found = comparisons(plans, results)
+    for c in found:
         checks.append(exact_check(f"{c.schedule}: loss == torch's", c.loss_error, 0.0, why))
         checks.append(exact_check(f"{c.schedule}: every gradient == torch's", c.grad_error, 0.0, why))
         exact += counts_per_rank("actions in torch's order", [sum(a == b for a, b in zip(o, t)) for o, t in
                                                               zip(c.ours, c.theirs)],
                                  [len(t) for t in c.theirs], case=c.schedule)
         exact += counts_per_rank("actions run", [len(o) for o in c.ours], [len(t) for t in c.theirs], case=c.schedule)
-    return Report("pp-vs-torch", world_size, checks, exact, seconds,
-                  {"schedules": [f"{n} M={m} v={v}" for n, m, v in plans]}, tuple(results))
+    params = {"schedules": [f"{s.name} M={s.microbatches} v={s.chunks}" for s, _ in plans.cases]}
+    return Verdict(checks=checks, exact=exact, params=params, data=tuple(found))
 
 
-DEMOS = [Demo("pp-vs-torch", "Pipeline executor vs torch.distributed.pipelining (GPipe, 1F1B, interleaved)",
-              torch_demo, world_sizes=(2, 4), chapter="05", max_world_size=MAX_STAGES, min_world_size=2)]
+TORCH_DEMO = Experiment(name="pp-vs-torch", chapter="05", world_sizes=(2, 4), spec=torch_spec,
+                        title="Pipeline executor vs torch.distributed.pipelining (GPipe, 1F1B, interleaved)",
+                        ranks=both_rank, compare=compare_torch)
+
+
+def torch_demo(world_size: int) -> Report:
+    """GPipe, 1F1B and interleaved 1F1B: our executor vs torch.distributed.pipelining, per rank order and values."""
+    return TORCH_DEMO.run(world_size)
+
+
+DEMOS = [TORCH_DEMO]

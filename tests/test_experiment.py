@@ -1,0 +1,100 @@
+"""The typed demo shape: the spec is the one place a size or input is refused, the runner names and times the
+Report, and a failure after the spec accepted is a FAIL row, never a usage error."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+import wmdist.demos as registry_module
+from wmdist.comm import Context
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Count, Demo, Report
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """A toy spec: `world_size` ranks, each returns rank * scale; only even sizes from 2 are accepted."""
+    world_size: int
+    scale: float = 1.0
+
+
+def pairs_spec(world_size: int) -> Pairs:
+    if world_size < 2 or world_size % 2:
+        raise ValueError(f"world_size must be an even number >= 2, got {world_size}")
+    return Pairs(world_size)
+
+
+@dataclass(frozen=True)
+class Got:
+    rank: int
+    world_size: int
+    value: float
+
+
+def pairs_rank(ctx: Context, spec: Pairs) -> Got:
+    return Got(ctx.rank, ctx.world_size, ctx.rank * spec.scale)
+
+
+def pairs_compare(spec: Pairs, results: list[Got]) -> Verdict:
+    want = [r * spec.scale for r in range(spec.world_size)]
+    return Verdict(checks=[Check("value == rank * scale", max(abs(g.value - w) for g, w in zip(results, want)), 0.0,
+                                 "one multiplication, exact")],
+                   exact=[Count("world size seen", g.rank, g.world_size, spec.world_size) for g in results],
+                   params={"scale": spec.scale}, data=tuple(g.value for g in results))
+
+
+def pairs(**changes) -> Experiment[Pairs, Got]:
+    fields = dict(name="toy-pairs", title="toy: rank * scale", chapter="99", world_sizes=(2,), spec=pairs_spec,
+                  ranks=pairs_rank, compare=pairs_compare)
+    return Experiment(**{**fields, **changes})
+
+
+def test_a_size_is_refused_by_the_spec_alone_and_named(no_processes):
+    toy = pairs()
+    assert [n for n in range(1, 9) if toy.refuses(n)] == [1, 3, 5, 7]
+    assert toy.refuses(3) == "toy-pairs: world_size must be an even number >= 2, got 3"
+    with pytest.raises(ValueError, match="even number"):
+        toy.run(3)
+
+
+def test_world_sizes_the_spec_refuses_cannot_be_registered(no_processes):
+    with pytest.raises(ValueError, match="toy-pairs.*lists world sizes its spec refuses.*got 3"):
+        pairs(world_sizes=(2, 3))
+    with pytest.raises(ValueError, match="a name and at least one world size"):
+        pairs(world_sizes=())
+
+
+def test_the_runner_runs_the_specs_size_and_names_the_report_once(one_thread):
+    seen = []
+    report = pairs().run(4, progress=lambda done, total, text: seen.append((done, total, text)))
+    assert isinstance(report, Report) and report.passed, report.failures
+    assert (report.name, report.world_size, report.params, report.data) == ("toy-pairs", 4, {"scale": 1.0},
+                                                                             (0.0, 1.0, 2.0, 3.0))
+    assert report.measured(quantity="world size seen") == [4, 4, 4, 4] and report.seconds > 0
+    assert [(d, t) for d, t, _ in seen] == [(0, 2), (1, 2), (2, 2)] and "PASS" in seen[-1][2]
+    wrong = pairs().run_spec(Pairs(2, scale=math.nan))               # a NaN result never passes
+    assert not wrong.passed and not wrong.checks[0].finite
+    assert pairs().renamed("toy (variant)").run(2).name == "toy (variant)"
+
+
+def _broken_rank(ctx: Context, spec: Pairs) -> Got:
+    raise ValueError("a bug after the spec accepted the size")
+
+
+def test_verify_tells_a_refused_size_from_a_demo_that_breaks(monkeypatch, one_thread):
+    broken = pairs(name="toy-broken", ranks=_broken_rank)
+    nan = pairs(name="toy-nan", compare=lambda spec, results: Verdict(checks=[Check("x", math.nan, 1.0, "why")]))
+    legacy = Demo("toy-legacy", "hand-written", lambda n: Report("toy-legacy", n), world_sizes=(2,), chapter="99")
+    demos = {d.name: d for d in (pairs(), broken, nan, legacy)}
+    monkeypatch.setattr(registry_module, "registry", lambda: demos)
+    with pytest.raises(ValueError, match="toy-pairs: world_size must be an even number"):
+        registry_module.verify(["toy-pairs"], 3)                       # a usage error, before any process
+    runs, left_out = registry_module.plan(None, 3)
+    assert runs == [("toy-legacy", 3)] and set(left_out) == {"toy-pairs", "toy-broken", "toy-nan"}
+    reports = registry_module.verify(None, 2)                          # each breaks in its own row; verify goes on
+    by_name = {r.name: r for r in reports}
+    assert [r.name for r in reports] == list(demos) and by_name["toy-pairs"].passed and by_name["toy-legacy"].passed
+    assert not by_name["toy-broken"].passed and "a bug after the spec accepted" in by_name["toy-broken"].error
+    assert not by_name["toy-nan"].passed and by_name["toy-nan"].error is None
