@@ -7,15 +7,15 @@ from fractions import Fraction
 import pytest
 
 from wmdist.pipeline import measure
-from wmdist.pipeline.measure import ALLOWANCE, SMALL_M, MeasuredBubble, bubble_demo, off_by_one_gap
+from wmdist.pipeline.measure import ALLOWANCE, SMALL_M, MeasuredBubble, off_by_one_gap
 
 
-def _fake_measurements(monkeypatch, idle):
-    """measure_bubble answered without ranks: every timed step's idle fraction is idle(P, M)."""
-    def fake(schedule, work, progress=None):
-        x = idle(schedule.stages, schedule.microbatches)
-        return MeasuredBubble(schedule, work, ((),) * 3, (x,) * 3, (), x)
-    monkeypatch.setattr(measure, "measure_bubble", fake)
+def _judged(stages, idle):
+    """pp-bubble's verdict on fabricated measurements (no ranks): every timed step's idle fraction is idle(P, M)."""
+    plans = measure.bubble_spec(stages)
+    fakes = [MeasuredBubble(s, w, ((),) * 3, (x,) * 3, (), x)
+             for s, w in plans.cases for x in [idle(s.stages, s.microbatches)]]
+    return measure.bubble_verdict(plans, fakes)
 
 
 @pytest.mark.parametrize("stages", range(2, 9))
@@ -27,19 +27,16 @@ def test_the_small_m_case_is_where_the_off_by_one_formula_misses_by_more_than_th
 
 
 @pytest.mark.parametrize("stages", [2, 4, 8])
-def test_the_bubble_demo_fails_a_pipeline_that_idles_as_m_plus_p_predicts(monkeypatch, no_processes, stages):
-    _fake_measurements(monkeypatch, lambda p, m: (p - 1) / (m + p - 1))
-    assert bubble_demo(stages).passed
-    _fake_measurements(monkeypatch, lambda p, m: (p - 1) / (m + p))               # the off-by-one pipeline
-    report = bubble_demo(stages)
+def test_the_bubble_demo_fails_a_pipeline_that_idles_as_m_plus_p_predicts(no_processes, stages):
+    assert all(c.passed for c in _judged(stages, lambda p, m: (p - 1) / (m + p - 1)).checks)
+    report = _judged(stages, lambda p, m: (p - 1) / (m + p))                       # the off-by-one pipeline
     assert [c.passed for c in report.checks] == [True, False]                      # M = 2P passes; M = 1 catches it
     assert f"M={SMALL_M}: measured idle fraction == (P-1)/(M+P-1)" in report.checks[1].name
 
 
-def test_one_stage_has_no_bubble_and_no_small_m_case(monkeypatch, no_processes):
-    _fake_measurements(monkeypatch, lambda p, m: 0.0)
-    report = bubble_demo(1)
-    assert report.passed and len(report.checks) == 1
+def test_one_stage_has_no_bubble_and_no_small_m_case(no_processes):
+    report = _judged(1, lambda p, m: 0.0)
+    assert report.checks[0].passed and len(report.checks) == 1
 
 
 def test_verify_default_sizes_split_unevenly_and_run_context_parallel_meshes():

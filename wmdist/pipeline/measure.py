@@ -10,23 +10,28 @@ predicts for balanced stages. The ideal-time prediction for the same stage
 times comes from the simulator (wmdist.pipeline.simulate), which charges
 nothing for messages: whatever a run measures above it is message latency,
 late wake-ups and Python overhead.
+
+The demos are `Experiment`s on chapter 05's `Plans`: all timed steps of all
+cases run in one call (`work.repeats` steps each, the ranks lined up before
+every step); `measure_bubble` keeps one call per step, for a progress bar.
 """
 from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.validate import require_int
+from wmdist.experiment import Experiment, Verdict
+from wmdist.pipeline.demos import Plans, StageRuns, by_case, plans_rank
 from wmdist.pipeline.executor import StageRun, run_pipeline
-from wmdist.pipeline.plan import MAX_STAGES, PipeWork, require_world, slow_stage_work
+from wmdist.pipeline.plan import PipeWork, require_world, slow_stage_work
 from wmdist.pipeline.schedules import MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.simulate import simulate, spans
-from wmdist.report import Demo, Report, close_check, differ_check
+from wmdist.report import Report, close_check, differ_check
 from wmdist.spans import Span
 
 Progress = Callable[[int, int, str], None]
@@ -89,26 +94,47 @@ def ideal_timeline(schedule: Schedule, work: PipeWork) -> tuple[Span, ...]:
     return tuple(out)
 
 
-def measure_bubble(schedule: Schedule, work: PipeWork, progress: Progress | None = None) -> MeasuredBubble:
-    """Run `work.repeats` timed steps of `schedule` on P local ranks (one call each, for progress)."""
+def check_timed(schedule: Schedule, work: PipeWork) -> Schedule:
+    """Refuse, before any process starts, what cannot be timed: a bad plan, or no fixed sleep to measure."""
     require_world(schedule.stages, schedule)
     work.check(schedule)
     if work.slot_seconds <= 0:
         raise ValueError("slot_seconds must be > 0 to measure a bubble: the fixed sleep is the stages' work")
+    ideal_timeline(schedule, work)                     # refuses what it cannot predict
+    return schedule
+
+
+def timed(schedule: Schedule, work: PipeWork, steps: list[tuple[Span, ...]]) -> MeasuredBubble:
+    """The MeasuredBubble of timed steps (each: all ranks' spans), next to the ideal-time prediction."""
     ideal = ideal_timeline(schedule, work)
+    timelines = tuple(from_zero(list(t)) for t in steps)
+    idle = tuple(idle_fraction(t, schedule.stages) for t in timelines)
+    return MeasuredBubble(schedule, work, timelines, idle, ideal, idle_fraction(ideal, schedule.stages))
+
+
+def measured(plans: Plans, results: list[StageRuns]) -> list[MeasuredBubble]:
+    """Each case's timed steps, from every rank's StageRun (one span list per step)."""
+    out = []
+    for (schedule, work), runs in zip(plans.cases, by_case(results), strict=True):
+        out.append(timed(schedule, work, [tuple(s for r in runs for s in r.spans[k]) for k in range(work.repeats)]))
+    return out
+
+
+def measure_bubble(schedule: Schedule, work: PipeWork, progress: Progress | None = None) -> MeasuredBubble:
+    """Run `work.repeats` timed steps of `schedule` on P local ranks (one call each, for progress)."""
+    check_timed(schedule, work)
     one_step = dataclasses.replace(work, repeats=1)
-    timelines = []
+    steps = []
     for k in range(work.repeats):
         if progress is not None:
             progress(k, work.repeats, f"{schedule.name} on {schedule.stages} ranks, M={schedule.microbatches}: "
                                       f"timed step {k + 1} of {work.repeats}")
         runs: list[StageRun] = run_pipeline(schedule.stages, schedule, one_step)
-        timelines.append(from_zero([s for r in runs for s in r.spans[0]]))
-    idle = tuple(idle_fraction(t, schedule.stages) for t in timelines)
-    predicted = idle_fraction(ideal, schedule.stages)
+        steps.append(tuple(s for r in runs for s in r.spans[0]))
+    result = timed(schedule, work, steps)
     if progress is not None:
-        progress(work.repeats, work.repeats, f"measured idle {statistics.median(idle):.3f} (ideal {predicted:.3f})")
-    return MeasuredBubble(schedule, work, tuple(timelines), idle, ideal, predicted)
+        progress(work.repeats, work.repeats, f"measured idle {result.median_idle:.3f} (ideal {result.predicted:.3f})")
+    return result
 
 
 # --- demos -------------------------------------------------------------------------------------------
@@ -128,34 +154,52 @@ def off_by_one_gap(stages: int, microbatches: int) -> float:
     return (stages - 1) / ((microbatches + stages - 1) * (microbatches + stages))
 
 
-def bubble_demo(world_size: int, microbatches: int | None = None) -> Report:
-    """The text's balanced forward pipeline, timed: measured idle fraction vs (P-1)/(M+P-1), M = 2P by default.
+def bubble_spec(world_size: int, microbatches: int | None = None) -> Plans:
+    """The balanced forward pipeline on P = `world_size` ranks at M (default 2P), and at M = SMALL_M for P > 1.
 
     At M = 2P the formula and the off-by-one (P-1)/(M+P) differ by less than
-    the allowance, so for P > 1 a second run at M = SMALL_M, where they differ
+    the allowance, so for P > 1 a second case at M = SMALL_M, where they differ
     by about twice the allowance, shows that the measurement tells them apart.
     """
     m = 2 * require_int("world_size", world_size, 1) if microbatches is None else \
         require_int("microbatches", microbatches, 1, MAX_MICROBATCHES)      # 0 is refused, not the default
     sizes = [m] + ([SMALL_M] if world_size > 1 and m != SMALL_M else [])
-    plans = [(make_schedule("gpipe", world_size, k),
-              PipeWork(batch_size=k, forward_only=True, slot_seconds=SLOT_SECONDS, repeats=3)) for k in sizes]
-    for schedule, work in plans:
-        require_world(world_size, schedule)
-        work.check(schedule)
-    start = time.perf_counter()
-    runs = [measure_bubble(schedule, work) for schedule, work in plans]
-    formula = pcosts.bubble_fraction(world_size, m)
+    cases = []
+    for k in sizes:
+        work = PipeWork(batch_size=k, forward_only=True, slot_seconds=SLOT_SECONDS, repeats=3)
+        cases.append((check_timed(make_schedule("gpipe", world_size, k), work), work))
+    return Plans(world_size=world_size, cases=tuple(cases))
+
+
+def bubble_verdict(plans: Plans, runs: list[MeasuredBubble]) -> Verdict:
+    """The measured idle fractions against (P-1)/(M+P-1), at M and (for P > 1) at SMALL_M."""
+    P, m = plans.world_size, plans.cases[0][0].microbatches
+    formula = pcosts.bubble_fraction(P, m)
     checks = [close_check("measured idle fraction == (P-1)/(M+P-1)", runs[0].median_idle, formula, ALLOWANCE,
                           WHY.format(1e3 * SLOT_SECONDS))]
     if len(runs) > 1:
-        gap = off_by_one_gap(world_size, SMALL_M)
+        gap = off_by_one_gap(P, SMALL_M)
         checks.append(close_check(f"M={SMALL_M}: measured idle fraction == (P-1)/(M+P-1)", runs[1].median_idle,
-                                  pcosts.bubble_fraction(world_size, SMALL_M), ALLOWANCE,
+                                  pcosts.bubble_fraction(P, SMALL_M), ALLOWANCE,
                                   WHY.format(1e3 * SLOT_SECONDS) + f"; (P-1)/(M+P) would miss by {gap:.3f}"))
-    return Report("pp-bubble", world_size, checks, [], time.perf_counter() - start,
-                  {"schedule": "gpipe (forwards only)", "microbatches": m, "slot_ms": 1e3 * SLOT_SECONDS,
-                   "formula": formula}, runs[0])
+    params = {"schedule": "gpipe (forwards only)", "microbatches": m, "slot_ms": 1e3 * SLOT_SECONDS,
+              "formula": formula}
+    return Verdict(checks=checks, params=params, data=runs[0])
+
+
+def compare_bubble(plans: Plans, results: list[StageRuns]) -> Verdict:
+    """bubble_verdict of what the ranks timed."""
+    return bubble_verdict(plans, measured(plans, results))
+
+
+BUBBLE_DEMO = Experiment(name="pp-bubble", chapter="05", world_sizes=(1, 2, 4), spec=bubble_spec,
+                         title="Measured bubble of a balanced forward pipeline vs (P-1)/(M+P-1)",
+                         ranks=plans_rank, compare=compare_bubble)
+
+
+def bubble_demo(world_size: int, microbatches: int | None = None) -> Report:
+    """The text's balanced forward pipeline, timed: measured idle fraction vs (P-1)/(M+P-1), M = 2P by default."""
+    return BUBBLE_DEMO.run_spec(bubble_spec(world_size, microbatches))
 
 
 @dataclass(frozen=True)
@@ -169,34 +213,47 @@ class ImbalanceCurve:
     runs: tuple[MeasuredBubble, ...]
 
 
-def imbalance_demo(world_size: int, microbatches: tuple[int, ...] = (4, 16, 32)) -> Report:
-    """Stage 1 does twice the work: the idle fraction levels off at 1 - mean/max, whatever M (forwards only)."""
+def imbalance_spec(world_size: int, microbatches: tuple[int, ...] = (4, 16, 32)) -> Plans:
+    """Forwards only on P = `world_size` >= 2 ranks, stage 1 twice as slow, one case per M."""
     if world_size < 2:
         raise ValueError(f"world_size must be >= 2: imbalance needs two stages, got {world_size}")
+    if not microbatches:
+        raise ValueError("microbatches must name at least one M to time")
     work = slow_stage_work(world_size)
-    plans = []
+    cases = []
     for m in microbatches:
-        schedule = make_schedule("gpipe", world_size, m)
         spec = PipeWork(batch_size=m, forward_only=True, slot_seconds=IMBALANCE_SLOT, stage_work=work, repeats=3)
-        require_world(world_size, schedule)
-        spec.check(schedule)
-        plans.append((schedule, spec))
-    start = time.perf_counter()
-    runs = tuple(measure_bubble(schedule, spec) for schedule, spec in plans)
-    limit = 1 - sum(work) / (world_size * max(work))
-    curve = ImbalanceCurve(tuple(microbatches), tuple(r.median_idle for r in runs), tuple(r.predicted for r in runs),
-                           tuple(pcosts.bubble_fraction(world_size, m) for m in microbatches), limit, runs)
+        cases.append((check_timed(make_schedule("gpipe", world_size, m), spec), spec))
+    return Plans(world_size=world_size, cases=tuple(cases))
+
+
+def compare_imbalance(plans: Plans, results: list[StageRuns]) -> Verdict:
+    """Each M's measured idle against the ideal time with the slow stage; the largest M against the balanced
+    formula, which it must NOT match."""
+    P, work = plans.world_size, plans.cases[0][1].stage_work
+    microbatches = tuple(s.microbatches for s, _ in plans.cases)
+    runs = tuple(measured(plans, results))
+    limit = 1 - sum(work) / (P * max(work))
+    curve = ImbalanceCurve(microbatches, tuple(r.median_idle for r in runs), tuple(r.predicted for r in runs),
+                           tuple(pcosts.bubble_fraction(P, m) for m in microbatches), limit, runs)
     checks = [close_check(f"M={m}: measured idle == ideal time with the slow stage", got, want, ALLOWANCE,
                           WHY.format(1e3 * IMBALANCE_SLOT))
               for m, got, want in zip(microbatches, curve.measured, curve.predicted)]
     checks.append(differ_check(f"M={microbatches[-1]}: measured idle is NOT the balanced (P-1)/(M+P-1)",
                                curve.measured[-1], curve.balanced[-1], 2 * ALLOWANCE,
                                "the slow stage sets the pace; more microbatches only amortize fill and drain"))
-    return Report("pp-imbalance", world_size, checks, [], time.perf_counter() - start,
-                  {"stage_work": work, "microbatches": list(microbatches), "limit": limit}, curve)
+    return Verdict(checks=checks, params={"stage_work": work, "microbatches": list(microbatches), "limit": limit},
+                   data=curve)
 
 
-DEMOS = [Demo("pp-bubble", "Measured bubble of a balanced forward pipeline vs (P-1)/(M+P-1)", bubble_demo,
-              world_sizes=(1, 2, 4), chapter="05", max_world_size=MAX_STAGES),
-         Demo("pp-imbalance", "One slow stage: idle fraction vs M levels off above zero", imbalance_demo,
-              world_sizes=(2, 4), chapter="05", max_world_size=MAX_STAGES, min_world_size=2)]
+IMBALANCE_DEMO = Experiment(name="pp-imbalance", chapter="05", world_sizes=(2, 4), spec=imbalance_spec,
+                            title="One slow stage: idle fraction vs M levels off above zero",
+                            ranks=plans_rank, compare=compare_imbalance)
+
+
+def imbalance_demo(world_size: int, microbatches: tuple[int, ...] = (4, 16, 32)) -> Report:
+    """Stage 1 does twice the work: the idle fraction levels off at 1 - mean/max, whatever M (forwards only)."""
+    return IMBALANCE_DEMO.run_spec(imbalance_spec(world_size, microbatches))
+
+
+DEMOS = [BUBBLE_DEMO, IMBALANCE_DEMO]
