@@ -319,7 +319,8 @@ def _latency(page, panel, handle) -> list[float]:
 
 
 RUN_CELL_JS = """(needle) => { const w = window.jupyterapp.shell.currentWidget; const cells = w.content.model.cells;
-  for (let i = 0; i < cells.length; i++) if (cells.get(i).sharedModel.getSource().includes(needle)) {
+  for (let i = 0; i < cells.length; i++)
+    if (cells.get(i).type === 'code' && cells.get(i).sharedModel.getSource().includes(needle)) {
     w.content.activeCellIndex = i; window.jupyterapp.commands.execute('notebook:run-cell'); return i; }
   return -1; }"""
 
