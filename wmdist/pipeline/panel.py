@@ -42,7 +42,25 @@ class BubblePanel(Panel):
 
     def __init__(self, config: BubbleConfig | None = None):
         self.curves: dict = {}          # simulated curve points of this panel, so a slider move adds one
+        self._syncing = False
         super().__init__(config or BubbleConfig())
+        self._only_interleaved_has_chunks()
+
+    def _only_interleaved_has_chunks(self) -> None:
+        """v applies to the interleaved schedule alone: greyed out (and back at 1) for GPipe and 1F1B."""
+        v = self.controls["chunks"]
+        v.disabled = self.controls["schedule"].value != "interleaved"
+        if v.disabled and v.value != 1:
+            self._syncing = True
+            v.value = 1
+            self._syncing = False
+
+    def _changed(self, name: str, change: dict) -> None:
+        if self._syncing:
+            return
+        if name == "schedule":
+            self._only_interleaved_has_chunks()
+        super()._changed(name, change)
 
     def views(self) -> list[View]:
         return [View("slot diagram", lambda fig, c, r: draw_slots(fig, r)),

@@ -50,7 +50,8 @@ def steps(control: W.ValueWidget) -> list[Any]:
 
 def candidates(controls: dict[str, W.ValueWidget], last: str | None, forward: bool) -> list[tuple[str, Any]]:
     """(control name, value) one step away, most likely first: the last moved control in its direction."""
-    order = ([last] if last in controls else []) + [n for n in controls if n != last]
+    order = [n for n in ([last] if last in controls else []) + [n for n in controls if n != last]
+             if not controls[n].disabled]
     out = []
     for name in order:
         values = steps(controls[name])
