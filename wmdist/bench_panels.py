@@ -60,6 +60,8 @@ def time_panel(panel: Panel, moves: int = 20) -> dict[str, Any]:
     drawn: list[float] = []
     per_control: dict[str, dict[str, float]] = {}
     for name, control in panel.controls.items():
+        if control.disabled:                         # greyed out: not a move a learner can make
+            continue
         times = []
         for k in range(moves):
             panel.prefetch.cancel(clear=True)        # nothing drawn ahead: the picture is drawn now

@@ -37,6 +37,12 @@ def run_spec(config: PatternsConfig) -> MeshSpec:
                     cp=config.cp, buckets=config.buckets)
 
 
+def _share(n: int, parts: int) -> str:
+    """What one of `parts` ranks holds of n things split in torch.tensor_split's layout: '2' or '3 or 2'."""
+    low, extra = divmod(n, parts)
+    return f"{low}" if not extra else f"{low + 1} or {low}"
+
+
 def summary(result: PatternsResult) -> str:
     """The numbers to take away, as HTML: who moves the most bytes, who is latency-bound, the best order and why."""
     t, best, default = result.traffic, result.best, result.default
@@ -60,6 +66,9 @@ def summary(result: PatternsResult) -> str:
     lines.append(f"<b>Best order</b> {'·'.join(best.order)} (fastest-varying first): {', '.join(inside)} inside a "
                  f"node, exposed {format_seconds(best.total)} per step{same}. Why: fast links save the most on "
                  f"{saved}; the best order gives them to the axes that save the most and fit together.")
+    c = result.config
+    lines.append(f"<b>Each rank holds</b> {_share(c.heads, c.tp)} of the {c.heads} heads and {_share(c.layers, c.pp)} of "
+                 f"the {c.layers} layers (tp {c.tp}, pp {c.pp}): heads change who computes what, not the bytes above.")
     top = result.by_time[0]
     if most != top:
         lines.append(f"{most.upper()} moves the most bytes, yet {top.upper()} costs the most time: bytes alone do "

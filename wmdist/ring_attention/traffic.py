@@ -49,7 +49,7 @@ class TrafficConfig:
     world_size: int = knob(8, "N ranks", options=(1, 2, 4, 8, 16, 32, 64))
     block_size: int = knob(512, "score tile (rows)", options=(16, 32, 64, 128, 256, 512, 1024, 2048))
     batch: int = knob(1, "batch (sequences)", options=(1, 2, 4, 8, 16))
-    dtype: str = knob("bfloat16", "dtype", options=tuple(DTYPE_BYTES))
+    dtype: str = knob("bfloat16", "dtype", options=("float32", "bfloat16", "float16"))   # by size: a step changes bytes
     causal: bool = knob(True, "causal mask")
     device: str = knob("A100 SXM, NVLink 3", "device, link", options=tuple(DEVICES))
     flops: float = knob(1e11, "custom F (FLOP/s)", low=1e8, high=1e16, log=True, step=0.1, fmt=".3s")
