@@ -217,7 +217,8 @@ def denoise_by_shards(model: Denoiser, x: torch.Tensor, t: float | torch.Tensor,
 
 
 def shard_tolerance(cfg: DenoiserConfig, output: torch.Tensor) -> float:
-    """Allowed max |pieces - whole| for one evaluation with output `output`, split by tokens or by samples.
+    """A first-order allowance for max |pieces - whole| in one evaluation with output `output`, split by tokens
+    or by samples (an allowance, not a proven bound: see the two assumptions at the end).
 
     Sharding the tokens (`denoise_by_shards`) or slicing the batch changes
     no operation: every layer is token-wise except attention, which sees all
@@ -234,7 +235,8 @@ def shard_tolerance(cfg: DenoiserConfig, output: torch.Tensor) -> float:
     n = max(S, D, hidden, C) terms. Taking each later layer's gain as at most
     one (layer norms keep activations at unit scale, weights are scaled by
     1/sqrt(fan-in)) and partial sums at most max(1, max|output|) gives the
-    bound.
+    allowance. Both are assumptions about this model, not theorems: a layer
+    with gain above one, or cancellation inside a sum, could exceed it.
     """
     n = max(cfg.tokens, cfg.dim, cfg.hidden, cfg.channels)
     return 8 * reordered_sum_bound(n, max(1.0, float(output.abs().max())))

@@ -9,8 +9,10 @@ The longest such sum has K = max(3H, F, B*T) terms (QKV's output features,
 the MLP's hidden width, the tokens of a batch). Two orders of one K-term sum
 differ by at most 2(K-1) u times its largest partial sum
 (`costs.reordered_sum_bound`, u = 2^-24); we take that partial sum to be at
-most max|X| of the compared tensor X. This is a first-order bound: it does
-not add up how LayerNorm or softmax pass an earlier difference on. The
+most max|X| of the compared tensor X. That makes it a first-order allowance,
+not a bound: it assumes no cancellation (a partial sum can exceed max|X|),
+and it does not add up how LayerNorm or softmax pass an earlier difference
+on. The
 measured differences are a few ulps of max|X|; a wrong slice or a missing
 or doubled reduction changes results by about max|X|.
 """
@@ -24,7 +26,8 @@ from wmdist.costs.tensor_parallel import OPS, BlockShape, Collective
 from wmdist.report import Check, Count, close_check, max_abs_error
 from wmdist.tensor_parallel.layers import Measured
 
-WHY = "float32 sums regrouped by rank: 2(K-1) 2^-24 max|X|, K = max(3H, F, B*T) terms"
+WHY = ("first-order allowance for float32 sums regrouped by rank: 2(K-1) 2^-24 max|X|, K = max(3H, F, B*T) "
+       "terms (assumes partial sums within max|X|)")
 
 
 def reordered_terms(shape: BlockShape) -> int:
@@ -33,7 +36,8 @@ def reordered_terms(shape: BlockShape) -> int:
 
 
 def tolerance(reference: torch.Tensor, terms: int) -> float:
-    """2(K-1) u max|reference|: a K-term sum in another order, partial sums below max|reference|."""
+    """2(K-1) u max|reference|: a K-term sum in another order, partial sums taken below max|reference| (a
+    first-order allowance)."""
     return reordered_sum_bound(terms, float(reference.abs().max()))
 
 
