@@ -26,9 +26,9 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, barrier
+from wmdist.experiment import Experiment, Verdict
 from wmdist.models import WorldModelConfig, flat_grads, make_batch, make_model, shard_batch
-from wmdist.report import Demo, Report, close_check, counts_per_rank
-from wmdist.runtime import run
+from wmdist.report import Report, close_check, counts_per_rank
 from wmdist.spans import Overlap, Span, overlap
 
 BIG_CONFIG = WorldModelConfig(obs_dim=64, action_dim=4, latent_dim=128)   # 49,921 parameters
@@ -80,13 +80,22 @@ def _launch(ctx: Context, k: int, params: list[torch.Tensor], bucket: list[int],
     return entry
 
 
-def bucketed_backward(ctx: Context, spec: BucketSpec, warmup: int = 1) -> dict:
-    """Rank function: forward + backward with per-bucket async all-reduce; times the last pass.
+@dataclass(frozen=True)
+class BucketRank:
+    """One rank's bucketed backward: its gradients three ways, the bucket layout, the timed pass, its ledger."""
+    bucketed: torch.Tensor                   # (P,) averaged bucket by bucket during backward
+    local: torch.Tensor                      # (P,) this rank's own gradient
+    flat: torch.Tensor                       # (P,) the same local gradients averaged by one flat all-reduce
+    buckets: list[list[int]]                 # parameter indices per bucket
+    spans: list[Span]                        # the timed pass
+    bucket_rounds: int                       # bucket all-reduces (warm-up + timed pass)
+    bucket_bytes: int                        # their payload bytes
 
-    Returns the averaged gradient (P,), this rank's local gradient (P,), the
-    same local gradient averaged by one flat all-reduce (no buckets), the
-    bucket layout and the spans of the timed pass.
-    """
+
+def bucketed_backward(ctx: Context, spec: BucketSpec, warmup: int = 1) -> BucketRank:
+    """Rank function: forward + backward with per-bucket async all-reduce; times the last pass (counts from a fresh
+    ledger, so several layouts can run in one call)."""
+    ctx.ledger.reset()
     model = make_model(spec.seed, BIG_CONFIG)
     params = list(model.parameters())
     buckets = assign_buckets([p.numel() * p.element_size() for p in params], spec.cap_bytes)
@@ -134,8 +143,30 @@ def bucketed_backward(ctx: Context, spec: BucketSpec, warmup: int = 1) -> dict:
             pos += params[i].numel()
     flat = all_reduce(ctx, local.clone(), phase="no buckets") / ctx.world_size
     records = ctx.ledger.select("bucket ", kind="collective", prefix=True)
-    return {"bucketed": bucketed, "local": local, "flat": flat, "buckets": buckets, "spans": spans,
-            "bucket_rounds": len(records), "bucket_bytes": sum(r.bytes_sent for r in records)}
+    return BucketRank(bucketed, local, flat, buckets, spans, len(records), sum(r.bytes_sent for r in records))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BucketsSpec:
+    """The demo's layouts, decided before any process starts: one BucketSpec per cap, on `world_size` ranks."""
+    world_size: int
+    runs: tuple[BucketSpec, ...]
+
+    def __post_init__(self) -> None:
+        costs.require_int("world_size", self.world_size, 1)
+        if not self.runs:
+            raise ValueError("caps must name at least one bucket cap")
+
+
+@dataclass(frozen=True)
+class BucketRuns:
+    """One rank's BucketRank for each layout, in order."""
+    runs: tuple[BucketRank, ...]
+
+
+def bucket_runs(ctx: Context, spec: BucketsSpec) -> BucketRuns:
+    """Rank function: each layout's bucketed backward, one after the other."""
+    return BucketRuns(tuple(bucketed_backward(ctx, s) for s in spec.runs))
 
 
 @dataclass(frozen=True)
@@ -156,36 +187,48 @@ def sum_tolerance(locals_: list[torch.Tensor]) -> float:
     return costs.reordered_sum_bound(n, bound, extra_roundings=2) / n
 
 
-def buckets_demo(world_size: int, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> Report:
-    """One giant bucket vs small buckets: same gradients, different overlap with backward."""
-    n = costs.require_int("world_size", world_size, 1)
-    start = time.perf_counter()
-    outs = {cap: run(bucketed_backward, n, BucketSpec(cap_bytes=cap, seed=seed)) for cap in caps}
-    seconds = time.perf_counter() - start
+def buckets_spec(world_size: int, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> BucketsSpec:
+    """One giant bucket and small buckets (by default) on `world_size` ranks, checked."""
+    return BucketsSpec(world_size=world_size, runs=tuple(BucketSpec(cap_bytes=cap, seed=seed) for cap in caps))
+
+
+def compare_buckets(spec: BucketsSpec, results: list[BucketRuns]) -> Verdict:
+    """Each layout's bucketed gradient against one flat all-reduce and the float64 mean; rounds and bytes counted;
+    the timelines and their overlap for the figures."""
+    n = spec.world_size
     checks, exact, timelines, overlaps = [], [], {}, {}
     why = "float32 sums of N gradients in other orders: (N-1) roundings of partial sums, both ways"
-    sizes = [p.numel() * 4 for p in make_model(seed, BIG_CONFIG).parameters()]
-    for cap, out in outs.items():
-        locals_ = [o["local"] for o in out]
+    sizes = [p.numel() * 4 for p in make_model(spec.runs[0].seed, BIG_CONFIG).parameters()]
+    for layout, out in zip(spec.runs, zip(*(r.runs for r in results), strict=True), strict=True):
+        cap = layout.cap_bytes
+        locals_ = [o.local for o in out]
         mean64 = (torch.stack([g.double() for g in locals_]).sum(0) / n).float()
         tol = sum_tolerance(locals_)
         n_buckets = len(assign_buckets(sizes, cap))
         label = "1 bucket" if n_buckets == 1 else f"{n_buckets} buckets (cap {cap:,} B)"
-        checks += [close_check(f"{label}: bucketed gradient == one flat all-reduce (rank {r})", o["bucketed"],
-                               o["flat"], tol, why) for r, o in enumerate(out)]
+        checks += [close_check(f"{label}: bucketed gradient == one flat all-reduce (rank {r})", o.bucketed,
+                               o.flat, tol, why) for r, o in enumerate(out)]
         checks.append(close_check(f"{label}: bucketed gradient == float64 mean of local gradients",
-                                  out[0]["bucketed"], mean64, tol, why))
+                                  out[0].bucketed, mean64, tol, why))
         exact += counts_per_rank("bucket all-reduces (warm-up + timed pass)",
-                                 [o["bucket_rounds"] for o in out], [2 * n_buckets] * n, case=label)
+                                 [o.bucket_rounds for o in out], [2 * n_buckets] * n, case=label)
         exact += counts_per_rank("bucket payload bytes (warm-up + timed pass)",
-                                 [o["bucket_bytes"] for o in out], [2 * sum(sizes)] * n, case=label)
-        timelines[label] = [s for o in out for s in o["spans"]]
+                                 [o.bucket_bytes for o in out], [2 * sum(sizes)] * n, case=label)
+        timelines[label] = [s for o in out for s in o.spans]
         overlaps[label] = overlap(timelines[label])
-    return Report("dp-buckets", n, checks, exact, seconds,
-                  {"caps": list(caps), "numel": sum(sizes) // 4,
-                   "buckets": [len(assign_buckets(sizes, c)) for c in caps]},
-                  BucketTimelines(timelines, overlaps))
+    caps = [s.cap_bytes for s in spec.runs]
+    params = {"caps": caps, "numel": sum(sizes) // 4, "buckets": [len(assign_buckets(sizes, c)) for c in caps]}
+    return Verdict(checks=checks, exact=exact, params=params, data=BucketTimelines(timelines, overlaps))
 
 
-DEMOS = [Demo("dp-buckets", "Gradient buckets all-reduced during backward: timeline and overlap",
-              buckets_demo, world_sizes=(2, 4), chapter="01")]
+BUCKETS_DEMO = Experiment(name="dp-buckets", chapter="01", world_sizes=(2, 4), spec=buckets_spec,
+                          title="Gradient buckets all-reduced during backward: timeline and overlap",
+                          ranks=bucket_runs, compare=compare_buckets)
+
+
+def buckets_demo(world_size: int, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> Report:
+    """One giant bucket vs small buckets: same gradients, different overlap with backward."""
+    return BUCKETS_DEMO.run_spec(buckets_spec(world_size, caps, seed))
+
+
+DEMOS = [BUCKETS_DEMO]

@@ -7,7 +7,7 @@ single-process reference can draw the very same vectors.
 """
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 import torch
 
@@ -15,8 +15,8 @@ from wmdist import costs
 from wmdist.comm import Context, all_reduce, exchange, ring_all_reduce
 from wmdist.compare import bound_ratio
 from wmdist.exercises import Exercise
-from wmdist.report import Check, Demo, Report, close_check, counts_per_rank
-from wmdist.runtime import run
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Report, close_check, counts_per_rank
 
 DEFAULT_NUMEL = 100_003   # prime: no world size divides it, so chunk sizes differ
 
@@ -27,12 +27,35 @@ def rank_vector(rank: int, numel: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(numel, generator=g)          # (numel,)
 
 
-def ring_vs_builtin(ctx: Context, numel: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
+@dataclass(frozen=True, kw_only=True)
+class RingSpec:
+    """The comparison, decided before any process starts: N ranks, each reducing a `numel` vector seeded by rank."""
+    world_size: int
+    numel: int = DEFAULT_NUMEL
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        costs.require_int("world_size", self.world_size, 1)
+        costs.require_int("numel", self.numel, 1)
+        costs.require_int("seed", self.seed, 0)
+
+
+@dataclass(frozen=True)
+class RingRank:
+    """One rank's vector reduced by our ring and by gloo, and what its ledger shows."""
+    ours: torch.Tensor        # (numel,)
+    theirs: torch.Tensor      # (numel,)
+    bytes_sent: int           # both phases together
+    rounds: int
+
+
+def ring_vs_builtin(ctx: Context, spec: RingSpec) -> RingRank:
     """Rank function: the same vector reduced by our ring and by gloo."""
-    x = rank_vector(ctx.rank, numel, seed)
+    x = rank_vector(ctx.rank, spec.numel, spec.seed)
     ours = ring_all_reduce(ctx, x, phase="ring")
     theirs = all_reduce(ctx, x.clone(), phase="gloo")
-    return ours, theirs, ctx.ledger.totals()
+    totals = ctx.ledger.totals()
+    return RingRank(ours, theirs, totals["bytes_sent"], totals["rounds"])
 
 
 def reference_sum(world_size: int, numel: int, seed: int = 0) -> torch.Tensor:
@@ -55,30 +78,35 @@ def sum_bound(world_size: int, numel: int, seed: int = 0) -> torch.Tensor:
     return costs.reordered_sum_bound(world_size, 1.0, extra_roundings=1 if world_size > 1 else 0) * total
 
 
-def ring_allreduce_demo(world_size: int, numel: int = DEFAULT_NUMEL, seed: int = 0) -> Report:
-    """Run the comparison on `world_size` ranks and build its Report."""
-    costs.require_int("world_size", world_size, 1)
-    costs.require_int("numel", numel, 1)
-    start = time.perf_counter()
-    results = run(ring_vs_builtin, world_size, numel, seed)
-    seconds = time.perf_counter() - start
-    expected, bound = reference_sum(world_size, numel, seed), sum_bound(world_size, numel, seed)
+def compare_ring(spec: RingSpec, results: list[RingRank]) -> Verdict:
+    """Every rank's ring result against the float64 sum and gloo's, in units of the rounding bound; bytes and rounds
+    against 2(N-1)G/N and 2(N-1)."""
+    n, numel, seed = spec.world_size, spec.numel, spec.seed
+    expected, bound = reference_sum(n, numel, seed), sum_bound(n, numel, seed)
     why = "float32 sums in a different order: at most (2(N-1)+1) 2^-24 sum_r |x_r| per element; in units of that bound"
     checks = [Check(f"ring == single-process sum (rank {r}, in units of the rounding bound)",
-                    bound_ratio(out[0], expected, bound), 1.0, why) for r, out in enumerate(results)]
+                    bound_ratio(out.ours, expected, bound), 1.0, why) for r, out in enumerate(results)]
     checks += [Check("ring == gloo all_reduce (rank 0, in units of the rounding bound)",
-                     bound_ratio(results[0][0], results[0][1], bound), 1.0, why),
-               close_check("every rank holds the same ring result", [o[0] for o in results],
-                           [results[0][0]] * world_size, 0.0, "the all-gather copies one reduced chunk to all")]
-    exact = counts_per_rank("bytes sent", [o[2]["bytes_sent"] for o in results],
-                            [costs.ring_allreduce_bytes(numel, world_size, r) for r in range(world_size)])
-    exact += counts_per_rank("rounds", [o[2]["rounds"] for o in results],
-                             [costs.ring_allreduce_rounds(world_size)] * world_size)
-    return Report("ring-allreduce", world_size, checks, exact, seconds, {"numel": numel, "dtype": "float32"})
+                     bound_ratio(results[0].ours, results[0].theirs, bound), 1.0, why),
+               close_check("every rank holds the same ring result", [o.ours for o in results],
+                           [results[0].ours] * n, 0.0, "the all-gather copies one reduced chunk to all")]
+    exact = counts_per_rank("bytes sent", [o.bytes_sent for o in results],
+                            [costs.ring_allreduce_bytes(numel, n, r) for r in range(n)])
+    exact += counts_per_rank("rounds", [o.rounds for o in results], [costs.ring_allreduce_rounds(n)] * n)
+    return Verdict(checks=checks, exact=exact, params={"numel": numel, "dtype": "float32"})
 
 
-DEMOS = [Demo("ring-allreduce", "Ring all-reduce vs gloo's all_reduce vs the single-process sum",
-              ring_allreduce_demo, world_sizes=tuple(range(1, 9)), chapter="01")]
+RING_DEMO = Experiment(name="ring-allreduce", chapter="01", world_sizes=tuple(range(1, 9)),
+                       spec=lambda n: RingSpec(world_size=n), ranks=ring_vs_builtin, compare=compare_ring,
+                       title="Ring all-reduce vs gloo's all_reduce vs the single-process sum")
+
+
+def ring_allreduce_demo(world_size: int, numel: int = DEFAULT_NUMEL, seed: int = 0) -> Report:
+    """Run the comparison on `world_size` ranks and build its Report."""
+    return RING_DEMO.run_spec(RingSpec(world_size=world_size, numel=numel, seed=seed))
+
+
+DEMOS = [RING_DEMO]
 
 
 # --- exercise (chapter 00): pass a value one step around the ring ---------------------

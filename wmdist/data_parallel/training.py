@@ -141,17 +141,23 @@ def _skew_momentum(model: nn.Module, opt: torch.optim.Optimizer, rank: int) -> N
         opt.state[p]["momentum_buffer"] = 0.01 * torch.randn(p.shape, generator=g)
 
 
-def dp_train(ctx: Context, spec: TrainSpec) -> dict:
-    """Rank function: train `spec.steps` steps with gradients summed by the counted ring all-reduce.
+@dataclass(frozen=True)
+class DPRun:
+    """What one rank of a data-parallel run ends with."""
+    local_grad0: torch.Tensor            # (P,) its own shard's step-0 gradient, before the all-reduce
+    grad0: torch.Tensor                  # (P,) the synchronized step-0 gradient it applied
+    params: torch.Tensor                 # (P,) its parameters after the last step
+    running_mean: torch.Tensor | None    # its BatchNorm running mean (None without BatchNorm)
+    bytes_per_step: tuple[int, ...]      # ring bytes it sent in each step's gradient all-reduce
 
-    Returns the step-0 local and synchronized gradients, the final parameters,
-    the BatchNorm running mean (if any) and the ring bytes sent per step.
-    """
+
+def dp_train(ctx: Context, spec: TrainSpec) -> DPRun:
+    """Rank function: train `spec.steps` steps with gradients summed by the counted ring all-reduce."""
     model = make_model(spec.seed, WorldModelConfig(batchnorm=spec.batchnorm))
     opt = make_optimizer(model, spec)
     if spec.skew_momentum:
         _skew_momentum(model, opt, ctx.rank)
-    sizes, out, sent = spec.shard_sizes(ctx.world_size), {}, []
+    sizes, sent = spec.shard_sizes(ctx.world_size), []
     for step in range(spec.steps):
         shard = shard_batch(step_batch(spec, step), sizes, ctx.rank)
         n_total = global_count(ctx, shard, spec, step)
@@ -166,10 +172,37 @@ def dp_train(ctx: Context, spec: TrainSpec) -> dict:
         set_flat_grads(model, synced)
         opt.step()
         if step == 0:
-            out["local_grad0"], out["grad0"] = local, synced
+            local0, grad0 = local, synced
     norm = model.encoder.norm
-    out["running_mean"] = norm.running_mean.clone() if isinstance(norm, nn.BatchNorm1d) else None
-    return {**out, "params": flat_params(model), "bytes_per_step": sent}
+    running_mean = norm.running_mean.clone() if isinstance(norm, nn.BatchNorm1d) else None
+    return DPRun(local0, grad0, flat_params(model), running_mean, tuple(sent))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPSpecs:
+    """Data-parallel runs decided before any process starts: each TrainSpec, on `world_size` ranks, checked."""
+    world_size: int
+    runs: tuple[TrainSpec, ...]
+
+    def __post_init__(self) -> None:
+        for spec in self.runs:
+            spec.shard_sizes(self.world_size)        # a size list that does not fit N is refused here
+
+
+@dataclass(frozen=True)
+class DPRuns:
+    """What one rank ends each run of a DPSpecs with, in order."""
+    runs: tuple[DPRun, ...]
+
+
+def dp_runs(ctx: Context, specs: DPSpecs) -> DPRuns:
+    """Rank function: every run of `specs`, one after the other."""
+    return DPRuns(tuple(dp_train(ctx, spec) for spec in specs.runs))
+
+
+def by_run(results: list[DPRuns]) -> list[list[DPRun]]:
+    """The ranks' results regrouped: for each run, every rank's DPRun in rank order."""
+    return [list(runs) for runs in zip(*(r.runs for r in results), strict=True)]
 
 
 def single_process_train(spec: TrainSpec, perturb: tuple[list[torch.Tensor], int] | None = None) -> dict:

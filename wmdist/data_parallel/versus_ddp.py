@@ -8,19 +8,19 @@ another order, never bitwise: that is the point of chapter 01.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
+import torch
 from torch import nn
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, counted
 from wmdist.compare import bound_ratio
-from wmdist.data_parallel.training import (TrainSpec, dp_train, make_optimizer, param_tolerance,
+from wmdist.data_parallel.training import (DPRun, TrainSpec, dp_train, make_optimizer, param_tolerance,
                                            single_process_train, step_batch)
+from wmdist.experiment import Experiment, Verdict
 from wmdist.models import WorldModelConfig, flat_grads, flat_params, make_model, shard_batch
-from wmdist.report import Check, Demo, Report, close_check, counts_per_rank, exact_check, max_abs_error
-from wmdist.runtime import run
+from wmdist.report import Check, Report, close_check, counts_per_rank, exact_check, max_abs_error
 
 
 def _counted_allreduce_hook(ctx, bucket):   # no annotations: DDP rejects string (postponed) ones
@@ -30,7 +30,15 @@ def _counted_allreduce_hook(ctx, bucket):   # no annotations: DDP rejects string
     return pending.future().then(lambda f: f.value()[0])
 
 
-def ddp_train(ctx: Context, spec: TrainSpec) -> dict:
+@dataclass(frozen=True)
+class DDPRun:
+    """What one rank of the DDP run ends with."""
+    params: torch.Tensor          # (P,) after the last step
+    grad0: torch.Tensor           # (P,) DDP's averaged step-0 gradient
+    payload_bytes: int            # bytes its comm hook all-reduced, all steps
+
+
+def ddp_train(ctx: Context, spec: TrainSpec) -> DDPRun:
     """Rank function: the same run with torch's DistributedDataParallel doing the averaging."""
     model = make_model(spec.seed, WorldModelConfig(batchnorm=spec.batchnorm))
     state = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
@@ -52,7 +60,26 @@ def ddp_train(ctx: Context, spec: TrainSpec) -> dict:
         if step == 0:
             grad0 = flat_grads(model)                               # (P,) DDP's averaged gradient
         opt.step()
-    return {"params": flat_params(model), "grad0": grad0, "payload": ctx.ledger.totals("ddp/grads", kind="collective")}
+    return DDPRun(flat_params(model), grad0, ctx.ledger.totals("ddp/grads", kind="collective")["bytes_sent"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class VersusSpec:
+    """The comparison's run, decided before any process starts (train_spec_for): `train` on `world_size` ranks."""
+    world_size: int
+    train: TrainSpec
+
+
+@dataclass(frozen=True)
+class Both:
+    """One rank's run with our ring all-reduce, then with DDP."""
+    ours: DPRun
+    theirs: DDPRun
+
+
+def ours_and_ddp(ctx: Context, spec: VersusSpec) -> Both:
+    """Rank function: the same training run twice, our data parallelism first, then torch's DDP."""
+    return Both(dp_train(ctx, spec.train), ddp_train(ctx, spec.train))
 
 
 @dataclass(frozen=True)
@@ -92,15 +119,19 @@ def train_spec_for(world_size: int, spec: TrainSpec | None = None) -> TrainSpec:
     return spec if even or spec.weighting == "examples" else replace(spec, weighting="examples")
 
 
-def train_demo(world_size: int, spec: TrainSpec | None = None) -> Report:
-    """DP with the ring all-reduce vs one process on the whole batch vs DDP, after several steps."""
-    spec = train_spec_for(world_size, spec)
+def versus_spec(world_size: int, spec: TrainSpec | None = None) -> VersusSpec:
+    """train_spec_for(world_size, spec) on `world_size` ranks, its shards checked against N."""
+    train = train_spec_for(world_size, spec)
+    train.shard_sizes(world_size)
+    return VersusSpec(world_size=world_size, train=train)
+
+
+def compare_ddp(versus: VersusSpec, results: list[Both]) -> Verdict:
+    """Ours and DDP against one process on the whole batch, and each other; the ring bytes and DDP's payload."""
+    spec, world_size = versus.train, versus.world_size
+    ours, theirs = [r.ours for r in results], [r.theirs for r in results]
     sizes = tuple(spec.shard_sizes(world_size))
     even = len(set(sizes)) == 1
-    start = time.perf_counter()
-    ours = run(dp_train, world_size, spec)
-    theirs = run(ddp_train, world_size, spec)
-    seconds = time.perf_counter() - start
     ref = single_process_train(spec)
     bound, ptol = ref["grad_bounds"][0], param_tolerance(spec, ref)
     why_g = ("float32 sums of the same B*T row terms in another order: per entry at most "
@@ -108,32 +139,41 @@ def train_demo(world_size: int, spec: TrainSpec | None = None) -> Report:
     why_p = (f"measured: the reference moved by at most this when every gradient entry of its {spec.steps} "
              f"{spec.optimizer} steps was perturbed by its full rounding bound")
     checks = [Check("step-0 gradient == full-batch gradient (in units of the rounding bound)",
-                    bound_ratio(ours[0]["grad0"], ref["grad0"], bound), 1.0, why_g),
-              close_check("final parameters == single process (rank 0)", ours[0]["params"], ref["params"], ptol, why_p),
-              exact_check("every rank holds the same parameters", [o["params"] for o in ours],
-                          [ours[0]["params"]] * world_size, "all ranks apply the same all-gathered sum")]
+                    bound_ratio(ours[0].grad0, ref["grad0"], bound), 1.0, why_g),
+              close_check("final parameters == single process (rank 0)", ours[0].params, ref["params"], ptol, why_p),
+              exact_check("every rank holds the same parameters", [o.params for o in ours],
+                          [ours[0].params] * world_size, "all ranks apply the same all-gathered sum")]
     if even:
-        checks += [close_check("final parameters == DDP (rank 0)", ours[0]["params"], theirs[0]["params"], ptol, why_p),
-                   close_check("DDP final parameters == single process", theirs[0]["params"], ref["params"], ptol,
+        checks += [close_check("final parameters == DDP (rank 0)", ours[0].params, theirs[0].params, ptol, why_p),
+                   close_check("DDP final parameters == single process", theirs[0].params, ref["params"], ptol,
                                why_p)]
     else:
         checks += [Check(f"DDP's plain mean on uneven shards {'/'.join(map(str, sizes))} is WRONG: step-0 gradient "
                          "vs full batch (in units of the rounding bound)",
-                         bound_ratio(theirs[0]["grad0"], ref["grad0"], bound), 1000.0,
+                         bound_ratio(theirs[0].grad0, ref["grad0"], bound), 1000.0,
                          "DDP divides the sum by N whatever each rank's example count: a different gradient, "
                          "more than 1000x what reordering can explain at some entry", must_differ=True)]
     numel = ref["params"].numel()
     exact = [c for s in range(spec.steps) for c in counts_per_rank(
-        "ring bytes sent", [o["bytes_per_step"][s] for o in ours],
+        "ring bytes sent", [o.bytes_per_step[s] for o in ours],
         [costs.ring_allreduce_bytes(numel, world_size, r) for r in range(world_size)], step=s)]
-    exact += counts_per_rank("DDP bucket payload bytes", [t["payload"]["bytes_sent"] for t in theirs],
+    exact += counts_per_rank("DDP bucket payload bytes", [t.payload_bytes for t in theirs],
                              [spec.steps * numel * 4] * world_size, phase="ddp/grads")
-    data = TrainComparison(max_abs_error(ours[0]["params"], ref["params"]),
-                           max_abs_error(theirs[0]["params"], ref["params"]), sizes, spec.weighting)
-    return Report("dp-train", world_size, checks, exact, seconds,
-                  {"steps": spec.steps, "batch_size": spec.batch_size, "optimizer": spec.optimizer,
-                   "numel": numel, "weighting": spec.weighting, "shard_sizes": list(sizes)}, data)
+    data = TrainComparison(max_abs_error(ours[0].params, ref["params"]),
+                           max_abs_error(theirs[0].params, ref["params"]), sizes, spec.weighting)
+    params = {"steps": spec.steps, "batch_size": spec.batch_size, "optimizer": spec.optimizer, "numel": numel,
+              "weighting": spec.weighting, "shard_sizes": list(sizes)}
+    return Verdict(checks=checks, exact=exact, params=params, data=data)
 
 
-DEMOS = [Demo("dp-train", "Data parallel (ring all-reduce) vs one process vs DDP, 3 SGD steps",
-              train_demo, world_sizes=(1, 2, 3, 4), chapter="01")]
+TRAIN_DEMO = Experiment(name="dp-train", chapter="01", world_sizes=(1, 2, 3, 4), spec=versus_spec,
+                        title="Data parallel (ring all-reduce) vs one process vs DDP, 3 SGD steps",
+                        ranks=ours_and_ddp, compare=compare_ddp)
+
+
+def train_demo(world_size: int, spec: TrainSpec | None = None) -> Report:
+    """DP with the ring all-reduce vs one process on the whole batch vs DDP, after several steps."""
+    return TRAIN_DEMO.run_spec(versus_spec(world_size, spec))
+
+
+DEMOS = [TRAIN_DEMO]
