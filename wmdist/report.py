@@ -223,8 +223,10 @@ def differ_check(name: str, got: Any, expected: Any, at_least: float, reason: st
 
 @dataclass(frozen=True)
 class Demo:
-    """A registered experiment: `run(world_size)` returns a Report.
+    """A registered experiment written out by hand: `run(world_size)` returns a Report.
 
+    The shape the chapters not yet built on `experiment.Experiment` still use
+    (their `run` validates, times, calls `runtime.run` and builds the Report).
     `world_sizes` are the sizes `wmdist verify` runs by default; `min_world_size`
     is the smallest it makes sense at (a demo comparing ranks needs two) and
     `max_world_size` the largest (None: no limit of its own; 1 for a
