@@ -40,11 +40,14 @@ def timeline_figure(spans: Iterable[Span], title: str = "", row_label: str = "ra
     else:
         fig = ax.figure
     kinds: dict[str, None] = {}
+    extent = (max((s.end for s in spans), default=1.0) - min((s.start for s in spans), default=0.0)) * scale
     for s in spans:
         kinds[s.kind] = None
         low, height = LANES.get(s.kind, (0.5, 0.45))
+        color = palette.get(s.kind, "0.5")
+        thin = s.duration * scale < 0.004 * extent       # a black edge would turn a short bar into a grey tick
         ax.broken_barh([(s.start * scale, max(s.duration * scale, 1e-9))], (s.row + low - 0.5, height),
-                       facecolors=palette.get(s.kind, "0.5"), edgecolor="k", linewidth=0.3)
+                       facecolors=color, edgecolor=color if thin else "k", linewidth=0.3)
     ax.set_yticks(rows, [f"{row_label} {r}" for r in rows])
     ax.set_ylim(max(rows, default=0) + 0.6, min(rows, default=0) - 0.6)
     ax.set_xlabel(f"time ({unit})")
