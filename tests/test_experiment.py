@@ -64,6 +64,8 @@ def test_world_sizes_the_spec_refuses_cannot_be_registered(no_processes):
         pairs(world_sizes=(2, 3))
     with pytest.raises(ValueError, match="a name and at least one world size"):
         pairs(world_sizes=())
+    with pytest.raises(ValueError, match="toy-pairs.*its spec for 2 rank.*runs on 4"):
+        pairs(spec=lambda n: Pairs(2 * n))                            # the runner would start the wrong number
 
 
 def test_the_runner_runs_the_specs_size_and_names_the_report_once(one_thread):
@@ -98,3 +100,13 @@ def test_verify_tells_a_refused_size_from_a_demo_that_breaks(monkeypatch, one_th
     assert [r.name for r in reports] == list(demos) and by_name["toy-pairs"].passed and by_name["toy-legacy"].passed
     assert not by_name["toy-broken"].passed and "a bug after the spec accepted" in by_name["toy-broken"].error
     assert not by_name["toy-nan"].passed and by_name["toy-nan"].error is None
+
+
+def test_the_converted_chapters_are_typed_through_and_through(no_processes):
+    """Chapters 01, 05 and 09 (docs/architecture.md) register only Experiments, each accepting its declared sizes."""
+    typed = {}
+    for demo in registry_module.registry().values():
+        typed.setdefault(demo.chapter, set()).add(isinstance(demo, Experiment))
+        if isinstance(demo, Experiment):
+            assert all(demo.spec(n).world_size == n for n in demo.world_sizes)
+    assert all(typed[c] == {True} for c in ("01", "05", "09"))

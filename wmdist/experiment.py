@@ -80,6 +80,14 @@ class Experiment(Generic[S, R]):
         refused = [why for n in self.world_sizes if (why := self.refuses(n))]
         if refused:
             raise ValueError(f"experiment {self.name!r} lists world sizes its spec refuses: {'; '.join(refused)}")
+        for n in self.world_sizes:
+            self._sized(self.spec(n), n)
+
+    def _sized(self, spec: S, world_size: int) -> S:
+        """`spec`, once it is seen to run on the `world_size` ranks it was built for (a demo bug otherwise)."""
+        if spec.world_size != world_size:
+            raise ValueError(f"experiment {self.name!r}: its spec for {world_size} rank(s) runs on {spec.world_size}")
+        return spec
 
     def refuses(self, world_size: int) -> str | None:
         """Why this experiment cannot run on `world_size` ranks (its spec's ValueError, named), or None.
@@ -95,7 +103,7 @@ class Experiment(Generic[S, R]):
     def run(self, world_size: int, progress: Progress | None = None) -> Report:
         """The registered run on `world_size` ranks: `spec(world_size)` (refused here, before any process), then
         `run_spec`."""
-        return self.run_spec(self.spec(world_size), progress)
+        return self.run_spec(self._sized(self.spec(world_size), world_size), progress)
 
     def run_spec(self, spec: S, progress: Progress | None = None) -> Report:
         """Run `ranks` on `spec.world_size` ranks, compare, and return the Report named `self.name`.
