@@ -72,7 +72,6 @@ class MemoryPanel(Panel):
         custom = params is not None or config is not None
         self.preset = W.Dropdown(options=[CUSTOM, *PRESETS], value=CUSTOM if custom else "gpt3-6.7b",
                                  description="model preset", style=style, layout=width)
-        self._applying = False
         extra = {"preset": self.preset,
                  "capacity_gb": W.FloatText(value=80.0, description="device capacity (GB)", style=style, layout=width),
                  "binary": W.Checkbox(value=False, description="binary units (GiB)", indent=False, layout=width)}
@@ -92,24 +91,20 @@ class MemoryPanel(Panel):
         """Set the model fields of a published shape (params, layers, sequence, activation bytes) at once."""
         if name == CUSTOM:
             return
-        self._applying = True
-        try:
+        with self.holding():
             for field, value in preset_fields(name, self.controls["seq_len"].value or None).items():
                 self.controls[field].value = value
-        finally:
-            self._applying = False
         self.update()
 
     def _changed(self, name: str, change: dict) -> None:
-        if self._applying:
+        if self._holding:
             return
         if name == "preset":
             self.apply_preset(change["new"])
             return
         if name in ("params", "layers") and self.preset.value != CUSTOM:
-            self._applying = True                   # the shape no longer is the preset's
-            self.preset.value = CUSTOM
-            self._applying = False
+            with self.holding():                    # the shape no longer is the preset's
+                self.preset.value = CUSTOM
         super()._changed(name, change)
 
     def compute(self, config: MemoryConfig) -> Breakdown:

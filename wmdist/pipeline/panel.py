@@ -42,7 +42,6 @@ class BubblePanel(Panel):
 
     def __init__(self, config: BubbleConfig | None = None):
         self.curves: dict = {}          # simulated curve points of this panel, so a slider move adds one
-        self._syncing = False
         super().__init__(config or BubbleConfig())
         self._only_interleaved_has_chunks()
 
@@ -51,14 +50,11 @@ class BubblePanel(Panel):
         v = self.controls["chunks"]
         v.disabled = self.controls["schedule"].value != "interleaved"
         if v.disabled and v.value != 1:
-            self._syncing = True
-            v.value = 1
-            self._syncing = False
+            with self.holding():
+                v.value = 1
 
     def _changed(self, name: str, change: dict) -> None:
-        if self._syncing:
-            return
-        if name == "schedule":
+        if name == "schedule" and not self._holding:
             self._only_interleaved_has_chunks()
         super()._changed(name, change)
 

@@ -38,9 +38,9 @@ class TrafficPanel(Panel):
                       "machine": ("device", "flops", "link")}
 
     def __init__(self, config: TrafficConfig | None = None):
-        self._syncing = False
         super().__init__(config or TrafficConfig())
-        self._show_device(self.controls["device"].value)
+        with self.holding():
+            self._show_device(self.controls["device"].value)
 
     def views(self) -> list[View]:
         return [View("bytes per rank", lambda fig, c, r: draw_sent(fig, c, r, self.measured)),
@@ -60,16 +60,13 @@ class TrafficPanel(Panel):
             s.value = min(max(value, s.base ** s.min), s.base ** s.max)
 
     def _changed(self, name: str, change: dict) -> None:
-        if self._syncing:
+        if self._holding:
             return
-        self._syncing = True
-        try:
+        with self.holding():
             if name == "device":
                 self._show_device(change["new"])
             elif name in ("flops", "link") and self.controls["device"].value != CUSTOM:
                 self.controls["device"].value = CUSTOM
-        finally:
-            self._syncing = False
         super()._changed(name, change)
 
     def compute(self, config: TrafficConfig) -> TrafficResult:

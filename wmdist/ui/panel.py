@@ -34,19 +34,19 @@ import base64
 import dataclasses
 import html
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import ipywidgets as W
 from matplotlib.figure import Figure
 
 from wmdist.ui.controls import CONTROL_WIDTH, controls_for
+from wmdist.ui.layout import WRAP, panel_layout
 from wmdist.ui.prefetch import Prefetcher, candidates
 from wmdist.ui.render import FONT, canvas_figure, img_html, to_png
 
 Progress = Callable[[int, int, str], None]
-WRAP = "white-space: normal; overflow-wrap: break-word; line-height: 1.4"
-LEFT_WIDTH = "23em"
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class Panel:
         self._ahead: dict[str, Figure] = {}    # the prefetcher's own figures (it runs on another thread)
         self.prefetch = Prefetcher()
         self._moved: tuple[str | None, bool] = (None, True)    # the control that changed last, and which way
+        self._holding = 0                      # > 0: controls are being set together, one update comes after
         self.selector = W.ToggleButtons(options=list(self._views), value=next(iter(self._views)),
                                         style={"button_width": "auto"},
                                         layout=W.Layout(display=None if len(self._views) > 1 else "none"))
@@ -103,36 +104,12 @@ class Panel:
         for name, c in [*self.controls.items(), *self.extra.items()]:
             c.observe(lambda change, name=name: self._changed(name, change), names="value")
         self.selector.observe(lambda _change: self.redraw(), names="value")
-        self.widget = self._layout(top_widgets or [], extra_widgets or [])
+        self.widget = panel_layout(self, top_widgets or [], extra_widgets or [])
         for w, name in ((self.widget, "panel"), (self.summary, "summary"), (self.status, "status"),
                         (self.figure_box, "figure"), (self.run_button, "run"), (self.progress, "progress"),
                         (self.selector, "views"), (self.details_box, "details")):
             w.add_class(f"wmdist-{name}")        # stable hooks for the real-browser test
         self.update()
-
-    def _layout(self, top: list[W.Widget], extra_widgets: list[W.Widget]) -> W.Box:
-        """Controls (grouped in tabs when there are many) and the run box in a fixed-width column on the left;
-        the view buttons, the figure at its own size and the key numbers on the right; details folded below."""
-        knobs = [*self.controls.values(), *self.extra.values()]
-        if self.control_groups:
-            by_name = {**self.controls, **self.extra}
-            grouped = {n for names in self.control_groups.values() for n in names}
-            missing = [n for n in by_name if n not in grouped]
-            if missing:
-                raise ValueError(f"control_groups leaves out {missing}: every control must be reachable")
-            for c in by_name.values():               # a tab page is narrower than the column by its padding
-                c.layout.width = "97%"
-            pages = [W.VBox([by_name[n] for n in names]) for names in self.control_groups.values()]
-            knob_box: list[W.Widget] = [W.Tab(children=pages, titles=tuple(self.control_groups))]
-        else:
-            knob_box = knobs
-        hint = W.HTML(f"<div style='{WRAP}; color:#333'><b>Try first:</b> {self.hint}</div>" if self.hint else "")
-        left = W.VBox([*top, *knob_box, self.run_button, *extra_widgets, self.progress, self.status],
-                      layout=W.Layout(width=LEFT_WIDTH, min_width=LEFT_WIDTH, flex="0 0 auto"))
-        right = W.VBox([self.selector, self.figure_box, self.summary],
-                       layout=W.Layout(flex="1 1 auto", min_width="0", overflow="visible"))
-        row = W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start", grid_gap="0.8em"))
-        return W.VBox([hint, row, self.details_box], layout=W.Layout(width="100%"))
 
     # --- what a subclass supplies ----------------------------------------------------
 
@@ -174,7 +151,19 @@ class Panel:
             self._stale = False
         return self._shown
 
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Set several controls at once (a preset, a coupled control) without an update per change; the caller
+        updates once afterwards, or lets the change that started it do so."""
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+
     def _changed(self, name: str, change: dict) -> None:
+        if self._holding:
+            return
         old, new = change["old"], change["new"]
         try:
             forward = bool(new > old)

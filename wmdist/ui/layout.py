@@ -1,0 +1,39 @@
+"""Where a panel's parts go on screen: a control column on the left, the picture and its numbers on the right.
+
+Sized for a laptop: in a 1366 x 768 window with JupyterLab's file browser
+open, a panel's output area is about 930 px wide, so the controls take a
+23em column (in tabs when there are many) and the figure (600 px) and the key
+numbers share the rest; details are folded below; every panel stays under
+700 px tall.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as W
+
+WRAP = "white-space: normal; overflow-wrap: break-word; line-height: 1.4"
+LEFT_WIDTH = "23em"
+
+
+def panel_layout(panel: Any, top: list[W.Widget], extra_widgets: list[W.Widget]) -> W.Box:
+    """The widget tree of `panel` (a ui.Panel): hint; controls and run box | view buttons, figure, numbers;
+    details. With `panel.control_groups`, every control must sit in one of the tabs."""
+    knobs: list[W.Widget] = [*panel.controls.values(), *panel.extra.values()]
+    if panel.control_groups:
+        by_name = {**panel.controls, **panel.extra}
+        grouped = {n for names in panel.control_groups.values() for n in names}
+        missing = [n for n in by_name if n not in grouped]
+        if missing:
+            raise ValueError(f"control_groups leaves out {missing}: every control must be reachable")
+        for c in by_name.values():               # a tab page is narrower than the column by its padding
+            c.layout.width = "97%"
+        pages = [W.VBox([by_name[n] for n in names]) for names in panel.control_groups.values()]
+        knobs = [W.Tab(children=pages, titles=tuple(panel.control_groups))]
+    hint = W.HTML(f"<div style='{WRAP}; color:#333'><b>Try first:</b> {panel.hint}</div>" if panel.hint else "")
+    left = W.VBox([*top, *knobs, panel.run_button, *extra_widgets, panel.progress, panel.status],
+                  layout=W.Layout(width=LEFT_WIDTH, min_width=LEFT_WIDTH, flex="0 0 auto"))
+    right = W.VBox([panel.selector, panel.figure_box, panel.summary],
+                   layout=W.Layout(flex="1 1 auto", min_width="0", overflow="visible"))
+    row = W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start", grid_gap="0.8em"))
+    return W.VBox([hint, row, panel.details_box], layout=W.Layout(width="100%"))
