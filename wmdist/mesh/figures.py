@@ -7,7 +7,7 @@ from matplotlib.ticker import LogLocator
 
 from wmdist.costs.mesh import AXES
 from wmdist.memory.footprint import format_bytes
-from wmdist.mesh.demos import MeshRun
+from wmdist.mesh.spec import MeshRun
 from wmdist.mesh.patterns import PATTERNS, PatternsResult, Placement
 from wmdist.ui.render import FONT, SMALL, axes_grid, eng_axis
 

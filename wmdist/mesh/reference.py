@@ -12,12 +12,13 @@ some float32 sums changes:
 So every entry is a K-term sum in another order, K = max(3H, F, B*T), and
 two orders differ by at most 2(K-1) u times the largest partial sum
 (costs.reordered_sum_bound, u = 2^-24), which we take to be max|X| of the
-compared tensor X: chapter 04's rule (tensor_parallel.compare). It is first
-order: it does not add up how later layers pass an earlier difference on.
+compared tensor X: chapter 04's rule (tensor_parallel.compare). It is a
+first-order allowance, not a bound: it assumes no cancellation, and it does
+not add up how later layers pass an earlier difference on.
 The parameters after one SGD step (momentum buffer = gradient on the first
 step) inherit lr times that, plus two roundings of p - lr g on each side.
 The loss is a mean of B*T*O squared errors: reordered, plus, to first
-order, 2 sqrt(loss) times the predictions' own bound (Cauchy-Schwarz:
+order, 2 sqrt(loss) times the predictions' own allowance (Cauchy-Schwarz:
 mean |e| <= sqrt(mean e^2)). A wrong slice, a missing or doubled sum, or a
 token seen by the wrong position changes results by about max|X| instead.
 """
@@ -37,7 +38,8 @@ from wmdist.mesh.step import Momentum, RankStep
 from wmdist.models import make_batch
 from wmdist.report import Check, max_abs_error
 
-PARAM_WHY = "lr x the gradient's bound, plus p - lr g rounded twice on each side: 2 2^-24 (lr max|g| + max|p|)"
+PARAM_WHY = ("lr x the gradient's first-order allowance, plus p - lr g rounded twice on each side: "
+             "2 2^-24 (lr max|g| + max|p|)")
 WHY = "float32 sums regrouped by tp, cp, dp and microbatch: 2(K-1) 2^-24 max|X|, K = max(3H, F, B*T) (first order)"
 
 
@@ -55,12 +57,12 @@ class Reference:
         return reordered_sum_bound(self.terms, float(want.abs().max()))
 
     def param_tolerance(self, lr: float, grad: torch.Tensor, want: torch.Tensor) -> float:
-        """lr times the gradient's bound, plus p - lr g rounded (twice) on each side."""
+        """lr times the gradient's first-order allowance, plus p - lr g rounded (twice) on each side."""
         u = FLOAT32_ROUNDOFF
         return lr * self.grad_tolerance(grad) + 2 * u * (lr * float(grad.abs().max()) + float(want.abs().max()))
 
     def loss_tolerance(self, batch: int, seq_len: int, obs_dim: int) -> float:
-        """B*T*O positive terms reordered, plus 2 sqrt(loss) times the predictions' first-order bound."""
+        """B*T*O positive terms reordered, plus 2 sqrt(loss) times the predictions' first-order allowance."""
         return (reordered_sum_bound(batch * seq_len * obs_dim, self.loss)
                 + 2 * math.sqrt(self.loss) * reordered_sum_bound(self.terms, self.pred_abs))
 
@@ -114,7 +116,8 @@ def agreement(spec: MeshSpec, ref: Reference, runs: list[RankStep]) -> list[Chec
     return [
         Check("loss (sum of the last stage's shares) == single device", abs(loss - ref.loss),
               ref.loss_tolerance(spec.batch, spec.seq_len, mine[0].cfg.obs_dim),
-              "B*T*O squared errors summed in another order, plus 2 sqrt(loss) x the predictions' bound"),
+              "B*T*O squared errors summed in another order, plus 2 sqrt(loss) x the predictions' "
+              "first-order allowance"),
         _worst("every gradient", [r.grads for r in runs], want_g, lambda r, n, w: ref.grad_tolerance(w), WHY),
         _worst("every parameter after the step", [r.params for r in runs], want_p,
                lambda r, n, w: ref.param_tolerance(spec.lr, want_g[r][n], w), PARAM_WHY),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from wmdist.costs.mesh import AXES
-from wmdist.mesh.demos import MeshRun
+from wmdist.mesh.spec import MeshRun
 from wmdist.mesh.patterns import PATTERNS
 from wmdist.mesh.step import HELD
 

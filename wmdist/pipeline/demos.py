@@ -123,8 +123,9 @@ def compare_forward(plans: Plans, results: list[StageRuns]) -> Verdict:
     ref = reference(work, M, gradients=False)
     output = runs[-1].outputs
     checks = [exact_check("pipeline output == single-device model", output, ref.output,
-                          "every operation acts on each token row alone: splitting the batch into microbatches "
-                          "and the layers into stages changes no arithmetic")]
+                          "recorded on this build, not promised: microbatches hold whole trajectories (attention "
+                          "mixes rows only within one), and this build's matrix kernels keep their summation "
+                          "order for fewer rows")]
     exact = boundary_counts(schedule, runs, work, "forward")
     total = sum(r.transfers["activation sends"] for r in runs)
     exact.append(Count("activation transfers, all ranks (M(P-1))", 0, total, pcosts.boundary_transfers(P, M),

@@ -14,7 +14,7 @@ from matplotlib.patches import Patch
 
 from wmdist.costs import pipeline as pcosts
 from wmdist.pipeline.bubble import BubbleView
-from wmdist.pipeline.measure import ImbalanceCurve, MeasuredBubble
+from wmdist.pipeline.results import ImbalanceCurve, MeasuredBubble
 from wmdist.pipeline.schedules import FORWARD, format_token
 from wmdist.spans import Span
 from wmdist.ui.render import DPI, FONT, SMALL, axes_grid, integer_axis, log2_axis

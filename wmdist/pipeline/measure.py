@@ -18,9 +18,7 @@ every step); `measure_bubble` keeps one call per step, for a progress bar.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
 from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
@@ -29,34 +27,13 @@ from wmdist.experiment import Experiment, Verdict
 from wmdist.pipeline.demos import Plans, StageRuns, by_case, plans_rank
 from wmdist.pipeline.executor import StageRun, run_pipeline
 from wmdist.pipeline.plan import PipeWork, require_world, slow_stage_work
+from wmdist.pipeline.results import ImbalanceCurve, MeasuredBubble   # noqa: F401 - re-exported: the records live there
 from wmdist.pipeline.schedules import MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.simulate import simulate, spans
 from wmdist.report import Report, close_check, differ_check
 from wmdist.spans import Span
 
 Progress = Callable[[int, int, str], None]
-
-
-@dataclass(frozen=True)
-class MeasuredBubble:
-    """Timed steps of one schedule on P ranks: every step's spans, idle fractions, and the ideal-time prediction."""
-    schedule: Schedule
-    work: PipeWork
-    timelines: tuple[tuple[Span, ...], ...]     # timelines[k]: all ranks' action spans of step k, seconds from its start
-    idle: tuple[float, ...]                     # idle[k]: 1 - busy / (P * makespan) of step k
-    ideal: tuple[Span, ...]                     # the ideal-time timeline for the same stage times (seconds)
-    predicted: float                            # its idle fraction
-
-    @property
-    def median_idle(self) -> float:
-        """The median idle fraction over the timed steps (robust to one step disturbed by the machine)."""
-        return statistics.median(self.idle)
-
-    @property
-    def median_timeline(self) -> tuple[Span, ...]:
-        """The spans of the step whose idle fraction is the median (for a Gantt chart)."""
-        k = sorted(range(len(self.idle)), key=lambda i: self.idle[i])[(len(self.idle) - 1) // 2]
-        return self.timelines[k]
 
 
 def idle_fraction(timeline: tuple[Span, ...] | list[Span], ranks: int) -> float:
@@ -200,17 +177,6 @@ BUBBLE_DEMO = Experiment(name="pp-bubble", chapter="05", world_sizes=(1, 2, 4), 
 def bubble_demo(world_size: int, microbatches: int | None = None) -> Report:
     """The text's balanced forward pipeline, timed: measured idle fraction vs (P-1)/(M+P-1), M = 2P by default."""
     return BUBBLE_DEMO.run_spec(bubble_spec(world_size, microbatches))
-
-
-@dataclass(frozen=True)
-class ImbalanceCurve:
-    """Idle fraction against M with one stage twice as slow: measured, ideal time, balanced formula."""
-    microbatches: tuple[int, ...]
-    measured: tuple[float, ...]                  # median of 3 timed steps each
-    predicted: tuple[float, ...]                 # ideal time with the same (unequal) stage times
-    balanced: tuple[float, ...]                  # (P-1)/(M+P-1)
-    limit: float                                 # 1 - mean/max stage time: where the idle fraction levels off
-    runs: tuple[MeasuredBubble, ...]
 
 
 def imbalance_spec(world_size: int, microbatches: tuple[int, ...] = (4, 16, 32)) -> Plans:
