@@ -163,6 +163,12 @@ class Report:
         d["passed"] = self.passed
         return d
 
+    def __repr__(self) -> str:
+        """One line (a notebook's plain-text view; str() and the HTML table give the rows)."""
+        ok = sum(c.passed for c in self.checks), sum(c.passed for c in self.exact)
+        return (f"<Report {self.name} on {self.world_size} rank(s): {'PASS' if self.passed else 'FAIL'}, "
+                f"{ok[0]}/{len(self.checks)} checks, {ok[1]}/{len(self.exact)} exact counts>")
+
     def __str__(self) -> str:
         lines = [f"{self.name} on {self.world_size} rank(s): {'PASS' if self.passed else 'FAIL'}"]
         lines += [f"  FAIL broke while running: {self.error}"] if self.error is not None else []
