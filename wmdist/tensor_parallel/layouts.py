@@ -120,11 +120,17 @@ def run_mlp_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: st
                   measured_collectives(ctx.ledger))
 
 
+@dataclass(frozen=True)
+class MLPRuns:
+    """What one rank produced for each requested MLP layout, in the layouts' order."""
+    runs: tuple[MLPRun, ...]
+
+
 def mlp_rank(ctx: Context, cfg: TransformerConfig, layouts: tuple[str, ...], batch: int, seq: int,
-             seed: int = 0) -> list[MLPRun]:
+             seed: int = 0) -> MLPRuns:
     """Rank function: the MLP in each layout in turn."""
     tp = tp_group(ctx)
-    return [run_mlp_layout(ctx, tp, cfg, layout, batch, seq, seed) for layout in layouts]
+    return MLPRuns(tuple(run_mlp_layout(ctx, tp, cfg, layout, batch, seq, seed) for layout in layouts))
 
 
 def mlp_reference(cfg: TransformerConfig, batch: int, seq: int, seed: int = 0) -> MLPRun:

@@ -149,11 +149,17 @@ def run_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: str, b
     return BlockRun(layout, y.detach(), x.grad, grads, saved, measured_collectives(ctx.ledger))
 
 
+@dataclass(frozen=True)
+class BlockRuns:
+    """What one rank produced for each requested layout, in the layouts' order."""
+    runs: tuple[BlockRun, ...]
+
+
 def block_rank(ctx: Context, cfg: TransformerConfig, layouts: tuple[str, ...], batch: int, seq: int,
-               seed: int = 0) -> list[BlockRun]:
+               seed: int = 0) -> BlockRuns:
     """Rank function: every requested layout in turn, each with its own ledger records."""
     tp = tp_group(ctx)
-    return [run_layout(ctx, tp, cfg, layout, batch, seq, seed) for layout in layouts]
+    return BlockRuns(tuple(run_layout(ctx, tp, cfg, layout, batch, seq, seed) for layout in layouts))
 
 
 def reference_run(cfg: TransformerConfig, batch: int, seq: int, seed: int = 0) -> BlockRun:

@@ -88,11 +88,18 @@ def dtensor_mlp(ctx: Context, cfg: TransformerConfig, batch: int, seq: int, seed
                       dict(mode.calls))
 
 
-def ours_and_torch(ctx: Context, cfg: TransformerConfig, batch: int, seq: int,
-                   seed: int = 0) -> tuple[MLPRun, dict[str, torch.Tensor], DTensorRun]:
+@dataclass(frozen=True)
+class OursAndTorch:
+    """One rank's column -> row MLP by our layers, the shards we hold, and torch's DTensor run of the same MLP."""
+    ours: MLPRun
+    shards: dict[str, torch.Tensor]           # our local slices of the weights, by parameter name
+    torch: DTensorRun
+
+
+def ours_and_torch(ctx: Context, cfg: TransformerConfig, batch: int, seq: int, seed: int = 0) -> OursAndTorch:
     """Rank function: our column -> row MLP (with the shards we hold), then torch's."""
     tp = tp_group(ctx)
     ours = run_mlp_layout(ctx, tp, cfg, "column -> row", batch, seq, seed)
     full = dict(zip(MLP_NAMES, (p.detach() for p in make_mlp(cfg, seed).parameters())))
     shards = {n: mlp_slice(n, t, cfg, "column -> row", tp.size, tp.rank).clone() for n, t in full.items()}
-    return ours, shards, dtensor_mlp(ctx, cfg, batch, seq, seed)
+    return OursAndTorch(ours, shards, dtensor_mlp(ctx, cfg, batch, seq, seed))
