@@ -122,14 +122,14 @@ def test_scan_affine_tolerance_is_two_gammas_times_the_absolute_loop(diagonal):
 def test_scan_affine_agreement_check_is_tight_for_each_case():
     from wmdist.scan.affine import sequential
     from wmdist.scan.affine_demos import affine_cases, agreement_checks, tolerance
-    from wmdist.scan.affine_ranks import RankOutcome
+    from wmdist.scan.affine_ranks import RankOutcome, ScanRank
     cases, n = affine_cases(steps=13, state_sizes=(3,)), 3
     sizes = time_chunk_sizes(13, n)
     loops = [sequential(c.A, c.b, c.h0) for c in cases]
     for times, passes in EDGES:
         moved = [loops[0], _moved(loops[1], (1, 12, 2), times * tolerance(cases[1], n))]   # case 1, last rank's step
-        outcomes = [[[RankOutcome(h[:, sum(sizes[:r]):sum(sizes[:r + 1])], 0, 0, 0, 0, 0)] * 2 for h in moved]
-                    for r in range(n)]
+        outcomes = [ScanRank(tuple((RankOutcome(h[:, sum(sizes[:r]):sum(sizes[:r + 1])], 0, 0, 0, 0, 0),) * 2
+                                   for h in moved)) for r in range(n)]
         checks = agreement_checks(cases, outcomes, n)
         assert [c.passed for c in checks] == [True, True, passes, True]      # hand-off == all-gather: both moved
 

@@ -13,6 +13,7 @@ import torch
 from matplotlib.figure import Figure
 
 from wmdist.costs import scan as costs
+from wmdist.experiment import Experiment
 from wmdist.scan import affine_demos, affine_ranks, boundaries, bounds, cell_demos, figures, one_process, picard_ranks
 from wmdist.scan.cell import GRUCell, rollout
 from wmdist.scan.demos import DEMOS, EXERCISES
@@ -29,7 +30,9 @@ def test_demos_are_registered_for_chapter_07():
 
     demos = registry()
     assert [d.name for d in DEMOS] == list(DEMO_NAMES) and all(demos[d.name] == d for d in DEMOS)
-    assert {d.chapter for d in DEMOS} == {"07"} and demos["scan-cell"].min_world_size == 2
+    assert {d.chapter for d in DEMOS} == {"07"} and all(isinstance(d, Experiment) is (d.name != "scan-one-process")
+                                                       for d in DEMOS)     # one process: a hand-written Demo
+    assert [n for n in range(1, 9) if demos["scan-cell"].refuses(n)] == [1]      # the only demo that needs 2
     assert exercises()["incoming state"] is EXERCISES[0]
 
 
@@ -104,7 +107,8 @@ def _report(name, n):
 @pytest.mark.parametrize("n", [1, 4, 8])     # T = 37 is prime: no N > 1 divides it. (1..8 all pass: wmdist verify)
 def test_every_demo_passes_or_refuses(n):
     for demo in DEMOS:
-        if n < demo.min_world_size:
+        if demo.refuses(n):
+            assert "world_size must be an integer >= 2" in demo.refuses(n)
             with pytest.raises(ValueError, match="world_size must be an integer >= 2"):
                 demo.run(n)
             continue

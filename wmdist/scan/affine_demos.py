@@ -5,11 +5,14 @@ scan-affine: diagonal and dense A at several state sizes, T = 37 (no N > 1
              operations equal wmdist.costs.scan's formulas.
 scan-bytes:  the same scheme over a sweep of T and of n: the measured bytes
              per rank match formulas in which T does not appear.
+
+Both are `Experiment`s whose specs (AffineSpec, BytesSpec) build the seeded
+systems and refuse a bad size before any process starts; every rank runs
+affine_ranks.scan_rank on the spec's ScanSpec.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,9 +27,11 @@ from wmdist.costs.scan import (
     sequential_ops,
 )
 from wmdist.costs.validate import require_int
-from wmdist.report import Check, Count, Demo, Report, close_check, counts_per_rank, exact_check
+from wmdist.comm import Context
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Count, Report, close_check, counts_per_rank, exact_check
 from wmdist.scan.affine import sequential
-from wmdist.scan.affine_ranks import AffineCase, RankOutcome, gather_states, scan_cases, validate
+from wmdist.scan.affine_ranks import AffineCase, ScanRank, ScanSpec, gather_states, scan_rank
 
 
 def tolerance(case: AffineCase, world_size: int) -> float:
@@ -44,7 +49,7 @@ def tolerance(case: AffineCase, world_size: int) -> float:
     return factor * float(magnitude)
 
 
-def agreement_checks(cases: list[AffineCase], outcomes: list[list[list[RankOutcome]]], world_size: int) -> list[Check]:
+def agreement_checks(cases: tuple[AffineCase, ...], outcomes: list[ScanRank], world_size: int) -> list[Check]:
     """Per case: the ranks' all-gathered states against the loop (to `tolerance`), hand-off against all-gather (exact)."""
     why = "a summary regroups the products: reassociation_bound(chunked depth, T) * max|h|_abs"
     checks: list[Check] = []
@@ -66,13 +71,13 @@ def predicted_traffic(case: AffineCase, world_size: int, combine: str, rank: int
     return handoff_bytes(case.state_size, case.batch, world_size, rank, elem)
 
 
-def traffic_counts(outcomes: list[list[list[RankOutcome]]], cases: list[AffineCase], world_size: int,
+def traffic_counts(outcomes: list[ScanRank], cases: tuple[AffineCase, ...], world_size: int,
                    ops: bool) -> list[Count]:
     """Per case and combine: measured bytes and messages (and, with `ops`, composes/applies) vs the formulas."""
     rows = []
     for i, case in enumerate(cases):
         for j, combine in enumerate(COMBINES):
-            got = [per_rank[i][j] for per_rank in outcomes]
+            got = [per_rank.outcomes[i][j] for per_rank in outcomes]
             want = [predicted_traffic(case, world_size, combine, r) for r in range(world_size)]
             label = f"{case.label}, {combine}"
             for quantity, key in (("bytes sent", "bytes_sent"), ("bytes received", "bytes_recv"),
@@ -94,18 +99,44 @@ def affine_cases(steps: int = 37, batch: int = 2, state_sizes: tuple[int, ...] =
             for diagonal in (True, False) for n in state_sizes]
 
 
+@dataclass(frozen=True, kw_only=True)
+class AffineSpec:
+    """scan-affine's inputs: diagonal and dense systems at each state size, validated for N ranks."""
+    world_size: int
+    steps: int = 37
+    batch: int = 2
+    state_sizes: tuple[int, ...] = (1, 4, 16)
+    seed: int = 0
+    scan: ScanSpec = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        cases = affine_cases(require_int("steps", self.steps, 1), self.batch, self.state_sizes, self.seed)
+        object.__setattr__(self, "scan", ScanSpec(world_size=self.world_size, cases=tuple(cases)))
+
+
+def chunked_ranks(ctx: Context, spec: AffineSpec | BytesSpec) -> ScanRank:
+    """Rank function of both demos: the chunked scan of every case with both combines."""
+    return scan_rank(ctx, spec.scan)
+
+
+def compare_affine(spec: AffineSpec, results: list[ScanRank]) -> Verdict:
+    """States against the loop (reassociation bound), hand-off against all-gather (exact), counts vs formulas."""
+    cases, n = spec.scan.cases, spec.world_size
+    return Verdict(checks=agreement_checks(cases, results, n), exact=traffic_counts(results, cases, n, ops=True),
+                   params={"steps": spec.steps, "batch": spec.batch, "state_sizes": list(spec.state_sizes),
+                           "dtype": "float32"})
+
+
+AFFINE_DEMO = Experiment(name="scan-affine", chapter="07", world_sizes=(1, 2, 4, 8),
+                         title="Affine recurrence over N ranks (all-gather and hand-off) vs the sequential loop",
+                         spec=lambda n: AffineSpec(world_size=n), ranks=chunked_ranks, compare=compare_affine)
+
+
 def affine_demo(world_size: int, steps: int = 37, batch: int = 2, state_sizes: tuple[int, ...] = (1, 4, 16),
                 seed: int = 0) -> Report:
     """The time axis split over N ranks, both combines, against the loop in one process (float32)."""
-    cases = affine_cases(require_int("steps", steps, 1), batch, state_sizes, seed)
-    n = validate(world_size, cases)
-    start = time.perf_counter()
-    outcomes = scan_cases(n, cases)
-    seconds = time.perf_counter() - start
-    checks = agreement_checks(cases, outcomes, n)
-    exact = traffic_counts(outcomes, cases, n, ops=True)
-    return Report("scan-affine", n, checks, exact, seconds,
-                  {"steps": steps, "batch": batch, "state_sizes": list(state_sizes), "dtype": "float32"})
+    return AFFINE_DEMO.run_spec(AffineSpec(world_size=world_size, steps=steps, batch=batch,
+                                           state_sizes=tuple(state_sizes), seed=seed))
 
 
 @dataclass(frozen=True)
@@ -141,30 +172,55 @@ class ByteSweep:
         return sorted({getattr(r, over): r for r in keep}.values(), key=lambda r: getattr(r, over))
 
 
+@dataclass(frozen=True, kw_only=True)
+class BytesSpec:
+    """scan-bytes' sweep: T over `steps` at n = fixed_state_size, n over `state_sizes` at T = fixed_steps."""
+    world_size: int
+    steps: tuple[int, ...] = (8, 64, 512)
+    state_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    batch: int = 2
+    fixed_state_size: int = 4
+    fixed_steps: int = 64
+    seed: int = 0
+    scan: ScanSpec = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for t in self.steps:
+            require_int("steps", t, 1)
+        configs = sorted({(t, self.fixed_state_size) for t in self.steps}
+                         | {(self.fixed_steps, s) for s in self.state_sizes})
+        cases = tuple(AffineCase.random(self.batch, t, s, diagonal, seed=self.seed + t + s, dtype=torch.float32)
+                      for t, s in configs for diagonal in (True, False))
+        object.__setattr__(self, "scan", ScanSpec(world_size=self.world_size, cases=cases))
+
+
+def compare_bytes(spec: BytesSpec, results: list[ScanRank]) -> Verdict:
+    """Bytes and messages per rank vs the formulas; one sanity check of the states (scan-affine checks them all)."""
+    cases, n = spec.scan.cases, spec.world_size
+    rows = tuple(BytesRow(c.steps, c.state_size, c.diagonal, combine,
+                          tuple(per_rank.outcomes[i][j].bytes_sent for per_rank in results))
+                 for i, c in enumerate(cases) for j, combine in enumerate(COMBINES))
+    last = len(cases) - 1
+    check = close_check(f"{cases[last].label}: ranks == sequential loop",
+                        gather_states(results, last, COMBINES.index("gathered")),
+                        sequential(cases[last].A, cases[last].b, cases[last].h0), tolerance(cases[last], n),
+                        "reassociation_bound(chunked depth, T) * max|h|_abs")
+    return Verdict(checks=[check], exact=traffic_counts(results, cases, n, ops=False),
+                   params={"steps": list(spec.steps), "state_sizes": list(spec.state_sizes), "batch": spec.batch},
+                   data=ByteSweep(n, spec.batch, spec.fixed_state_size, spec.fixed_steps, rows))
+
+
+BYTES_DEMO = Experiment(name="scan-bytes", chapter="07", world_sizes=(4,),
+                        title="Ledger bytes of the chunked scan: set by state size and N, not by T",
+                        spec=lambda n: BytesSpec(world_size=n), ranks=chunked_ranks, compare=compare_bytes)
+
+
 def bytes_demo(world_size: int, steps: tuple[int, ...] = (8, 64, 512), state_sizes: tuple[int, ...] = (1, 2, 4, 8, 16),
                batch: int = 2, fixed_state_size: int = 4, fixed_steps: int = 64, seed: int = 0) -> Report:
     """Sweep T at n = fixed_state_size and n at T = fixed_steps, diagonal and dense: bytes vs formulas."""
-    for t in steps:
-        require_int("steps", t, 1)
-    configs = sorted({(t, fixed_state_size) for t in steps} | {(fixed_steps, s) for s in state_sizes})
-    cases = [AffineCase.random(batch, t, s, diagonal, seed=seed + t + s, dtype=torch.float32)
-             for t, s in configs for diagonal in (True, False)]
-    n = validate(world_size, cases)
-    start = time.perf_counter()
-    outcomes = scan_cases(n, cases)
-    seconds = time.perf_counter() - start
-    rows = tuple(BytesRow(c.steps, c.state_size, c.diagonal, combine,
-                          tuple(per_rank[i][j].bytes_sent for per_rank in outcomes))
-                 for i, c in enumerate(cases) for j, combine in enumerate(COMBINES))
-    # The states are checked in scan-affine; here one sanity check that the sweep computed the right thing.
-    last = len(cases) - 1
-    check = close_check(f"{cases[last].label}: ranks == sequential loop",
-                        gather_states(outcomes, last, COMBINES.index("gathered")),
-                        sequential(cases[last].A, cases[last].b, cases[last].h0), tolerance(cases[last], n),
-                        "reassociation_bound(chunked depth, T) * max|h|_abs")
-    data = ByteSweep(n, batch, fixed_state_size, fixed_steps, rows)
-    return Report("scan-bytes", n, [check], traffic_counts(outcomes, cases, n, ops=False), seconds,
-                  {"steps": list(steps), "state_sizes": list(state_sizes), "batch": batch}, data)
+    return BYTES_DEMO.run_spec(BytesSpec(world_size=world_size, steps=tuple(steps), state_sizes=tuple(state_sizes),
+                                         batch=batch, fixed_state_size=fixed_state_size, fixed_steps=fixed_steps,
+                                         seed=seed))
 
 
 def spread_over_steps(report: Report) -> dict[str, int]:
@@ -178,7 +234,4 @@ def spread_over_steps(report: Report) -> dict[str, int]:
     return out
 
 
-DEMOS = [Demo("scan-affine", "Affine recurrence over N ranks (all-gather and hand-off) vs the sequential loop",
-              affine_demo, world_sizes=(1, 2, 4, 8), chapter="07"),
-         Demo("scan-bytes", "Ledger bytes of the chunked scan: set by state size and N, not by T",
-              bytes_demo, world_sizes=(4,), chapter="07")]
+DEMOS = [AFFINE_DEMO, BYTES_DEMO]

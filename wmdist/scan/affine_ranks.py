@@ -13,11 +13,13 @@ from the others, and replays its chunk from that state. Two ways to learn it:
 
 Either way what travels is a summary (B(n^2 + n) elements, B*2n for diagonal
 A) or a state (B*n): the chunk length never appears, so the bytes depend on
-n and N and not on T. `scan_cases` runs any list of systems on N ranks;
-the demos in affine_demos.py build Reports from it.
+n and N and not on T. A `ScanSpec` (checked before any process starts) is
+what `scan_rank` runs; `scan_cases` runs any list of systems on N ranks, and
+the Experiments in affine_demos.py build their specs on it.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -122,12 +124,29 @@ def incoming_handoff(ctx: Context, summary: Map, h0: torch.Tensor, phase: str,
     return h_in
 
 
-def scan_rank(ctx: Context, cases: list[AffineCase], combines: tuple[str, ...]) -> list[list[RankOutcome]]:
+@dataclass(frozen=True, kw_only=True)
+class ScanSpec:
+    """Systems and combines for N ranks, validated on construction (before any process starts)."""
+    world_size: int
+    cases: tuple[AffineCase, ...]
+    combines: tuple[str, ...] = COMBINES
+
+    def __post_init__(self) -> None:
+        validate(self.world_size, list(self.cases), self.combines)
+
+
+@dataclass(frozen=True)
+class ScanRank:
+    """What one rank produced: outcomes[case][combine] in the spec's order."""
+    outcomes: tuple[tuple[RankOutcome, ...], ...]
+
+
+def scan_rank(ctx: Context, spec: ScanSpec) -> ScanRank:
     """Rank function: for every case and combine, fold my chunk, learn my incoming state, replay my chunk."""
     out = []
-    for i, case in enumerate(cases):
+    for i, case in enumerate(spec.cases):
         row = []
-        for combine in combines:
+        for combine in spec.combines:
             phase, tally = f"case {i} {combine}", Tally()
             A, b = chunk_of(case.A, case.b, ctx.rank, ctx.world_size)
             summary = chunk_summary(A, b, tally)
@@ -137,11 +156,11 @@ def scan_rank(ctx: Context, cases: list[AffineCase], combines: tuple[str, ...]) 
             sent = ctx.ledger.totals(phase)
             row.append(RankOutcome(states, tally.composes, tally.applies, sent["bytes_sent"], sent["bytes_recv"],
                                    sent["messages"]))
-        out.append(row)
-    return out
+        out.append(tuple(row))
+    return ScanRank(tuple(out))
 
 
-def validate(world_size: int, cases: list[AffineCase], combines: tuple[str, ...] = COMBINES) -> int:
+def validate(world_size: int, cases: Sequence[AffineCase], combines: tuple[str, ...] = COMBINES) -> int:
     """Refuse a bad world size, an empty case list or a case with fewer steps than ranks, before any process starts."""
     n = require_int("world_size", world_size, 1)
     if not cases:
@@ -157,16 +176,15 @@ def validate(world_size: int, cases: list[AffineCase], combines: tuple[str, ...]
     return n
 
 
-def scan_cases(world_size: int, cases: list[AffineCase],
-               combines: tuple[str, ...] = COMBINES) -> list[list[list[RankOutcome]]]:
-    """Run every case with every combine on N ranks: result[rank][case][combine]."""
-    n = validate(world_size, cases, combines)
-    return run(scan_rank, n, cases, tuple(combines))
+def scan_cases(world_size: int, cases: Sequence[AffineCase], combines: tuple[str, ...] = COMBINES) -> list[ScanRank]:
+    """Run every case with every combine on N ranks: result[rank].outcomes[case][combine]."""
+    spec = ScanSpec(world_size=world_size, cases=tuple(cases), combines=tuple(combines))
+    return run(scan_rank, spec.world_size, spec)
 
 
-def gather_states(outcomes: list[list[list[RankOutcome]]], case: int, combine: int) -> torch.Tensor:
+def gather_states(results: Sequence[ScanRank], case: int, combine: int) -> torch.Tensor:
     """The whole trajectory (B, T, n) of one case and combine, concatenated from every rank's chunk."""
-    return torch.cat([per_rank[case][combine].states for per_rank in outcomes], dim=1)
+    return torch.cat([r.outcomes[case][combine].states for r in results], dim=1)
 
 
 # --- exercise: one rank's incoming state, by hand-off -------------------------------------------

@@ -16,6 +16,9 @@ A real world model's core costs far more per step than this small GRU (which
 takes microseconds, less than one message), so each step also sleeps
 `step_seconds` per episode it processes: the timelines then show what the
 schedule does, not gloo's latency. Sleeping ranks do not compete for the CPU.
+
+`CellInputs` is the validated cell, inputs and states (refused before any
+process starts); `boundaries_rank` runs on it and returns a `BoundaryRank`.
 """
 from __future__ import annotations
 
@@ -68,6 +71,20 @@ def check_inputs(cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, world_size: i
     return n
 
 
+@dataclass(frozen=True, kw_only=True)
+class CellInputs:
+    """A cell, inputs x (B, T, m) and initial states h0 (B, n) for N ranks, checked by `check_inputs` when built."""
+    world_size: int
+    cell: GRUCell
+    x: torch.Tensor
+    h0: torch.Tensor
+    step_seconds: float = 0.0
+    min_world_size: int = 1
+
+    def __post_init__(self) -> None:
+        check_inputs(self.cell, self.x, self.h0, self.world_size, self.step_seconds, self.min_world_size)
+
+
 def time_chunk(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """Rank `rank`'s steps of x (B, T, m): (B, L_r, m), first T % N chunks one step longer."""
     return torch.split(x, time_chunk_sizes(x.shape[1], world_size), dim=1)[rank]
@@ -112,10 +129,22 @@ def _scheme(ctx: Context, name: str, cell: GRUCell, x: torch.Tensor, h0: torch.T
     return SchemeRun(states, tuple(spans), step.calls, sent["bytes_sent"], sent["bytes_recv"])
 
 
-def boundaries_rank(ctx: Context, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor,
-                    step_seconds: float) -> dict[str, SchemeRun]:
+@dataclass(frozen=True)
+class BoundaryRank:
+    """One rank's part in the three schemes, in SCHEMES order."""
+    from_zero: SchemeRun
+    hand_off: SchemeRun
+    episodes: SchemeRun
+
+    def __getitem__(self, name: str) -> SchemeRun:
+        """The run of scheme `name` (one of SCHEMES)."""
+        return (self.from_zero, self.hand_off, self.episodes)[SCHEMES.index(name)]
+
+
+def boundaries_rank(ctx: Context, inputs: CellInputs) -> BoundaryRank:
     """Rank function: the three schemes in turn, each started together after a barrier."""
-    return {name: _scheme(ctx, name, cell, x, h0, step_seconds) for name in SCHEMES}
+    return BoundaryRank(*(_scheme(ctx, name, inputs.cell, inputs.x, inputs.h0, inputs.step_seconds)
+                          for name in SCHEMES))
 
 
 def relative(spans: list[Span]) -> list[Span]:
@@ -125,22 +154,22 @@ def relative(spans: list[Span]) -> list[Span]:
 
 
 def run_boundaries(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor,
-                   step_seconds: float = 0.0) -> list[dict[str, SchemeRun]]:
+                   step_seconds: float = 0.0) -> list[BoundaryRank]:
     """Validate, then run the three schemes on N ranks: result[rank][scheme]."""
-    n = check_inputs(cell, x, h0, world_size, step_seconds)
-    return run(boundaries_rank, n, cell, x, h0, step_seconds)
+    inputs = CellInputs(world_size=world_size, cell=cell, x=x, h0=h0, step_seconds=step_seconds)
+    return run(boundaries_rank, inputs.world_size, inputs)
 
 
-def stitch(results: list[dict[str, SchemeRun]], name: str) -> torch.Tensor:
+def stitch(results: list[BoundaryRank], name: str) -> torch.Tensor:
     """The whole (B, T, n) trajectory of one scheme: chunks joined along time, episodes along the batch."""
     return torch.cat([r[name].states for r in results], dim=0 if name == "episodes" else 1)
 
 
-def timeline(results: list[dict[str, SchemeRun]], name: str) -> list[Span]:
+def timeline(results: list[BoundaryRank], name: str) -> list[Span]:
     """Every rank's spans of one scheme, from 0 at its first span."""
     return relative([s for r in results for s in r[name].spans])
 
 
-def waits(results: list[dict[str, SchemeRun]], name: str = "hand-off") -> list[float]:
+def waits(results: list[BoundaryRank], name: str = "hand-off") -> list[float]:
     """Seconds each rank spent waiting for its boundary state in one scheme."""
     return [sum((s.duration for s in r[name].spans if s.kind == "idle"), 0.0) for r in results]

@@ -4,19 +4,22 @@ The chunks-from-zero pitfall must miss the loop by more than rounding can
 explain; the boundary hand-off must equal the loop bit for bit; the episode
 split must equal it within a bound derived along the trajectory (bounds.py).
 Cell calls and bytes per rank are counted and compared with their formulas.
+The demo is an `Experiment`: its spec, CellSpec, seeds the cell and inputs and
+refuses a bad size (fewer than 2 ranks, more than T or B) before any process.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from wmdist.compare import ROUNDOFF
 from wmdist.costs.scan import handoff_bytes, time_chunk_sizes
 from wmdist.costs.validate import require_int
-from wmdist.report import Count, Demo, Report, close_check, counts_per_rank, differ_check, exact_check
-from wmdist.scan.boundaries import SCHEMES, check_inputs, run_boundaries, stitch, timeline, waits
+from wmdist.comm import Context
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check
+from wmdist.scan.boundaries import SCHEMES, BoundaryRank, CellInputs, boundaries_rank, stitch, timeline, waits
 from wmdist.scan.bounds import propagated_bound
 from wmdist.scan.cell import GRUCell, rollout, step_errors
 from wmdist.spans import Span
@@ -45,13 +48,31 @@ class CellSplit:
     step_seconds: float
 
 
-def cell_demo(world_size: int, steps: int = 37, batch: int = 8, step_seconds: float = 1e-4, seed: int = 0) -> Report:
-    """Chunks from zero (wrong), boundary hand-off (exact, sequential), episodes split (exact, parallel)."""
-    cell, x, h0 = episodes(batch, steps, seed=seed)
-    n = check_inputs(cell, x, h0, world_size, step_seconds, min_world_size=2)
-    start = time.perf_counter()
-    results = run_boundaries(n, cell, x, h0, step_seconds)
-    seconds = time.perf_counter() - start
+@dataclass(frozen=True, kw_only=True)
+class CellSpec:
+    """scan-cell's inputs: seeded episodes (`episodes`) on at least 2 ranks, each step sleeping `step_seconds`."""
+    world_size: int
+    steps: int = 37
+    batch: int = 8
+    step_seconds: float = 1e-4
+    seed: int = 0
+    inputs: CellInputs = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        cell, x, h0 = episodes(self.batch, self.steps, seed=self.seed)
+        object.__setattr__(self, "inputs", CellInputs(world_size=self.world_size, cell=cell, x=x, h0=h0,
+                                                      step_seconds=self.step_seconds, min_world_size=2))
+
+
+def cell_ranks(ctx: Context, spec: CellSpec) -> BoundaryRank:
+    """Rank function: the three schemes (boundaries.boundaries_rank) on the spec's inputs."""
+    return boundaries_rank(ctx, spec.inputs)
+
+
+def compare_cell(spec: CellSpec, results: list[BoundaryRank]) -> Verdict:
+    """Each scheme against the loop in one process (the pitfall must miss it), calls and bytes vs formulas."""
+    cell, x, h0, n, step_seconds = (spec.inputs.cell, spec.inputs.x, spec.inputs.h0, spec.world_size,
+                                    spec.step_seconds)
     exact = rollout(cell, x, h0)                                           # (B, T, n), one process
     bound = propagated_bound(cell, x, h0, exact, ROUNDOFF[x.dtype])
     sizes = time_chunk_sizes(x.shape[1], n)
@@ -77,10 +98,20 @@ def cell_demo(world_size: int, steps: int = 37, batch: int = 8, step_seconds: fl
     least = tuple(step_seconds * x.shape[0] * sum(sizes[:r]) for r in range(n))
     data = CellSplit(tuple(sizes), tuple(step_errors(from_zero, exact).tolist()), bound,
                      {name: timeline(results, name) for name in SCHEMES}, tuple(waits(results)), least, step_seconds)
-    return Report("scan-cell", n, checks, counts, seconds,
-                  {"steps": x.shape[1], "batch": x.shape[0], "state_size": cell.state_size, "dtype": "float32",
-                   "step_seconds": step_seconds}, data)
+    return Verdict(checks=checks, exact=counts, data=data,
+                   params={"steps": x.shape[1], "batch": x.shape[0], "state_size": cell.state_size,
+                           "dtype": "float32", "step_seconds": step_seconds})
 
 
-DEMOS = [Demo("scan-cell", "GRU core over N ranks: chunks from zero (wrong), boundary hand-off, episodes split",
-              cell_demo, world_sizes=(2, 4, 8), chapter="07", min_world_size=2)]
+CELL_DEMO = Experiment(name="scan-cell", chapter="07", world_sizes=(2, 4, 8),
+                       title="GRU core over N ranks: chunks from zero (wrong), boundary hand-off, episodes split",
+                       spec=lambda n: CellSpec(world_size=n), ranks=cell_ranks, compare=compare_cell)
+
+
+def cell_demo(world_size: int, steps: int = 37, batch: int = 8, step_seconds: float = 1e-4, seed: int = 0) -> Report:
+    """Chunks from zero (wrong), boundary hand-off (exact, sequential), episodes split (exact, parallel)."""
+    return CELL_DEMO.run_spec(CellSpec(world_size=world_size, steps=steps, batch=batch, step_seconds=step_seconds,
+                                       seed=seed))
+
+
+DEMOS = [CELL_DEMO]

@@ -10,20 +10,24 @@ stop. Stopping earlier, once every start moves by less than `stop_below`,
 is the explicitly approximate scheme the text mentions: its error is measured,
 not assumed. Either way each sweep reruns all T steps: N sweeps spend N
 times the loop's work to reach, at best, the loop's own depth.
+
+`SweepPlan` is what the ranks run (checked before any process starts); the
+demo scan-picard is an `Experiment` whose spec, PicardSpec, holds one.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from wmdist.comm import Context, all_gather, barrier, isend, recv
 from wmdist.costs.scan import handoff_bytes, picard_depth, picard_work, time_chunk_sizes
 from wmdist.costs.validate import require_int, require_real
-from wmdist.report import Check, Demo, Report, counts_per_rank, exact_check, max_abs_error
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Report, counts_per_rank, exact_check, max_abs_error
 from wmdist.runtime import run
-from wmdist.scan.boundaries import CountingStep, check_inputs, relative, time_chunk
+from wmdist.scan.boundaries import CellInputs, CountingStep, relative, time_chunk
 from wmdist.scan.cell import GRUCell, picard, rollout
 from wmdist.scan.cell_demos import episodes
 from wmdist.spans import Span
@@ -43,9 +47,27 @@ class PicardRankRun:
     convergence_sent: int
 
 
-def picard_rank(ctx: Context, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, max_sweeps: int,
-                stop_below: float, step_seconds: float) -> PicardRankRun:
+@dataclass(frozen=True, kw_only=True)
+class SweepPlan:
+    """The sweeps N ranks run: the cell and inputs, at most `max_sweeps` sweeps, stopping once no start moves
+    by more than `stop_below`. Validated when built."""
+    inputs: CellInputs
+    max_sweeps: int
+    stop_below: float = 0.0
+
+    def __post_init__(self) -> None:
+        require_int("max_sweeps", self.max_sweeps, 1)
+        require_real("stop_below", self.stop_below, 0.0)
+
+    @property
+    def world_size(self) -> int:
+        return self.inputs.world_size
+
+
+def picard_rank(ctx: Context, plan: SweepPlan) -> PicardRankRun:
     """Rank function: sweep my chunk from my current start, pass my last state on, stop when no start moves."""
+    cell, x, h0, step_seconds = plan.inputs.cell, plan.inputs.x, plan.inputs.h0, plan.inputs.step_seconds
+    max_sweeps, stop_below = plan.max_sweeps, plan.stop_below
     r, n = ctx.rank, ctx.world_size
     xs, step = time_chunk(x, r, n), CountingStep(cell, step_seconds)
     start = h0 if r == 0 else torch.zeros_like(h0)                          # (B, n): sweep 0's guess
@@ -75,10 +97,10 @@ def picard_rank(ctx: Context, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, 
 def run_picard(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, max_sweeps: int | None = None,
                stop_below: float = 0.0, step_seconds: float = 0.0) -> list[PicardRankRun]:
     """Validate, then sweep on N ranks (at most `max_sweeps`, default N: enough for exactness)."""
-    n = check_inputs(cell, x, h0, world_size, step_seconds)
-    sweeps = require_int("max_sweeps", n if max_sweeps is None else max_sweeps, 1)
-    require_real("stop_below", stop_below, 0.0)
-    return run(picard_rank, n, cell, x, h0, sweeps, stop_below, step_seconds)
+    inputs = CellInputs(world_size=world_size, cell=cell, x=x, h0=h0, step_seconds=step_seconds)
+    plan = SweepPlan(inputs=inputs, max_sweeps=inputs.world_size if max_sweeps is None else max_sweeps,
+                     stop_below=stop_below)
+    return run(picard_rank, plan.world_size, plan)
 
 
 def sweep_states(results: list[PicardRankRun]) -> list[torch.Tensor]:
@@ -111,15 +133,33 @@ class PicardSweeps:
         return len(self.errors)
 
 
-def picard_demo(world_size: int, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
-                step_seconds: float = 1e-4, seed: int = 0) -> Report:
-    """Picard sweeps on N ranks against the single-process sweeps and the loop; exact when stop_below = 0."""
-    gru, x, h0 = episodes(batch, steps, seed=seed)
-    n = check_inputs(gru, x, h0, world_size, step_seconds)
-    require_real("stop_below", stop_below, 0.0)
-    start = time.perf_counter()
-    results = run_picard(n, gru, x, h0, None, stop_below, step_seconds)
-    seconds = time.perf_counter() - start
+@dataclass(frozen=True, kw_only=True)
+class PicardSpec:
+    """scan-picard's inputs: seeded episodes (cell_demos.episodes) swept N times at most, from guessed starts."""
+    world_size: int
+    steps: int = 37
+    batch: int = 8
+    stop_below: float = 0.0
+    step_seconds: float = 1e-4
+    seed: int = 0
+    plan: SweepPlan = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        gru, x, h0 = episodes(self.batch, self.steps, seed=self.seed)
+        inputs = CellInputs(world_size=self.world_size, cell=gru, x=x, h0=h0, step_seconds=self.step_seconds)
+        object.__setattr__(self, "plan", SweepPlan(inputs=inputs, max_sweeps=self.world_size,
+                                                   stop_below=self.stop_below))
+
+
+def sweep_ranks(ctx: Context, spec: PicardSpec) -> PicardRankRun:
+    """Rank function of scan-picard: `picard_rank` on the spec's plan."""
+    return picard_rank(ctx, spec.plan)
+
+
+def compare_picard(spec: PicardSpec, results: list[PicardRankRun]) -> Verdict:
+    """The ranks' sweeps against the single-process sweeps (exact) and the loop; sweeps, calls, bytes vs formulas."""
+    gru, x, h0, n, stop_below = (spec.plan.inputs.cell, spec.plan.inputs.x, spec.plan.inputs.h0, spec.world_size,
+                                 spec.stop_below)
     exact = rollout(gru, x, h0)
     reference = picard(gru, x, h0, n)                                      # all N sweeps, one process
     k = sweeps_needed(reference.changes, stop_below)
@@ -148,9 +188,21 @@ def picard_demo(world_size: int, steps: int = 37, batch: int = 8, stop_below: fl
                         tuple(picard_work(t, j) for j in range(1, k + 1)),
                         tuple(picard_depth(t, n, j) for j in range(1, k + 1)), t, stop_below,
                         tuple(relative([s for r in results for s in r.spans])))
-    return Report("scan-picard", n, checks, exact_counts, seconds,
-                  {"steps": t, "batch": x.shape[0], "stop_below": stop_below, "step_seconds": step_seconds}, data)
+    return Verdict(checks=checks, exact=exact_counts, data=data,
+                   params={"steps": t, "batch": x.shape[0], "stop_below": stop_below,
+                           "step_seconds": spec.step_seconds})
 
 
-DEMOS = [Demo("scan-picard", "Picard sweeps over N ranks: exact after at most N sweeps, at N times the work",
-              picard_demo, world_sizes=(1, 2, 4, 8), chapter="07")]
+PICARD_DEMO = Experiment(name="scan-picard", chapter="07", world_sizes=(1, 2, 4, 8),
+                         title="Picard sweeps over N ranks: exact after at most N sweeps, at N times the work",
+                         spec=lambda n: PicardSpec(world_size=n), ranks=sweep_ranks, compare=compare_picard)
+
+
+def picard_demo(world_size: int, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
+                step_seconds: float = 1e-4, seed: int = 0) -> Report:
+    """Picard sweeps on N ranks against the single-process sweeps and the loop; exact when stop_below = 0."""
+    return PICARD_DEMO.run_spec(PicardSpec(world_size=world_size, steps=steps, batch=batch, stop_below=stop_below,
+                                           step_seconds=step_seconds, seed=seed))
+
+
+DEMOS = [PICARD_DEMO]
