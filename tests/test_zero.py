@@ -142,6 +142,20 @@ def test_bad_inputs_fail_before_any_process(no_processes):
         zero.ZeroConfig(steps=-1)
     with pytest.raises(ValueError, match="stage must be one of"):
         costs.zero_step_bytes(10, 2, 0, 5)
+    with pytest.raises(ValueError, match="world_size must be <= batch_size 12"):
+        zero_demos.torch_zero_report(13)                 # a rank without a batch row: refused, not run
+    with pytest.raises(ValueError, match="cfg.stage=2 but stage=1"):
+        zero_demos.torch_zero_report(2, zero.ZeroConfig(stage=2))
+
+
+def test_the_zero_demos_are_experiments_refusing_by_their_spec(no_processes):
+    """One typed shape: each ZeRO demo's spec refuses a size before any process, and its name is written once."""
+    from wmdist.experiment import Experiment
+    assert all(isinstance(d, Experiment) for d in zero_demos.DEMOS)
+    assert [d.name for d in zero_demos.DEMOS] == ["zero-1", "zero-2", "zero-3", "zero-1-vs-torch"]
+    assert zero_demos.ZERO[3].refuses(13) == \
+        "zero-3: world_size must be <= batch_size 12 (every rank needs a row), got 13"
+    assert zero_demos.ZERO[2].spec(3).cfg.stage == 2 and zero_demos.TORCH_ZERO.spec(2).cfg.stage == 1
 
 
 def test_exercise_accepts_the_reference_and_rejects_a_wrong_chunk():

@@ -198,7 +198,7 @@ def resume_report(world_size: int, resume_on: int | None = None, stage: int = 2,
         second = run(train_resumable, resume_on, root, cfg, until, save_at)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    whole = torch.cat([o["chunk"] for o in run(zero_rank, world_size, cfg)])
+    whole = torch.cat([o.chunk for o in run(zero_rank, world_size, cfg)])
     seconds = time.perf_counter() - start
     saved, loaded, final = assemble(first, "final"), assemble(second, "loaded"), assemble(second, "final")["params"]
     tol, why = adam_tolerance(cfg, max(world_size, resume_on))

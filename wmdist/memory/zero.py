@@ -215,7 +215,17 @@ def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, probe: Probe | N
         state.params.copy_(ring_all_gather(ctx, own.clone(), sizes, "parameter all-gather"))
 
 
-def zero_rank(ctx: Context, cfg: ZeroConfig) -> dict:
+@dataclass(frozen=True)
+class ZeroRun:
+    """What one rank ends a ZeRO run with: its own chunk of the weights, what it held, what its last step sent."""
+    chunk: torch.Tensor                            # this rank's element range of the final flat parameters
+    held: dict[str, int]                           # bytes by HELD_KINDS kind, between steps
+    during: dict[str, dict[str, int]]              # probe point of the last step -> bytes by kind
+    phases: dict[str, dict[str, int]]              # ledger totals of the last step, by phase
+    rounds: int                                    # ledger rounds of the last step
+
+
+def zero_rank(ctx: Context, cfg: ZeroConfig) -> ZeroRun:
     """Rank function: train cfg.steps steps; return own chunk, held bytes (steady and within the last step),
     ledger totals of the last step."""
     state, during = init_state(ctx, cfg), {}
@@ -224,5 +234,4 @@ def zero_rank(ctx: Context, cfg: ZeroConfig) -> dict:
         during = {}
         train_step(ctx, state, cfg, lambda point, held: during.__setitem__(point, held))
     own = state.params if state.stage == 3 else state.params[state.start:state.stop]
-    return {"chunk": own.clone(), "held": state.held_bytes(), "during": during, "phases": ctx.ledger.by_phase(),
-            "rounds": ctx.ledger.totals()["rounds"]}
+    return ZeroRun(own.clone(), state.held_bytes(), during, ctx.ledger.by_phase(), ctx.ledger.totals()["rounds"])

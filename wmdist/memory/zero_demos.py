@@ -5,31 +5,42 @@ rank's tensors hold with the memory model (wmdist.memory.footprint), what its
 ledger sent with costs.zero_step_bytes, and the final weights with
 torch.optim.Adam on one process. torch_zero_report sets our ZeRO-1 against
 torch's own ZeroRedundancyOptimizer.
+
+Each is an `Experiment` on one spec type, `ZeroSpec` (the world size and a
+ZeroConfig, checked before any process starts): one per stage ("zero-0" to
+"zero-3"; `wmdist verify` runs stages 1-3) and "zero-1-vs-torch".
 """
 from __future__ import annotations
 
 import functools
-import time
+from dataclasses import dataclass
 
 import torch
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, counted
+from wmdist.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.memory.transient import POINTS, zero_step_held
-from wmdist.memory.zero import HELD_KINDS, ZeroConfig, zero_rank
+from wmdist.memory.zero import HELD_KINDS, ZeroConfig, ZeroRun, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
 from wmdist.models import flat_grads, flat_params, make_batch, make_model, shard_batch
-from wmdist.report import Demo, Report, close_check, counts_per_rank, exact_check
-from wmdist.runtime import run
+from wmdist.report import Count, Report, close_check, counts_per_rank, exact_check
 
 
 def _predicted_held(numel: int, world_size: int, stage: int, rank: int) -> dict[str, int]:
     return per_rank_bytes(MemoryConfig(params=numel, optimizer="adam", zero_stage=stage, dp=world_size), rank)
 
 
-def zero_memory_report(world_size: int, stage: int, cfg: ZeroConfig | None = None) -> Report:
-    """Run ZeRO-`stage` on `world_size` ranks: held bytes and ledger vs formulas, weights vs Adam."""
+@dataclass(frozen=True, kw_only=True)
+class ZeroSpec:
+    """A ZeRO run, decided before any process starts: `world_size` ranks training with `cfg` (its stage included)."""
+    world_size: int
+    cfg: ZeroConfig
+
+
+def zero_spec(world_size: int, stage: int, cfg: ZeroConfig | None = None) -> ZeroSpec:
+    """ZeRO-`stage` on `world_size` ranks, checked: a known stage, `cfg` of that stage, a batch row per rank."""
     costs.require_int("world_size", world_size, 1)
     costs.require_choice("stage", stage, costs.ZERO_STAGES)
     cfg = ZeroConfig(stage=stage) if cfg is None else cfg
@@ -38,29 +49,50 @@ def zero_memory_report(world_size: int, stage: int, cfg: ZeroConfig | None = Non
                          f"got {world_size}")
     if cfg.stage != stage:
         raise ValueError(f"cfg.stage={cfg.stage} but stage={stage}")
-    start = time.perf_counter()
-    out = run(zero_rank, world_size, cfg)
-    seconds = time.perf_counter() - start
-    got, expected = torch.cat([o["chunk"] for o in out]), reference_adam(cfg)
+    return ZeroSpec(world_size=world_size, cfg=cfg)
+
+
+def zero_ranks(ctx: Context, spec: ZeroSpec) -> ZeroRun:
+    """Rank function: wmdist.memory.zero's training at the spec's stage."""
+    return zero_rank(ctx, spec.cfg)
+
+
+def compare_zero(spec: ZeroSpec, out: list[ZeroRun]) -> Verdict:
+    """Weights against single-process Adam; held bytes (steady, within a step) and sent bytes against the formulas."""
+    cfg, world_size, stage = spec.cfg, spec.world_size, spec.cfg.stage
+    got, expected = torch.cat([o.chunk for o in out]), reference_adam(cfg)
     tol, why = adam_tolerance(cfg, world_size)
     checks = [close_check(f"ZeRO-{stage} weights == single-process torch.optim.Adam", got, expected, tol, why)]
     P = expected.numel()
     predicted = [_predicted_held(P, world_size, stage, r) for r in range(world_size)]
     exact = []
     for kind in HELD_KINDS:
-        exact += counts_per_rank("held bytes", [o["held"][kind] for o in out], [p[kind] for p in predicted], case=kind)
+        exact += counts_per_rank("held bytes", [o.held[kind] for o in out], [p[kind] for p in predicted], case=kind)
     phases = [costs.zero_step_bytes(P, world_size, r, stage) for r in range(world_size)]
     for phase in phases[0]:
-        exact += counts_per_rank("bytes sent per step", [o["phases"].get(phase, {}).get("bytes_sent", 0) for o in out],
+        exact += counts_per_rank("bytes sent per step", [o.phases.get(phase, {}).get("bytes_sent", 0) for o in out],
                                  [p[phase] for p in phases], phase=phase)
-    exact += counts_per_rank("rounds per step", [o["rounds"] for o in out],
+    exact += counts_per_rank("rounds per step", [o.rounds for o in out],
                              [costs.zero_step_rounds(world_size, stage)] * world_size)
     exact += _during_step(out, P, world_size, stage)
-    return Report(f"zero-{stage}", world_size, checks, exact, seconds,
-                  {"stage": stage, "params": P, "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr})
+    return Verdict(checks=checks, exact=exact,
+                   params={"stage": stage, "params": P, "steps": cfg.steps, "batch_size": cfg.batch_size,
+                           "lr": cfg.lr})
 
 
-def _during_step(out: list[dict], P: int, world_size: int, stage: int) -> list:
+ZERO = {s: Experiment(name=f"zero-{s}", chapter="03", world_sizes=(1, 2, 3, 4),
+                      title=f"ZeRO-{s}: bytes held per rank and sent per step vs formula, weights vs Adam",
+                      spec=functools.partial(zero_spec, stage=s), ranks=zero_ranks, compare=compare_zero)
+        for s in costs.ZERO_STAGES}
+
+
+def zero_memory_report(world_size: int, stage: int, cfg: ZeroConfig | None = None) -> Report:
+    """Run ZeRO-`stage` on `world_size` ranks: held bytes and ledger vs formulas, weights vs Adam."""
+    spec = zero_spec(world_size, stage, cfg)
+    return ZERO[stage].run_spec(spec)
+
+
+def _during_step(out: list[ZeroRun], P: int, world_size: int, stage: int) -> list[Count]:
     """Held bytes at each probe point of the last step, and the peak over them, against zero_step_held.
 
     The prediction is what a correct ZeRO holds: a run that keeps a full copy
@@ -70,13 +102,13 @@ def _during_step(out: list[dict], P: int, world_size: int, stage: int) -> list:
     rows = []
     for point in POINTS:
         for kind in HELD_KINDS:
-            rows += counts_per_rank("held bytes during the step", [o["during"][point][kind] for o in out],
+            rows += counts_per_rank("held bytes during the step", [o.during[point][kind] for o in out],
                                     [p[point][kind] for p in predicted], phase=point, case=kind)
     peak = lambda held: max(sum(h.values()) for h in held.values())   # noqa: E731 - the largest total of a step
-    rows += counts_per_rank("model-state bytes", [sum(o["held"].values()) for o in out],
+    rows += counts_per_rank("model-state bytes", [sum(o.held.values()) for o in out],
                             [sum(_predicted_held(P, world_size, stage, r)[k] for k in HELD_KINDS)
                              for r in range(world_size)], case="steady (between steps)")
-    rows += counts_per_rank("model-state bytes", [peak(o["during"]) for o in out],
+    rows += counts_per_rank("model-state bytes", [peak(o.during) for o in out],
                             [peak(p) for p in predicted], case="transient peak (within a step)")
     return rows
 
@@ -110,24 +142,38 @@ def torch_zero_rank(ctx: Context, cfg: ZeroConfig) -> torch.Tensor:
     return flat_params(model)
 
 
-def torch_zero_report(world_size: int, cfg: ZeroConfig | None = None) -> Report:
-    """Our ZeRO-1 vs torch.distributed.optim.ZeroRedundancyOptimizer vs one process: final weights."""
-    costs.require_int("world_size", world_size, 1)
-    cfg = ZeroConfig(stage=1) if cfg is None else cfg
-    start = time.perf_counter()
-    theirs = run(torch_zero_rank, world_size, cfg)
-    ours = torch.cat([o["chunk"] for o in run(zero_rank, world_size, cfg)])
-    seconds = time.perf_counter() - start
-    tol, why = adam_tolerance(cfg, world_size)
+@dataclass(frozen=True)
+class TorchAndOurs:
+    """One rank's final weights under torch's ZeroRedundancyOptimizer (whole), and our ZeRO-1 chunk."""
+    theirs: torch.Tensor        # (P,) every parameter, after torch's broadcast
+    ours: torch.Tensor          # this rank's chunk of our ZeRO-1 weights
+
+
+def torch_and_ours(ctx: Context, spec: ZeroSpec) -> TorchAndOurs:
+    """Rank function: torch's ZeRO-1 training, then ours, with the same config."""
+    return TorchAndOurs(torch_zero_rank(ctx, spec.cfg), zero_rank(ctx, spec.cfg).chunk)
+
+
+def compare_torch_zero(spec: ZeroSpec, results: list[TorchAndOurs]) -> Verdict:
+    """torch's weights against one process and against ours; every rank's copy against rank 0's, bitwise."""
+    cfg, theirs = spec.cfg, [r.theirs for r in results]
+    ours = torch.cat([r.ours for r in results])
+    tol, why = adam_tolerance(cfg, spec.world_size)
     checks = [close_check("ZeroRedundancyOptimizer == single-process Adam", theirs[0], reference_adam(cfg), tol, why),
               close_check("our ZeRO-1 == ZeroRedundancyOptimizer", ours, theirs[0], tol, why),
-              exact_check("every rank holds the same weights after the broadcast", list(theirs),
+              exact_check("every rank holds the same weights after the broadcast", theirs,
                           [theirs[0]] * len(theirs), "broadcast copies exact bytes")]
-    return Report("zero-1-vs-torch", world_size, checks, [], seconds, {"steps": cfg.steps, "lr": cfg.lr})
+    return Verdict(checks=checks, params={"steps": cfg.steps, "lr": cfg.lr})
 
 
-DEMOS = [Demo(f"zero-{s}", f"ZeRO-{s}: bytes held per rank and sent per step vs formula, weights vs Adam",
-              functools.partial(zero_memory_report, stage=s), world_sizes=(1, 2, 3, 4), chapter="03")
-         for s in (1, 2, 3)]
-DEMOS.append(Demo("zero-1-vs-torch", "ZeRO-1 vs torch's ZeroRedundancyOptimizer vs single-process Adam",
-                  torch_zero_report, world_sizes=(2, 3), chapter="03"))
+TORCH_ZERO = Experiment(name="zero-1-vs-torch", chapter="03", world_sizes=(2, 3),
+                        title="ZeRO-1 vs torch's ZeroRedundancyOptimizer vs single-process Adam",
+                        spec=functools.partial(zero_spec, stage=1), ranks=torch_and_ours, compare=compare_torch_zero)
+
+
+def torch_zero_report(world_size: int, cfg: ZeroConfig | None = None) -> Report:
+    """Our ZeRO-1 vs torch.distributed.optim.ZeroRedundancyOptimizer vs one process: final weights."""
+    return TORCH_ZERO.run_spec(zero_spec(world_size, 1, cfg))
+
+
+DEMOS = [ZERO[s] for s in (1, 2, 3)] + [TORCH_ZERO]
