@@ -14,6 +14,7 @@ from wmdist.diffusion.denoiser import Denoiser, DenoiserConfig
 from wmdist.diffusion.sampler import picard_sample
 from wmdist.diffusion.spec import SamplingSpec
 from wmdist.diffusion.tradeoff import tradeoff
+from wmdist.experiment import Experiment
 
 TOKENS = SamplingSpec(batch=2, steps=2)                  # 64 tokens: shards of 8..64, uneven for 3, 5, 6, 7
 STEPS = SamplingSpec(batch=1, steps=8)                   # 8 steps: every N up to 8 owns at least one
@@ -71,6 +72,9 @@ def test_the_chapter_is_registered():
     from wmdist.demos import exercises as all_exercises, registry
     chapter = {name: d for name, d in registry().items() if d.chapter == "08"}
     assert set(chapter) == {"diffusion-tokens", "diffusion-steps", "diffusion-picard"}
+    assert all(isinstance(d, Experiment) for d in chapter.values())
+    assert chapter["diffusion-tokens"].refuses(65) == ("diffusion-tokens: world_size must be at most 64 (each rank "
+                                                       "needs a token: the latent has 64 tokens), got 65")
     assert all_exercises()["token-sharded denoising step"] is exercises.TOKEN_STEP
 
 

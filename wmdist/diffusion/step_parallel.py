@@ -16,11 +16,15 @@ real-size model; sleeping ranks do not compete for a core. The claims are
 made on the measured spans, not on wall time: how many ranks computed at once
 on average (busy time / elapsed), against the same number for an ideal
 schedule (`costs.diffusion.step_split_slots`, `batched_slots`).
+
+The demo is an `Experiment`: `StepsSpec` decides the steps, the N samples'
+noise and the modelled evaluation time before any process starts; every rank
+runs the three cases in turn, each after its own barrier.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 import torch
@@ -33,8 +37,8 @@ from wmdist.diffusion.denoiser import Denoiser
 from wmdist.diffusion.sampler import euler_update, time_grid
 from wmdist.diffusion.sampler import sample as sequential_sample
 from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, require_world
-from wmdist.report import Demo, Report, close_check, counts_per_rank, exact_check
-from wmdist.runtime import run
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Count, Report, close_check, counts_per_rank, exact_check
 from wmdist.spans import Span, intersection
 
 CASES = ("1 sample, steps split", "N samples, steps split", "N samples, batched")
@@ -47,7 +51,24 @@ def _evaluate(model: Denoiser, x: torch.Tensor, t: float, eval_seconds: float) -
     return v
 
 
-def steps_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval_seconds: float) -> dict:
+@dataclass(frozen=True)
+class CaseRank:
+    """One rank in one case: its finished samples (None where it owns no last step), spans, what it sent."""
+    samples: torch.Tensor | None      # (m, S, C)
+    spans: tuple[Span, ...]           # absolute perf_counter seconds
+    bytes_sent: int
+    bytes_recv: int
+    messages: int
+    collectives: int
+
+
+def _case_rank(ctx: Context, samples: torch.Tensor | None, spans: list[Span], phase: str | None) -> CaseRank:
+    p2p = ctx.ledger.totals(phase)
+    return CaseRank(samples, tuple(spans), p2p["bytes_sent"], p2p["bytes_recv"], p2p["messages"],
+                    len(ctx.ledger.select(kind="collective")))
+
+
+def steps_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval_seconds: float) -> CaseRank:
     """Rank function: run this rank's block of steps on every sample in turn, handing the state on.
 
     Returns the finished samples (on the rank owning the last step), this
@@ -77,11 +98,10 @@ def steps_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval_s
             finished.append(x)
     for p in pending:
         p.wait()
-    return {"samples": torch.cat(finished) if finished else None, "spans": spans,
-            "p2p": ctx.ledger.totals("hand-off"), "collectives": len(ctx.ledger.select(kind="collective"))}
+    return _case_rank(ctx, torch.cat(finished) if finished else None, spans, "hand-off")
 
 
-def samples_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval_seconds: float) -> dict:
+def samples_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval_seconds: float) -> CaseRank:
     """Rank function: the sequential sampler on this rank's slice of the samples, no communication."""
     model, ts = Denoiser(spec.model), time_grid(spec.steps)
     sizes = ring_chunk_sizes(noise.shape[0], ctx.world_size)
@@ -94,7 +114,7 @@ def samples_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval
         t0 = time.perf_counter()
         x = euler_update(x, _evaluate(model, x, ts[k], eval_seconds), ts[k + 1] - ts[k])
         spans.append(Span(ctx.rank, t0, time.perf_counter(), "compute", f"samples {start}..{start + len(x) - 1}, step {k}"))
-    return {"samples": x, "spans": spans, "p2p": ctx.ledger.totals(), "collectives": len(ctx.ledger.select(kind="collective"))}
+    return _case_rank(ctx, x, spans, None)
 
 
 @dataclass(frozen=True)
@@ -117,39 +137,65 @@ def _cross_overlap(spans: list[Span]) -> float:
     return sum(intersection(rows[a], rows[b]) for a, b in combinations(sorted(rows), 2))
 
 
-def steps_demo(world_size: int, spec: SamplingSpec | None = None, eval_seconds: float = 0.02) -> Report:
-    """One sample with its steps split over N ranks, N samples streamed through the blocks, N samples batched.
+@dataclass(frozen=True, kw_only=True)
+class StepsSpec:
+    """diffusion-steps' run: the sampling spec (each of N ranks owns a step), N samples' noise, and the
+    modelled seconds per evaluation and sample."""
+    world_size: int
+    sampling: SamplingSpec
+    eval_seconds: float = 0.02
+    noise: torch.Tensor = field(init=False, repr=False)     # (N, S, C): sample m depends only on (seed, m)
 
-    Default spec: 8 steps, or N when there are more ranks (each rank owns a step).
-    """
-    spec = spec or SamplingSpec(steps=max(8, require_int("world_size", world_size, 1)))
-    n = require_world(world_size, spec.steps, f"each rank needs a step of its own: there are {spec.steps} steps")
-    d = require_real("eval_seconds", eval_seconds, 0.0, 1.0)
-    many = replace(spec, batch=n)
-    x_T = check_noise(None, many)                                           # (N, S, C)
-    begin = time.perf_counter()
-    outs = {CASES[0]: run(steps_on_ranks, n, spec, x_T[:1], d), CASES[1]: run(steps_on_ranks, n, spec, x_T, d),
-            CASES[2]: run(samples_on_ranks, n, spec, x_T, d)}
-    seconds = time.perf_counter() - begin
+    def __post_init__(self) -> None:
+        steps = self.sampling.steps
+        n = require_world(self.world_size, steps, f"each rank needs a step of its own: there are {steps} steps")
+        object.__setattr__(self, "eval_seconds", require_real("eval_seconds", self.eval_seconds, 0.0, 1.0))
+        object.__setattr__(self, "noise", check_noise(None, replace(self.sampling, batch=n)))
+
+
+def steps_spec(world_size: int, sampling: SamplingSpec | None = None, eval_seconds: float = 0.02) -> StepsSpec:
+    """The spec, by default with 8 steps or N when there are more ranks (each rank owns a step)."""
+    sampling = sampling or SamplingSpec(steps=max(8, require_int("world_size", world_size, 1)))
+    return StepsSpec(world_size=world_size, sampling=sampling, eval_seconds=eval_seconds)
+
+
+@dataclass(frozen=True)
+class StepRanks:
+    """One rank's part in the three cases, in CASES order."""
+    cases: tuple[CaseRank, CaseRank, CaseRank]
+
+
+def cases_on_ranks(ctx: Context, spec: StepsSpec) -> StepRanks:
+    """Rank function: one sample through the step blocks, N samples streamed through them, N samples batched."""
+    d, x_T = spec.eval_seconds, spec.noise
+    return StepRanks((steps_on_ranks(ctx, spec.sampling, x_T[:1], d), steps_on_ranks(ctx, spec.sampling, x_T, d),
+                      samples_on_ranks(ctx, spec.sampling, x_T, d)))
+
+
+def compare_steps(spec: StepsSpec, results: list[StepRanks]) -> Verdict:
+    """Samples against the single-device sampler (exact), the measured spans against the ideal schedules, hand-off
+    bytes and messages against the formulas."""
+    n, d, x_T, sampling = spec.world_size, spec.eval_seconds, spec.noise, spec.sampling
+    outs = {c: [r.cases[i] for r in results] for i, c in enumerate(CASES)}
     with one_thread():
-        model = Denoiser(spec.model)
-        alone = torch.cat([sequential_sample(model, x_T[m:m + 1], spec.steps) for m in range(n)])   # (N, S, C)
-        slices = [sequential_sample(model, piece, spec.steps) for piece in torch.tensor_split(x_T, n) if len(piece)]
-    last = dcost.step_owners(spec.steps, n)[-1]
+        model = Denoiser(sampling.model)
+        alone = torch.cat([sequential_sample(model, x_T[m:m + 1], sampling.steps) for m in range(n)])   # (N, S, C)
+        slices = [sequential_sample(model, piece, sampling.steps) for piece in torch.tensor_split(x_T, n) if len(piece)]
+    last = dcost.step_owners(sampling.steps, n)[-1]
     same = "same operations on the same shapes, one thread each; hand-offs copy the state bit for bit"
-    checks = [exact_check("1 sample, steps split: sample == single-device sampler", outs[CASES[0]][last]["samples"],
+    checks = [exact_check("1 sample, steps split: sample == single-device sampler", outs[CASES[0]][last].samples,
                           alone[:1], same),
-              exact_check("N samples, steps split: every sample == single-device sampler", outs[CASES[1]][last]["samples"],
+              exact_check("N samples, steps split: every sample == single-device sampler", outs[CASES[1]][last].samples,
                           alone, same),
               exact_check("N samples, batched: every rank's samples == single-device sampler on them",
-                          [o["samples"] for o in outs[CASES[2]] if len(o["samples"])], slices, same)]
-    timelines = {c: _from_zero([s for o in out for s in o["spans"]]) for c, out in outs.items()}
+                          [o.samples for o in outs[CASES[2]] if len(o.samples)], slices, same)]
+    timelines = {c: _from_zero([s for o in out for s in o.spans]) for c, out in outs.items()}
     elapsed = {c: max(s.end for s in sp) for c, sp in timelines.items()}
     busy = {c: sum(s.duration for s in sp if s.kind == "compute") for c, sp in timelines.items()}
     concurrency = {c: busy[c] / elapsed[c] for c in CASES}
-    ideal = {CASES[0]: spec.steps / dcost.step_split_slots(spec.steps, n, 1),
-             CASES[1]: n * spec.steps / dcost.step_split_slots(spec.steps, n, n),
-             CASES[2]: n * spec.steps / dcost.batched_slots(spec.steps, n, n)}
+    ideal = {CASES[0]: sampling.steps / dcost.step_split_slots(sampling.steps, n, 1),
+             CASES[1]: n * sampling.steps / dcost.step_split_slots(sampling.steps, n, n),
+             CASES[2]: n * sampling.steps / dcost.batched_slots(sampling.steps, n, n)}
     overlap = {c: _cross_overlap(sp) for c, sp in timelines.items()}
     checks.append(exact_check("1 sample, steps split: no two ranks ever compute at the same time",
                               overlap[CASES[0]], 0.0, "causality: a rank starts only after the hand-off "
@@ -158,26 +204,38 @@ def steps_demo(world_size: int, spec: SamplingSpec | None = None, eval_seconds: 
                               concurrency[CASES[2]], ideal[CASES[2]], ideal[CASES[2]] / 2,
                               "every rank sleeps K evaluations after one barrier: only start skew and late "
                               "wake-ups lower it, and they would have to cost half the run"))
-    state = dcost.boundary_transfer_bytes(1, spec.model.tokens, spec.model.channels)
-    exact = []
+    state = dcost.boundary_transfer_bytes(1, sampling.model.tokens, sampling.model.channels)
+    exact: list[Count] = []
     for case, samples in ((CASES[0], 1), (CASES[1], n)):
-        owners = dcost.step_owners(spec.steps, n)
+        owners = dcost.step_owners(sampling.steps, n)
         sends = [samples * int(r != owners[-1]) for r in range(n)]
         recvs = [samples * int(r != owners[0]) for r in range(n)]
         out = outs[case]
-        exact += counts_per_rank("hand-off bytes sent", [o["p2p"]["bytes_sent"] for o in out],
-                                 [s * state for s in sends], case=case)
-        exact += counts_per_rank("hand-off bytes received", [o["p2p"]["bytes_recv"] for o in out],
-                                 [r * state for r in recvs], case=case)
-        exact += counts_per_rank("hand-off messages", [o["p2p"]["messages"] for o in out], sends, case=case)
+        exact += counts_per_rank("hand-off bytes sent", [o.bytes_sent for o in out], [s * state for s in sends],
+                                 case=case)
+        exact += counts_per_rank("hand-off bytes received", [o.bytes_recv for o in out], [r * state for r in recvs],
+                                 case=case)
+        exact += counts_per_rank("hand-off messages", [o.messages for o in out], sends, case=case)
     for case, out in outs.items():
-        exact += counts_per_rank("collective calls", [o["collectives"] for o in out], [0] * n, case=case)
-    exact += counts_per_rank("bytes sent", [o["p2p"]["bytes_sent"] for o in outs[CASES[2]]], [0] * n, case=CASES[2])
+        exact += counts_per_rank("collective calls", [o.collectives for o in out], [0] * n, case=case)
+    exact += counts_per_rank("bytes sent", [o.bytes_sent for o in outs[CASES[2]]], [0] * n, case=CASES[2])
     data = StepTimelines(timelines, elapsed, concurrency, ideal, overlap)
-    params = {"steps": spec.steps, "samples": n, "eval_seconds": d, "state_bytes": state,
-              "handoffs_per_sample": dcost.step_handoffs(spec.steps, n)}
-    return Report("diffusion-steps", n, checks, exact, seconds, params, data)
+    params = {"steps": sampling.steps, "samples": n, "eval_seconds": d, "state_bytes": state,
+              "handoffs_per_sample": dcost.step_handoffs(sampling.steps, n)}
+    return Verdict(checks=checks, exact=exact, params=params, data=data)
 
 
-DEMOS = [Demo("diffusion-steps", "Steps on different ranks (hand-offs, no speed-up) vs samples batched over ranks",
-              steps_demo, world_sizes=(2, 4), chapter="08")]
+STEPS_DEMO = Experiment(name="diffusion-steps", chapter="08", world_sizes=(2, 4), spec=steps_spec,
+                        title="Steps on different ranks (hand-offs, no speed-up) vs samples batched over ranks",
+                        ranks=cases_on_ranks, compare=compare_steps)
+
+
+def steps_demo(world_size: int, spec: SamplingSpec | None = None, eval_seconds: float = 0.02) -> Report:
+    """One sample with its steps split over N ranks, N samples streamed through the blocks, N samples batched.
+
+    Default spec: 8 steps, or N when there are more ranks (each rank owns a step).
+    """
+    return STEPS_DEMO.run_spec(steps_spec(world_size, spec, eval_seconds))
+
+
+DEMOS = [STEPS_DEMO]

@@ -17,12 +17,15 @@ step (only this rank's are fresh), so a step need not wait for the gather.
 DistriFusion and PipeFusion reuse one-step-stale activations in this spirit,
 for speed; it is an approximation, and the sample is no longer the
 sequential one.
+
+The demo is an `Experiment`: its spec, `TokensSpec`, holds the sampling spec,
+the noise and the gather modes (refused before any process starts); every
+rank runs each mode in turn, the ledger reset between them.
 """
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,8 +35,8 @@ from wmdist.costs.validate import require_choice
 from wmdist.diffusion.denoiser import Denoiser, denoise_by_shards, shard_tolerance
 from wmdist.diffusion.sampler import euler_update, sample, time_grid
 from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, reference_trajectory, require_world
-from wmdist.report import Check, Demo, Report, close_check, counts_per_rank, differ_check, exact_check
-from wmdist.runtime import run
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Count, Report, close_check, counts_per_rank, differ_check, exact_check
 
 GATHERS = ("kv", "x", "stale kv")
 GATHER_LABELS = {"kv": "gather K/V", "x": "gather x", "stale kv": "stale K/V"}
@@ -54,7 +57,17 @@ def gather_tokens(ctx: Context, y: torch.Tensor, dim: int, bounds: list[tuple[in
     return every.view(bounds[-1][1], *front.shape[1:]).movedim(0, dim).contiguous()
 
 
-def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, gather: str) -> dict:
+@dataclass(frozen=True)
+class ShardRun:
+    """One rank's token shard through one run: states (K+1, B, s, C), velocities (K, B, s, C), ledger per step."""
+    states: torch.Tensor
+    velocities: torch.Tensor
+    sent: tuple[int, ...]
+    recv: tuple[int, ...]
+    rounds: tuple[int, ...]
+
+
+def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, gather: str) -> ShardRun:
     """Rank function: sample with this rank's token shard, gathering what attention needs at every step.
 
     Returns this shard's states (K+1, B, s, C), velocities (K, B, s, C), and
@@ -87,9 +100,8 @@ def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor
         states.append(x)
         velocities.append(v)
     per_step = [ctx.ledger.totals(f"step {k}") for k in range(spec.steps)]
-    return {"states": torch.stack(states), "velocities": torch.stack(velocities),
-            "sent": [t["bytes_sent"] for t in per_step], "recv": [t["bytes_recv"] for t in per_step],
-            "rounds": [t["rounds"] for t in per_step]}
+    return ShardRun(torch.stack(states), torch.stack(velocities), tuple(t["bytes_sent"] for t in per_step),
+                    tuple(t["bytes_recv"] for t in per_step), tuple(t["rounds"] for t in per_step))
 
 
 def gathers_per_run(gather: str, steps: int) -> int:
@@ -120,24 +132,51 @@ def _velocity_check(name: str, spec: SamplingSpec, velocities: torch.Tensor, who
                        "8 layers x 2(n-1) float32 roundings of unit-scale partial sums (shard_tolerance)")
 
 
-def tokens_demo(world_size: int, spec: SamplingSpec | None = None, noise: torch.Tensor | None = None) -> Report:
-    """Token-sharded sampling on N ranks, K/V or x gathered per step, against the single-device sampler."""
-    spec = spec or SamplingSpec()
-    cfg = spec.model
-    n = require_world(world_size, cfg.tokens, f"each rank needs a token: the latent has {cfg.tokens} tokens")
-    x_T = check_noise(noise, spec)
-    # Stale K/V needs another rank's shard and a step before: with one rank or one step it is exact.
-    modes = GATHERS if n > 1 and spec.steps > 1 else GATHERS[:2]
-    begin = time.perf_counter()
-    outs = {m: run(token_sharded_sampling, n, spec, x_T, m) for m in modes}
-    seconds = time.perf_counter() - begin
-    ref = reference_trajectory(spec, x_T)                                   # (K+1, B, S, C)
-    states = {m: torch.cat([o["states"] for o in out], dim=2) for m, out in outs.items()}
-    velocities = {m: torch.cat([o["velocities"] for o in out], dim=2) for m, out in outs.items()}
-    whole = {m: _whole_velocities(spec, states[m]) for m in modes}
+@dataclass(frozen=True, kw_only=True)
+class TokensSpec:
+    """diffusion-tokens' run: what is sampled, from which noise, with which gathers, on N ranks (one token each
+    at least). Stale K/V needs another rank's shard and a step before: with one rank or one step it is exact, so
+    it is left out."""
+    world_size: int
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    noise: torch.Tensor | None = None            # None: the sampling spec's own noise
+    modes: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.sampling.model
+        require_world(self.world_size, cfg.tokens, f"each rank needs a token: the latent has {cfg.tokens} tokens")
+        object.__setattr__(self, "noise", check_noise(self.noise, self.sampling))
+        object.__setattr__(self, "modes", GATHERS if self.world_size > 1 and self.sampling.steps > 1 else GATHERS[:2])
+
+
+@dataclass(frozen=True)
+class TokenRanks:
+    """One rank's shard runs, one per gather mode of the spec (in its order)."""
+    runs: tuple[ShardRun, ...]
+
+
+def tokens_on_ranks(ctx: Context, spec: TokensSpec) -> TokenRanks:
+    """Rank function: every gather mode in turn on this rank's shard, each counted from a fresh ledger."""
+    runs = []
+    for mode in spec.modes:
+        ctx.ledger.reset()
+        runs.append(token_sharded_sampling(ctx, spec.sampling, spec.noise, mode))
+    return TokenRanks(tuple(runs))
+
+
+def compare_tokens(spec: TokensSpec, results: list[TokenRanks]) -> Verdict:
+    """Each mode's sample and velocities against the single-device sampler and denoiser; bytes and rounds vs
+    the all-gather formulas."""
+    sampling, x_T, modes, n = spec.sampling, spec.noise, spec.modes, spec.world_size
+    cfg = sampling.model
+    outs = {m: [r.runs[i] for r in results] for i, m in enumerate(modes)}
+    ref = reference_trajectory(sampling, x_T)                               # (K+1, B, S, C)
+    states = {m: torch.cat([o.states for o in out], dim=2) for m, out in outs.items()}
+    velocities = {m: torch.cat([o.velocities for o in out], dim=2) for m, out in outs.items()}
+    whole = {m: _whole_velocities(sampling, states[m]) for m in modes}
     model = Denoiser(cfg)
     with one_thread():
-        simulated = sample(lambda y, t: denoise_by_shards(model, y, t, n), x_T, spec.steps)
+        simulated = sample(lambda y, t: denoise_by_shards(model, y, t, n), x_T, sampling.steps)
     induction = ("every step's velocity matched bitwise (error 0 above), so by induction every state does; "
                  "a build that sums shards in another order fails this, not the check above")
     checks = [exact_check("gather K/V: ranks == the same token shards in one process", states["kv"][-1], simulated,
@@ -145,34 +184,43 @@ def tokens_demo(world_size: int, spec: SamplingSpec | None = None, noise: torch.
     for m in ("kv", "x"):
         label = GATHER_LABELS[m]
         checks.append(_velocity_check(f"{label}: every step's velocity == single-device denoiser on that state",
-                                      spec, velocities[m], whole[m]))
+                                      sampling, velocities[m], whole[m]))
         checks.append(exact_check(f"{label}: sample == single-device sampler", states[m][-1], ref[-1], induction))
     if "stale kv" in modes:
         big = 100 * shard_tolerance(cfg, ref[-1])
         checks.append(differ_check("stale K/V (others' from the step before): sample differs from the sequential one",
                                    states["stale kv"][-1], ref[-1], big,
                                    "100x what summation order can explain: another computation, not rounding"))
-    exact = []
+    exact: list[Count] = []
     for m, out in outs.items():
         case, elems = GATHER_LABELS[m], (cfg.channels if m == "x" else 2 * cfg.dim)
-        formula = [dcost.token_all_gather_bytes(spec.batch, cfg.tokens, elems, n, r) for r in range(n)]
-        exact += counts_per_rank("bytes sent", [o["sent"][0] for o in out], [f["sent"] for f in formula],
+        formula = [dcost.token_all_gather_bytes(sampling.batch, cfg.tokens, elems, n, r) for r in range(n)]
+        exact += counts_per_rank("bytes sent", [o.sent[0] for o in out], [f["sent"] for f in formula],
                                  step=0, case=case)
-        exact += counts_per_rank("bytes received", [o["recv"][0] for o in out], [f["recv"] for f in formula],
+        exact += counts_per_rank("bytes received", [o.recv[0] for o in out], [f["recv"] for f in formula],
                                  step=0, case=case)
-        runs = gathers_per_run(m, spec.steps)
-        exact += counts_per_rank("bytes sent, all steps", [sum(o["sent"]) for o in out],
+        runs = gathers_per_run(m, sampling.steps)
+        exact += counts_per_rank("bytes sent, all steps", [sum(o.sent) for o in out],
                                  [runs * f["sent"] for f in formula], case=case)
-        exact += counts_per_rank("exchange rounds, all steps", [sum(o["rounds"]) for o in out],
+        exact += counts_per_rank("exchange rounds, all steps", [sum(o.rounds) for o in out],
                                  [runs * dcost.token_all_gather_rounds(n)] * n, case=case)
     data = TokenShardRun([b - a for a, b in dcost.token_shard_bounds(cfg.tokens, n)],
-                         {m: [o["sent"][0] for o in out] for m, out in outs.items()},
+                         {m: [o.sent[0] for o in out] for m, out in outs.items()},
                          {m: float((s[-1] - ref[-1]).abs().max()) for m, s in states.items()},
                          {m: float((velocities[m] - whole[m]).abs().max()) for m in modes})
-    params = {"batch": spec.batch, "tokens": cfg.tokens, "channels": cfg.channels, "dim": cfg.dim,
-              "steps": spec.steps, "gathers": list(modes)}
-    return Report("diffusion-tokens", n, checks, exact, seconds, params, data)
+    params = {"batch": sampling.batch, "tokens": cfg.tokens, "channels": cfg.channels, "dim": cfg.dim,
+              "steps": sampling.steps, "gathers": list(modes)}
+    return Verdict(checks=checks, exact=exact, params=params, data=data)
 
 
-DEMOS = [Demo("diffusion-tokens", "Token-sharded sampling: K/V or x all-gathered per step, vs one device",
-              tokens_demo, world_sizes=(2, 3, 4), chapter="08")]
+TOKENS_DEMO = Experiment(name="diffusion-tokens", chapter="08", world_sizes=(2, 3, 4),
+                         title="Token-sharded sampling: K/V or x all-gathered per step, vs one device",
+                         spec=lambda n: TokensSpec(world_size=n), ranks=tokens_on_ranks, compare=compare_tokens)
+
+
+def tokens_demo(world_size: int, spec: SamplingSpec | None = None, noise: torch.Tensor | None = None) -> Report:
+    """Token-sharded sampling on N ranks, K/V or x gathered per step, against the single-device sampler."""
+    return TOKENS_DEMO.run_spec(TokensSpec(world_size=world_size, sampling=spec or SamplingSpec(), noise=noise))
+
+
+DEMOS = [TOKENS_DEMO]
