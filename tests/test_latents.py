@@ -120,7 +120,7 @@ def test_seeds_covariance_and_variance_of_the_average(n):
     assert s["shared"].var_average > s["independent"].var_average > s["antithetic"].var_average
 
 
-def test_bad_arguments_are_rejected_before_starting():
+def test_bad_arguments_are_rejected_before_starting(no_processes):
     with pytest.raises(ValueError, match="world_size"):
         demos.seeds_demo(1)
     with pytest.raises(ValueError, match="mode"):

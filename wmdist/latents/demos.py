@@ -9,11 +9,13 @@
 
 Statistics use float64; tolerances are multiples of the standard error the
 same draws give (4 SE: a false alarm about 1 in 16,000).
+
+Both are `Experiment`s: the spec (`EstimatorsSpec`, `SeedsSpec`) is checked
+before any process starts, and each rank returns a frozen dataclass.
 """
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -22,11 +24,11 @@ from wmdist import costs
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.costs import require_int
 from wmdist.exercises import Exercise
+from wmdist.experiment import Experiment, Verdict
 from wmdist.latents.estimators import (ESTIMATES, LOGIT, MU, SEED_MODES, SIGMA, TARGET, bernoulli_score_grads, cubic,
                                        draw_normal, exact_values, pathwise_grads, rank_generator,
                                        score_function_grads, straight_through_expectation, straight_through_grads)
-from wmdist.report import Check, Demo, Report, counts_per_rank, exact_check
-from wmdist.runtime import run
+from wmdist.report import Check, Report, counts_per_rank, exact_check
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,14 @@ class SeedStats:
     rse: float                # relative standard error of that ratio
 
 
-def estimator_sums(ctx: Context, draws: int, seed: int = 0) -> tuple[torch.Tensor, dict]:
+@dataclass(frozen=True)
+class EstimatorSums:
+    """One rank's all-reduced sums (every rank's draws): each estimator's sum, then its sum of squares."""
+    sums: torch.Tensor          # (2K,) float64, K = len(ESTIMATES)
+    bytes_sent: int
+
+
+def estimator_sums(ctx: Context, draws: int, seed: int = 0) -> EstimatorSums:
     """Rank function: this rank's draws of every estimator; sums and sums of squares all-reduced."""
     gen = rank_generator(seed, ctx.rank)
     eps = torch.randn(draws, generator=gen, dtype=torch.float64)          # (M,)
@@ -66,18 +75,32 @@ def estimator_sums(ctx: Context, draws: int, seed: int = 0) -> tuple[torch.Tenso
                       bernoulli_score_grads(LOGIT, u)[:, None], straight_through_grads(LOGIT, u)[:, None],
                       cubic(z)[:, None]], dim=1)                          # (M, 7)
     sums = torch.cat([cols.sum(0), cols.pow(2).sum(0)])                   # (14,)
-    return ring_all_reduce(ctx, sums, phase="estimator sums"), ctx.ledger.totals()
+    return EstimatorSums(ring_all_reduce(ctx, sums, phase="estimator sums"), ctx.ledger.totals()["bytes_sent"])
 
 
-def estimators_demo(world_size: int, draws_per_rank: int = 20_000, seed: int = 0) -> Report:
-    """Bias and variance of each estimator against the exact gradient, draws spread over ranks."""
+@dataclass(frozen=True, kw_only=True)
+class EstimatorsSpec:
+    """The estimator run, decided before any process starts: N ranks, `draws_per_rank` draws each (at least 2)."""
+    world_size: int
+    draws_per_rank: int = 20_000
+    seed: int = 0
 
-    require_int("draws_per_rank", draws_per_rank, 2)
-    start = time.perf_counter()
-    results = run(estimator_sums, world_size, draws_per_rank, seed)
-    seconds = time.perf_counter() - start
-    total = results[0][0]
-    count = draws_per_rank * world_size
+    def __post_init__(self) -> None:
+        require_int("world_size", self.world_size, 1)
+        require_int("draws_per_rank", self.draws_per_rank, 2)
+
+
+def estimators_rank(ctx: Context, spec: EstimatorsSpec) -> EstimatorSums:
+    """Rank function: `estimator_sums` with the spec's draws."""
+    return estimator_sums(ctx, spec.draws_per_rank, spec.seed)
+
+
+def compare_estimators(spec: EstimatorsSpec, results: list[EstimatorSums]) -> Verdict:
+    """Each unbiased estimator within 4 SE of the exact gradient, straight-through's bias significant and as
+    predicted; the sums equal on every rank; the ring's bytes."""
+    world_size = spec.world_size
+    total = results[0].sums
+    count = spec.draws_per_rank * world_size
     k = len(ESTIMATES)
     mean = total[:k] / count
     var = (total[k:] / count - mean ** 2) * count / (count - 1)
@@ -94,26 +117,45 @@ def estimators_demo(world_size: int, draws_per_rank: int = 20_000, seed: int = 0
     checks.append(Check("straight-through: mean vs its biased expectation 2(p-t)p(1-p)",
                         abs(float(mean[st]) - straight_through_expectation(LOGIT)), 4 * float(se[st]),
                         "the bias is the predicted one: within 4 standard errors"))
-    checks.append(exact_check("every rank holds the same all-reduced sums", [r[0] for r in results],
+    checks.append(exact_check("every rank holds the same all-reduced sums", [r.sums for r in results],
                               [total] * world_size, "the ring's all-gather copies one reduced chunk to all"))
-    exact_counts = counts_per_rank("bytes sent", [r[1]["bytes_sent"] for r in results],
-                            [costs.ring_allreduce_bytes(2 * k, world_size, r, elem_size=8) for r in range(world_size)])
+    exact_counts = counts_per_rank("bytes sent", [r.bytes_sent for r in results],
+                                   [costs.ring_allreduce_bytes(2 * k, world_size, r, elem_size=8)
+                                    for r in range(world_size)])
     stats = {n: EstimatorStats(n, float(e), float(m), float(b), float(v), float(s))
              for n, e, m, b, v, s in zip(ESTIMATES, exact, mean, bias, var, se)}
-    return Report("latent-estimators", world_size, checks, exact_counts, seconds,
-                  {"draws_per_rank": draws_per_rank, "mu": MU, "sigma": SIGMA, "logit": LOGIT, "target": TARGET},
-                  stats)
+    return Verdict(checks=checks, exact=exact_counts, data=stats,
+                   params={"draws_per_rank": spec.draws_per_rank, "mu": MU, "sigma": SIGMA, "logit": LOGIT,
+                           "target": TARGET})
+
+
+ESTIMATORS_DEMO = Experiment(name="latent-estimators", chapter="02", world_sizes=(1, 2, 4),
+                             title="Pathwise, score-function and straight-through gradients vs the exact gradient",
+                             spec=lambda n: EstimatorsSpec(world_size=n), ranks=estimators_rank,
+                             compare=compare_estimators)
+
+
+def estimators_demo(world_size: int, draws_per_rank: int = 20_000, seed: int = 0) -> Report:
+    """Bias and variance of each estimator against the exact gradient, draws spread over ranks."""
+    return ESTIMATORS_DEMO.run_spec(EstimatorsSpec(world_size=world_size, draws_per_rank=draws_per_rank, seed=seed))
 
 
 # --- shared vs independent seeds ------------------------------------------------------
 
-def seeded_estimates(ctx: Context, mode: str, trials: int, draws: int,
-                     seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class SeededEstimates:
+    """One rank's `trials` pathwise estimates of dJ/dmu under one seeding mode, and their average over ranks."""
+    mode: str
+    mine: torch.Tensor          # (R,)
+    average: torch.Tensor       # (R,) all-reduced mean over ranks
+
+
+def seeded_estimates(ctx: Context, mode: str, trials: int, draws: int, seed: int = 0) -> SeededEstimates:
     """Rank function: `trials` pathwise estimates of dJ/dmu, each a mean of `draws` draws,
     from this rank's stream under `mode`; and their average over ranks (all-reduced)."""
     eps = draw_normal(rank_generator(seed, ctx.rank, mode), (trials, draws), ctx.rank, mode)   # (R, m)
     mine = pathwise_grads(MU, SIGMA, eps.reshape(-1))[:, 0].reshape(trials, draws).mean(1)     # (R,)
-    return mine, ring_all_reduce(ctx, mine, phase=f"average ({mode})") / ctx.world_size
+    return SeededEstimates(mode, mine, ring_all_reduce(ctx, mine, phase=f"average ({mode})") / ctx.world_size)
 
 
 def _moments(x: torch.Tensor) -> tuple[float, float]:
@@ -124,29 +166,52 @@ def _moments(x: torch.Tensor) -> tuple[float, float]:
     return var * len(x) / (len(x) - 1), math.sqrt(max(kurt - 1, 0.0) / len(x))
 
 
-def seeds_demo(world_size: int, trials: int = 2_000, draws: int = 8, seed: int = 0) -> Report:
-    """Covariance between ranks' estimates, and the variance of their average, per seeding mode."""
+@dataclass(frozen=True, kw_only=True)
+class SeedsSpec:
+    """The seeding run, decided before any process starts: N >= 2 ranks (rank 0 is correlated with rank 1),
+    `trials` estimates of `draws` draws each, under every mode of SEED_MODES."""
+    world_size: int
+    trials: int = 2_000
+    draws: int = 8
+    seed: int = 0
 
-    if require_int("world_size", world_size, 1) < 2:
-        raise ValueError(f"seeds_demo needs world_size >= 2 (it correlates rank 0 with rank 1), got {world_size!r}")
-    require_int("trials", trials, 3)
-    require_int("draws", draws, 1)
-    start = time.perf_counter()
-    runs = {mode: run(seeded_estimates, world_size, mode, trials, draws, seed) for mode in SEED_MODES}
-    seconds = time.perf_counter() - start
+    def __post_init__(self) -> None:
+        if require_int("world_size", self.world_size, 1) < 2:
+            raise ValueError(f"seeds_demo needs world_size >= 2 (it correlates rank 0 with rank 1), "
+                             f"got {self.world_size!r}")
+        require_int("trials", self.trials, 3)
+        require_int("draws", self.draws, 1)
+
+
+@dataclass(frozen=True)
+class SeedRuns:
+    """One rank's estimates under each seeding mode, in SEED_MODES order."""
+    runs: tuple[SeededEstimates, ...]
+
+
+def seeds_rank(ctx: Context, spec: SeedsSpec) -> SeedRuns:
+    """Rank function: `seeded_estimates` under every seeding mode in turn."""
+    return SeedRuns(tuple(seeded_estimates(ctx, mode, spec.trials, spec.draws, spec.seed) for mode in SEED_MODES))
+
+
+def compare_seeds(spec: SeedsSpec, results: list[SeedRuns]) -> Verdict:
+    """Per mode: correlation of ranks 0 and 1, variance of one rank and of the average, against what each
+    seeding predicts (shared: identical; independent: uncorrelated; antithetic: negatively correlated)."""
+    world_size, trials = spec.world_size, spec.trials
+    runs = {mode: [r.runs[i] for r in results] for i, mode in enumerate(SEED_MODES)}
     stats, checks = {}, []
     for mode, res in runs.items():
-        a, b = res[0][0], res[1][0]
+        a, b = res[0].mine, res[1].mine
         corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
-        per_rank = [_moments(r[0]) for r in res]
+        per_rank = [_moments(r.mine) for r in res]
         single, single_rse = sum(v for v, _ in per_rank) / world_size, per_rank[0][1]
-        avg, avg_rse = _moments(res[0][1])
+        avg, avg_rse = _moments(res[0].average)
         stats[mode] = SeedStats(mode, corr, corr * single, single, avg, avg * world_size / single,
                                 math.hypot(single_rse, avg_rse))
     s, i, t = stats["shared"], stats["independent"], stats["antithetic"]
     corr_tol = 4 / math.sqrt(trials)    # a sample correlation of R independent pairs has SE ~ 1/sqrt(R)
     checks.append(exact_check("shared seeds: every rank's estimates are identical",
-                              [r[0] for r in runs["shared"]], [runs["shared"][0][0]] * world_size,
+                              [r.mine for r in runs["shared"]], [runs["shared"][0].mine] * world_size,
                               "same stream, same operations: bitwise equal"))
     checks.append(Check("shared seeds: var(average) / var(one rank) == 1",
                         abs(s.var_average / s.var_one_rank - 1),
@@ -166,15 +231,21 @@ def seeds_demo(world_size: int, trials: int = 2_000, draws: int = 8, seed: int =
                         "beyond 4/sqrt(R) of 0", must_differ=True))
     checks.append(Check("antithetic var(average) / independent var(average) (< 1)", t.var_average / i.var_average,
                         1.0 - 4 * math.hypot(t.rse, i.rse), "lower by more than 4 relative standard errors"))
-    return Report("latent-seeds", world_size, checks, [], seconds,
-                  {"trials": trials, "draws": draws, "mu": MU, "sigma": SIGMA}, stats)
+    return Verdict(checks=checks, params={"trials": trials, "draws": spec.draws, "mu": MU, "sigma": SIGMA},
+                   data=stats)
 
-DEMOS = [
-    Demo("latent-estimators", "Pathwise, score-function and straight-through gradients vs the exact gradient",
-         estimators_demo, world_sizes=(1, 2, 4), chapter="02"),
-    Demo("latent-seeds", "Shared, independent and antithetic seeds: covariance and the variance of the average",
-         seeds_demo, world_sizes=(2, 4), chapter="02", min_world_size=2),
-]
+
+SEEDS_DEMO = Experiment(name="latent-seeds", chapter="02", world_sizes=(2, 4),
+                        title="Shared, independent and antithetic seeds: covariance and the variance of the average",
+                        spec=lambda n: SeedsSpec(world_size=n), ranks=seeds_rank, compare=compare_seeds)
+
+
+def seeds_demo(world_size: int, trials: int = 2_000, draws: int = 8, seed: int = 0) -> Report:
+    """Covariance between ranks' estimates, and the variance of their average, per seeding mode."""
+    return SEEDS_DEMO.run_spec(SeedsSpec(world_size=world_size, trials=trials, draws=draws, seed=seed))
+
+
+DEMOS = [ESTIMATORS_DEMO, SEEDS_DEMO]
 
 
 # --- exercise: the score-function estimate, averaged over ranks -----------------------------

@@ -5,10 +5,13 @@ parameters stay identical (bitwise) on every rank, and they equal one process
 that drew every rank's noise itself, in rank order (up to float32 rounding:
 the means are taken in another order). Independent streams need no
 synchronization of the random numbers.
+
+The demo is an `Experiment` ("latent-dp"): `LatentDPSpec` is checked before
+any process starts, each rank returns a `NoisyDPRun`.
 """
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -17,10 +20,10 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from wmdist import costs
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.costs import require_int
+from wmdist.experiment import Experiment, Verdict
 from wmdist.latents.estimators import rank_generator
 from wmdist.models import WorldModelConfig, flat_params, make_batch, shard_batch
-from wmdist.report import Demo, Report, close_check, counts_per_rank, exact_check
-from wmdist.runtime import run
+from wmdist.report import Report, close_check, counts_per_rank, exact_check
 
 
 class StochasticLatentModel(nn.Module):
@@ -55,8 +58,15 @@ def _sgd(model: nn.Module, flat_grad: torch.Tensor, lr: float) -> None:
         vector_to_parameters(flat_params(model) - lr * flat_grad, model.parameters())
 
 
+@dataclass(frozen=True)
+class NoisyDPRun:
+    """One rank's parameters after the all-reduced steps, and the bytes its ledger sent."""
+    params: torch.Tensor        # (P,) flat
+    bytes_sent: int
+
+
 def noisy_dp_train(ctx: Context, steps: int, rows_per_rank: int, seed: int = 0, lr: float = 0.1,
-             mode: str = "independent") -> tuple[torch.Tensor, dict]:
+                   mode: str = "independent") -> NoisyDPRun:
     """Rank function: SGD on this rank's shard with its own latent noise; gradients ring-all-reduced."""
     model, batch = _setup(seed, rows_per_rank * ctx.world_size)
     shard = shard_batch(batch, [rows_per_rank] * ctx.world_size, ctx.rank)
@@ -66,7 +76,7 @@ def noisy_dp_train(ctx: Context, steps: int, rows_per_rank: int, seed: int = 0, 
         grads = torch.autograd.grad(model.loss(shard, eps), list(model.parameters()))
         flat = parameters_to_vector(grads)                                           # (P,)
         _sgd(model, ring_all_reduce(ctx, flat, phase="gradients") / ctx.world_size, lr)
-    return flat_params(model), ctx.ledger.totals()
+    return NoisyDPRun(flat_params(model), ctx.ledger.totals()["bytes_sent"])
 
 
 def noisy_single_process(world_size: int, steps: int, rows_per_rank: int, seed: int = 0, lr: float = 0.1,
@@ -81,25 +91,51 @@ def noisy_single_process(world_size: int, steps: int, rows_per_rank: int, seed: 
     return flat_params(model)
 
 
+@dataclass(frozen=True, kw_only=True)
+class LatentDPSpec:
+    """The run, decided before any process starts: N ranks, `steps` SGD steps on `rows_per_rank` rows each."""
+    world_size: int
+    steps: int = 3
+    rows_per_rank: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require_int("world_size", self.world_size, 1)
+        require_int("steps", self.steps, 1)
+        require_int("rows_per_rank", self.rows_per_rank, 1)
+
+
+def latent_dp_rank(ctx: Context, spec: LatentDPSpec) -> NoisyDPRun:
+    """Rank function: `noisy_dp_train` with the spec's sizes, each rank on its own noise stream."""
+    return noisy_dp_train(ctx, spec.steps, spec.rows_per_rank, spec.seed)
+
+
+def compare_latent_dp(spec: LatentDPSpec, results: list[NoisyDPRun]) -> Verdict:
+    """Parameters bitwise equal over ranks, close to one process drawing every rank's noise; bytes vs the ring."""
+    n, steps = spec.world_size, spec.steps
+    expected = noisy_single_process(n, steps, spec.rows_per_rank, spec.seed)
+    numel = expected.numel()
+    checks = [exact_check("parameters identical on every rank", [r.params for r in results],
+                          [results[0].params] * n, "every rank applies the same all-reduced gradient"),
+              close_check("rank 0 == one process drawing every rank's noise", results[0].params, expected, 1e-5,
+                          "float32 means taken in another order (shard means then ring sum vs one batch "
+                          "mean): ~1e-7 relative per step on O(1) weights, 3 steps of lr 0.1")]
+    exact = counts_per_rank("bytes sent", [r.bytes_sent for r in results],
+                            [steps * costs.ring_allreduce_bytes(numel, n, r) for r in range(n)])
+    return Verdict(checks=checks, exact=exact, params={"steps": steps, "rows_per_rank": spec.rows_per_rank,
+                                                       "parameters": numel, "mode": "independent"})
+
+
+LATENT_DP_DEMO = Experiment(name="latent-dp", chapter="02", world_sizes=(1, 2, 4),
+                            title="Independent latent noise per rank: identical parameters after all-reduced steps",
+                            spec=lambda n: LatentDPSpec(world_size=n), ranks=latent_dp_rank,
+                            compare=compare_latent_dp)
+
+
 def dp_latents_demo(world_size: int, steps: int = 3, rows_per_rank: int = 2, seed: int = 0) -> Report:
     """Independent latent streams per rank, identical parameters after every all-reduced step."""
+    return LATENT_DP_DEMO.run_spec(LatentDPSpec(world_size=world_size, steps=steps, rows_per_rank=rows_per_rank,
+                                                seed=seed))
 
-    require_int("steps", steps, 1)
-    require_int("rows_per_rank", rows_per_rank, 1)
-    start = time.perf_counter()
-    results = run(noisy_dp_train, world_size, steps, rows_per_rank, seed)
-    seconds = time.perf_counter() - start
-    expected = noisy_single_process(world_size, steps, rows_per_rank, seed)
-    numel = expected.numel()
-    checks = [exact_check("parameters identical on every rank", [r[0] for r in results], [results[0][0]] * world_size,
-                          "every rank applies the same all-reduced gradient")]
-    checks.append(close_check("rank 0 == one process drawing every rank's noise", results[0][0], expected, 1e-5,
-                              "float32 means taken in another order (shard means then ring sum vs one batch "
-                              "mean): ~1e-7 relative per step on O(1) weights, 3 steps of lr 0.1"))
-    exact = counts_per_rank("bytes sent", [r[1]["bytes_sent"] for r in results],
-                     [steps * costs.ring_allreduce_bytes(numel, world_size, r) for r in range(world_size)])
-    return Report("latent-dp", world_size, checks, exact, seconds,
-                  {"steps": steps, "rows_per_rank": rows_per_rank, "parameters": numel, "mode": "independent"})
 
-DEMOS = [Demo("latent-dp", "Independent latent noise per rank: identical parameters after all-reduced steps",
-              dp_latents_demo, world_sizes=(1, 2, 4), chapter="02")]
+DEMOS = [LATENT_DP_DEMO]
