@@ -45,8 +45,12 @@ def test_kill_mid_save_keeps_the_last_good_checkpoint():
     assert report.data.partial_files, "the killed save should have left files in its temporary directory"
 
 
-def test_bad_inputs():
+def test_bad_inputs_are_refused_before_any_process(no_processes):
     with pytest.raises(ValueError, match="world_size"):
         checkpoint.resume_report(0)
     with pytest.raises(ValueError, match="save_at"):
         checkpoint.resume_report(2, save_at=4, until=4)
+    with pytest.raises(ValueError, match="resume_on must be a positive integer, got 0"):
+        checkpoint.crash_report(3, resume_on=0)        # was found only after the crash run, two runs in
+    with pytest.raises(ValueError, match="stage must be one of"):
+        checkpoint.crash_report(3, stage=4)

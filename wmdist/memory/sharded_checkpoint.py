@@ -143,8 +143,17 @@ def load_latest(ctx: Context, root: str | os.PathLike, cfg: ZeroConfig) -> RankS
     return None if path is None else load_checkpoint(ctx, path, cfg)
 
 
+@dataclass(frozen=True)
+class ResumableRun:
+    """One rank's part of a resumable run: the step it resumed from, its chunks as loaded and at the end."""
+    resumed_from: int
+    loaded: dict[str, torch.Tensor]         # by SHARDED name: this rank's chunk right after loading (or init)
+    final: dict[str, torch.Tensor]          # the same chunks after training to `until`
+    range: tuple[int, int]                  # this rank's element range [start, stop)
+
+
 def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, until: int, save_every: int,
-                    die_at: int | None = None, die_on_rank: int = 0) -> dict:
+                    die_at: int | None = None, die_on_rank: int = 0) -> ResumableRun:
     """Rank function: resume from `root`'s latest checkpoint (or start), train to step `until`, saving as we go.
 
     With `die_at`, rank `die_on_rank` kills itself inside the save of that step.
@@ -157,8 +166,7 @@ def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, until: int, save_e
         train_step(ctx, state, cfg)
         if state.step % save_every == 0 or state.step == until:
             save_checkpoint(ctx, root, state, die_on_rank if state.step == die_at else None)
-    return {"resumed_from": resumed_from, "loaded": loaded, "final": _own_chunks(state),
-            "range": (state.start, state.stop)}
+    return ResumableRun(resumed_from, loaded, _own_chunks(state), (state.start, state.stop))
 
 
 def _own_chunks(state: RankState) -> dict[str, torch.Tensor]:
@@ -168,9 +176,16 @@ def _own_chunks(state: RankState) -> dict[str, torch.Tensor]:
             "exp_avg_sq": (state.exp_avg_sq if state.stage > 0 else state.exp_avg_sq[own]).clone()}
 
 
-def assemble(results: list[dict], which: str) -> dict[str, torch.Tensor]:
+def assemble(results: list[ResumableRun], which: str) -> dict[str, torch.Tensor]:
     """Concatenate every rank's chunks ('loaded' or 'final') into full flat vectors, in rank order."""
-    return {k: torch.cat([r[which][k] for r in results]) for k in SHARDED}
+    return {k: torch.cat([getattr(r, which)[k] for r in results]) for k in SHARDED}
+
+
+def _require_sizes(**sizes: int) -> None:
+    """Each world size a positive integer (a ValueError naming the first that is not), before any process starts."""
+    for name, n in sizes.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive integer, got {n!r}")
 
 
 def _other_size(world_size: int) -> int:
@@ -185,9 +200,7 @@ def resume_report(world_size: int, resume_on: int | None = None, stage: int = 2,
     the final weights match an uninterrupted run and single-process Adam.
     """
     resume_on = _other_size(world_size) if resume_on is None else resume_on
-    for name, n in (("world_size", world_size), ("resume_on", resume_on)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} must be a positive integer, got {n!r}")
+    _require_sizes(world_size=world_size, resume_on=resume_on)
     if not 1 <= save_at < until:
         raise ValueError(f"need 1 <= save_at < until, got save_at={save_at!r}, until={until!r}")
     cfg = ZeroConfig(stage=stage, steps=until)
@@ -204,7 +217,7 @@ def resume_report(world_size: int, resume_on: int | None = None, stage: int = 2,
     tol, why = adam_tolerance(cfg, max(world_size, resume_on))
     checks = [exact_check(f"{k} loaded on {resume_on} ranks == saved on {world_size}", loaded[k], saved[k],
                           "a checkpoint stores bytes: bitwise equal") for k in SHARDED]
-    checks += [exact_check("resumed from the saved step", second[0]["resumed_from"], save_at, "an integer"),
+    checks += [exact_check("resumed from the saved step", second[0].resumed_from, save_at, "an integer"),
                close_check("resumed run == uninterrupted run", final, whole, 2 * tol, "both within: " + why),
                close_check("resumed run == single-process Adam", final, reference_adam(cfg), tol, why)]
     return Report("checkpoint-resume", world_size, checks, [], seconds,
@@ -221,8 +234,7 @@ class CrashEvidence:
 def crash_report(world_size: int, resume_on: int | None = None, stage: int = 2) -> Report:
     """Kill one rank inside the save of step 4; the step-2 checkpoint must stay the latest and resume correctly."""
     resume_on = _other_size(world_size) if resume_on is None else resume_on
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    _require_sizes(world_size=world_size, resume_on=resume_on)
     cfg = ZeroConfig(stage=stage, steps=4)
     root = tempfile.mkdtemp(prefix="wmdist-ckpt-")
     start = time.perf_counter()
@@ -247,7 +259,7 @@ def crash_report(world_size: int, resume_on: int | None = None, stage: int = 2) 
                     0.0, "the killed rank wrote its shard before dying"),
               Check("after the crash LATEST still names step000002",
                     0.0 if latest is not None and latest.name == "step000002" else 1.0, 0.0, "names must match"),
-              exact_check("resumed from step 2", resumed[0]["resumed_from"], 2, "an integer"),
+              exact_check("resumed from step 2", resumed[0].resumed_from, 2, "an integer"),
               Check("the resumed run committed step000004",
                     0.0 if committed is not None and committed.name == "step000004" else 1.0, 0.0, "names must match"),
               close_check("resumed run == single-process Adam", assemble(resumed, "final")["params"],
