@@ -65,7 +65,7 @@ def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monke
     (["verify", "-n", "0"], "expected a positive integer, got 0"),
     (["verify", "-n", "two"], "expected a positive integer, got 'two'"),
     (["verify", "-n", "64", "ring-allreduce"], "world size 64 is more local ranks than wmdist starts (at most 32)"),
-    (["verify", "-n", "1", "latent-seeds"], "latent-seeds needs at least 2 ranks, got 1"),
+    (["verify", "-n", "1", "latent-seeds"], "latent-seeds: seeds_demo needs world_size >= 2"),
     (["verify", "-n", "2", "activation-checkpointing"], "activation-checkpointing runs in one process only, got 2"),
     (["bench", "nope"], "unknown benchmark(s): nope"),
 ])
@@ -98,7 +98,7 @@ def test_the_real_executable_table_usage_error_and_a_reader_that_stops():
         assert "ring-allreduce  2" in out and "PASS" in out
         _, err = usage.communicate(timeout=300)
         assert usage.returncode == 2
-        assert "latent-seeds needs at least 2 ranks, got 1" in err and "Traceback" not in err
+        assert "latent-seeds: seeds_demo needs world_size >= 2" in err and "Traceback" not in err
         assert err.count("\n") <= 2, "usage line and one error line"
         assert piped.wait(timeout=300) == 0, piped_err
         assert "Traceback" not in piped_err and "BrokenPipe" not in piped_err
@@ -118,7 +118,7 @@ def test_verify_reports_progress_before_each_run_and_at_the_end():
 def test_verify_refuses_a_named_demo_outside_its_sizes_before_anything_runs(no_processes):
     from wmdist.demos import verify
 
-    with pytest.raises(ValueError, match="latent-seeds needs at least 2 ranks, got 1"):
+    with pytest.raises(ValueError, match="latent-seeds: seeds_demo needs world_size >= 2"):
         verify(["latent-seeds"], world_size=1)
     with pytest.raises(ValueError, match="activation-checkpointing runs in one process only, got 2"):
         verify(["activation-checkpointing"], world_size=2)
