@@ -109,4 +109,4 @@ def test_the_converted_chapters_are_typed_through_and_through(no_processes):
         typed.setdefault(demo.chapter, set()).add(isinstance(demo, Experiment))
         if isinstance(demo, Experiment):
             assert all(demo.spec(n).world_size == n for n in demo.world_sizes)
-    assert all(typed[c] == {True} for c in ("01", "02", "04", "05", "08", "09"))
+    assert all(typed[c] == {True} for c in ("01", "02", "04", "05", "06", "08", "09"))

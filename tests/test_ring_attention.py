@@ -125,6 +125,15 @@ def test_bad_inputs_are_refused_in_one_line_before_any_process_starts(no_process
     assert "\n" not in str(err.value)
 
 
+def test_every_demo_of_the_chapter_is_an_experiment_refusing_before_any_process(no_processes):
+    from wmdist.demos import registry
+    from wmdist.experiment import Experiment
+    chapter = {name: d for name, d in registry().items() if d.chapter == "06"}
+    assert len(chapter) == 6 and all(isinstance(d, Experiment) for d in chapter.values())
+    assert chapter["ring-attention"].refuses(0) == "ring-attention: world_size must be an integer >= 1, got 0"
+    assert [n for n in range(1, 9) if any(d.refuses(n) for d in chapter.values())] == []
+
+
 def test_backward_costs_by_hand():
     # S = 8 on N = 4, d_KV = 6, batch 2, bf16: a block is 2 * 6 * 2 * 2 = 48 bytes
     assert costs.ring_backward_bytes_per_rank(8, 4, 6, batch=2) == (3 * 48, 3 * 48)

@@ -12,7 +12,6 @@ work counts and the output's agreement with SDPA are the checks.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -21,12 +20,13 @@ import torch.nn.functional as F
 from wmdist.comm import Context
 from wmdist.compare import bound_ratio
 from wmdist.costs.validate import require_int
-from wmdist.report import Check, Count, Demo, Report, counts_per_rank
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Count, Report, counts_per_rank
 from wmdist.ring_attention import layout as lay
+from wmdist.ring_attention.demos import Cases
 from wmdist.ring_attention.ring import positions, ring_forward
 from wmdist.ring_attention.spec import RingSpec
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
-from wmdist.runtime import run
 from wmdist.spans import Span
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -74,17 +74,38 @@ def balance_seq_len(world_size: int, target: int = 1024) -> int:
     return max(chunk, target // chunk * chunk)
 
 
-def balance_demo(world_size: int, seq_len: int | None = None, block_size: int = 64, heads: int = 2,
-                 head_dim: int = 64, repeats: int = 3, seed: int = 0) -> Report:
-    """Causal ring forward on both layouts: exact per-rank work, measured per-rank compute time, output == SDPA."""
-    spec = RingSpec(balance_seq_len(world_size) if seq_len is None else seq_len, batch=1, heads=heads,
+@dataclass(frozen=True, kw_only=True)
+class BalanceRun:
+    """ring-attention-balance's run: one sequence's sizes on N ranks (both layouts must accept them), the forward
+    repeated `repeats` times per layout."""
+    world_size: int
+    ring: RingSpec
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        for layout in LAYOUTS:
+            self.ring.check(self.world_size, layout)
+        require_int("repeats", self.repeats, 1)
+
+
+def balance_run(world_size: int, seq_len: int | None = None, block_size: int = 64, heads: int = 2,
+                head_dim: int = 64, repeats: int = 3, seed: int = 0) -> BalanceRun:
+    """The run, by default at the largest S <= 1024 both layouts accept (balance_seq_len)."""
+    ring = RingSpec(balance_seq_len(world_size) if seq_len is None else seq_len, batch=1, heads=heads,
                     head_dim=head_dim, block_size=block_size, seed=seed)
-    for layout in LAYOUTS:
-        spec.check(world_size, layout)
-    repeats = require_int("repeats", repeats, 1)
-    start = time.perf_counter()
-    results = {layout: run(balance_rank, world_size, spec, layout, repeats) for layout in LAYOUTS}
-    seconds = time.perf_counter() - start
+    return BalanceRun(world_size=world_size, ring=ring, repeats=repeats)
+
+
+def balance_ranks(ctx: Context, run: BalanceRun) -> Cases[BalanceRank]:
+    """Rank function: `balance_rank` under each layout in turn."""
+    return Cases(LAYOUTS, tuple(balance_rank(ctx, run.ring, layout, run.repeats) for layout in LAYOUTS))
+
+
+def compare_balance(run: BalanceRun, outcomes: list[Cases[BalanceRank]]) -> Verdict:
+    """Each layout's output against SDPA (rounding bound), its pairs and tiles per rank against the layout's
+    formulas; the CPU times are reported, never checked."""
+    spec, world_size = run.ring, run.world_size
+    results = {layout: [o[layout] for o in outcomes] for layout in LAYOUTS}
     q, k, v, dout = spec.inputs("float32")
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     tol = tolerance(exact_attention(q, k, v, dout, True), torch.float32, spec.tile(world_size),
@@ -105,12 +126,21 @@ def balance_demo(world_size: int, seq_len: int | None = None, block_size: int = 
     data = BalanceData({lo: [rk.pairs for rk in rs] for lo, rs in results.items()},
                        {lo: [statistics.median(rk.cpu_s) for rk in rs] for lo, rs in results.items()},
                        {lo: tuple(s for rk in rs for s in rk.spans) for lo, rs in results.items()})
-    return Report("ring-attention-balance", world_size, checks, exact, seconds,
-                  {"seq_len": spec.seq_len, "block_size": spec.block_size, "heads": heads, "head_dim": head_dim,
-                   "repeats": repeats, "time": "compute-thread CPU s, median over repeats (reported, not checked)"},
-                  data)
+    params = {"seq_len": spec.seq_len, "block_size": spec.block_size, "heads": spec.heads, "head_dim": spec.head_dim,
+              "repeats": run.repeats, "time": "compute-thread CPU s, median over repeats (reported, not checked)"}
+    return Verdict(checks=checks, exact=exact, params=params, data=data)
 
 
-DEMOS = [Demo("ring-attention-balance", "Causal load balance: contiguous blocks give the last rank the most work, "
-              "zigzag equal work; exact pair counts, measured CPU time", balance_demo,
-              world_sizes=(2, 4), chapter="06")]
+BALANCE_DEMO = Experiment(name="ring-attention-balance", chapter="06", world_sizes=(2, 4), spec=balance_run,
+                          title="Causal load balance: contiguous blocks give the last rank the most work, zigzag "
+                                "equal work; exact pair counts, measured CPU time",
+                          ranks=balance_ranks, compare=compare_balance)
+
+
+def balance_demo(world_size: int, seq_len: int | None = None, block_size: int = 64, heads: int = 2,
+                 head_dim: int = 64, repeats: int = 3, seed: int = 0) -> Report:
+    """Causal ring forward on both layouts: exact per-rank work, measured per-rank compute time, output == SDPA."""
+    return BALANCE_DEMO.run_spec(balance_run(world_size, seq_len, block_size, heads, head_dim, repeats, seed))
+
+
+DEMOS = [BALANCE_DEMO]

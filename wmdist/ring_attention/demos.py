@@ -8,12 +8,14 @@ torch.nn.functional.scaled_dot_product_attention, each element within the
 derived rounding bound of tolerance.py. The ledger's bytes per rank and
 phase, and the tiles, query-key pairs and skipped steps each rank reports,
 must equal their formulas exactly.
+
+The demo is an `Experiment` on `RingRun` (the sizes, checked on both layouts
+before any process starts), which the chapter's other demos share.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +23,8 @@ import torch.nn.functional as F
 from wmdist.comm import Context
 from wmdist.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
-from wmdist.report import Check, Count, Demo, Report, counts_per_rank, exact_check
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.ring import (
     BACKWARD_GRAD,
@@ -34,12 +37,46 @@ from wmdist.ring_attention.ring import (
 )
 from wmdist.ring_attention.spec import RingSpec, default_seq_len
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
-from wmdist.runtime import run
 from wmdist.spans import Span
 
 CASES = tuple((dtype, causal, layout) for dtype in ("float32", "float64")
               for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")))
 PAPER = "paper loop, N sends"
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RingRun:
+    """A ring-attention run: its sizes (RingSpec) on N ranks, refused unless every layout in `layouts` accepts
+    them (one ValueError, before any process starts)."""
+    world_size: int
+    ring: RingSpec
+    layouts: tuple[str, ...] = field(default=lay.LAYOUTS)
+
+    def __post_init__(self) -> None:
+        for layout in self.layouts:
+            self.ring.check(self.world_size, layout)
+
+
+def ring_run(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> RingRun:
+    """The chapter's usual run: S = default_seq_len(N) unless given, checked on both layouts."""
+    ring = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
+    return RingRun(world_size=world_size, ring=ring)
+
+
+@dataclass(frozen=True)
+class Cases(Generic[T]):
+    """One rank's result per named case, in run order; `cases[name]` is the one named `name`."""
+    names: tuple[str, ...]
+    results: tuple[T, ...]
+
+    def __getitem__(self, name: str) -> T:
+        return self.results[self.names.index(name)]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
 
 
 def case_name(dtype: str, causal: bool, layout: str) -> str:
@@ -72,12 +109,13 @@ def _run_case(ctx: Context, spec: RingSpec, dtype: str, causal: bool, layout: st
     return RankCase(rows.tolist(), out, tuple(grads), sent, fwd, bwd)
 
 
-def ring_cases(ctx: Context, spec: RingSpec) -> dict[str, RankCase]:
+def ring_cases(ctx: Context, run: RingRun) -> Cases[RankCase]:
     """Rank function: every case forward and backward, then the paper's N-sends forward (N > 1)."""
+    spec = run.ring
     out = {case_name(*c): _run_case(ctx, spec, *c, final_exchange=False, backward=True) for c in CASES}
     if ctx.world_size > 1:
         out[PAPER] = _run_case(ctx, spec, "float32", True, "contiguous", final_exchange=True, backward=False)
-    return out
+    return Cases(tuple(out), tuple(out.values()))
 
 
 def _assemble(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
@@ -87,7 +125,7 @@ def _assemble(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) 
     return full
 
 
-def _checks(spec: RingSpec, n: int, results: list[dict[str, RankCase]], dtype: str, causal: bool,
+def _checks(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: str, causal: bool,
             layout: str) -> list[Check]:
     """Output and three gradients of one case against SDPA on the full sequence, in units of the rounding bound."""
     name = case_name(dtype, causal, layout)
@@ -105,7 +143,7 @@ def _checks(spec: RingSpec, n: int, results: list[dict[str, RankCase]], dtype: s
             for key in ("out", "dq", "dk", "dv")]
 
 
-def _counts(spec: RingSpec, n: int, results: list[dict[str, RankCase]], dtype: str, causal: bool,
+def _counts(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: str, causal: bool,
             layout: str) -> list[Count]:
     """Bytes per phase (every case), and tiles, pairs and skipped steps (float32 cases), against their formulas."""
     name = case_name(dtype, causal, layout)
@@ -139,14 +177,10 @@ class RingDemoData:
     backward: tuple[Span, ...]
 
 
-def ring_attention_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
-    """Ring attention on `world_size` ranks vs SDPA, six cases forward and backward, bytes and work counted exactly."""
-    spec = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
-    for layout in lay.LAYOUTS:
-        spec.check(world_size, layout)
-    start = time.perf_counter()
-    results = run(ring_cases, world_size, spec)
-    seconds = time.perf_counter() - start
+def compare_ring(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
+    """Every case against SDPA in units of its rounding bound, bytes and work against the formulas, the paper's
+    N-sends loop against N-1 sends."""
+    spec, world_size = run.ring, run.world_size
     checks = [c for case in CASES for c in _checks(spec, world_size, results, *case)]
     exact = [c for case in CASES for c in _counts(spec, world_size, results, *case)]
     if world_size > 1:
@@ -166,9 +200,17 @@ def ring_attention_demo(world_size: int, seq_len: int | None = None, block_size:
                               "head_dim": spec.head_dim, "kv_width": spec.kv_width, "block_size": spec.block_size}
     if world_size == 1:
         params["note"] = "one rank has no neighbour: the paper's N-sends loop would send to itself, which gloo refuses"
-    return Report("ring-attention", world_size, checks, exact, seconds, params, data)
+    return Verdict(checks=checks, exact=exact, params=params, data=data)
 
 
-DEMOS = [Demo("ring-attention", "Ring attention on N ranks == SDPA (fp32, fp64, causal or not, forward and "
-              "backward); KV bytes (N-1) S d_KV / N per rank", ring_attention_demo, world_sizes=tuple(range(1, 9)),
-              chapter="06")]
+RING_DEMO = Experiment(name="ring-attention", chapter="06", world_sizes=tuple(range(1, 9)), spec=ring_run,
+                       title="Ring attention on N ranks == SDPA (fp32, fp64, causal or not, forward and backward); "
+                             "KV bytes (N-1) S d_KV / N per rank", ranks=ring_cases, compare=compare_ring)
+
+
+def ring_attention_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
+    """Ring attention on `world_size` ranks vs SDPA, six cases forward and backward, bytes and work counted exactly."""
+    return RING_DEMO.run_spec(ring_run(world_size, seq_len, block_size, seed))
+
+
+DEMOS = [RING_DEMO]

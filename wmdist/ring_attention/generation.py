@@ -11,11 +11,12 @@ partial results, every rank merges them in rank order) and only then is the
 next token known. G new tokens take G rounds on any N: more ranks shrink
 each round's work, not the number of rounds.
 Shapes: context (S, D); per rank q, k, v (1, 1, c, D); a new token's q (1, 1, 1, D).
+The demo is an `Experiment` on `GenerationSpec`, refused before any process.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -24,13 +25,13 @@ from wmdist.comm import Context, all_gather, broadcast
 from wmdist.compare import bound_ratio, worst
 from wmdist.costs import ring_attention as costs
 from wmdist.costs.validate import require_int
-from wmdist.report import Check, Demo, Report, counts_per_rank, exact_check
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Report, counts_per_rank, exact_check
 from wmdist.ring_attention.blockwise import attend_block, merge
 from wmdist.ring_attention.layout import check_layout
 from wmdist.ring_attention.ring import FORWARD, positions, ring_forward
 from wmdist.ring_attention.spec import default_seq_len
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
-from wmdist.runtime import run
 
 DECODE, HANDOFF = "decode", "prefill handoff"
 
@@ -98,16 +99,37 @@ def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block
                           len(ctx.ledger.select(DECODE, kind=None)), ctx.ledger.totals(FORWARD)["bytes_sent"], seconds)
 
 
-def generation_demo(world_size: int, seq_len: int | None = None, new_tokens: int = 6, width: int = 8,
-                    block_size: int = 4, seed: int = 0) -> Report:
-    """Prefill on N ranks == SDPA; each new token's attention == SDPA on its prefix; G tokens cost G rounds on any N."""
-    s, n, _ = check_layout(default_seq_len(world_size) if seq_len is None else seq_len, world_size, "contiguous")
-    g = require_int("new_tokens", new_tokens, 1)
-    require_int("width", width, 1)
-    require_int("block_size", block_size, 1)
-    start = time.perf_counter()
-    ranks = run(generate_rank, n, s, g, width, block_size, seed)
-    seconds = time.perf_counter() - start
+@dataclass(frozen=True, kw_only=True)
+class GenerationSpec:
+    """ring-attention-generation's run: S context tokens (default default_seq_len(N); the contiguous layout must
+    accept them), `new_tokens` generated, the decoder's width, the score tile and the seed."""
+    world_size: int
+    seq_len: int | None = None
+    new_tokens: int = 6
+    width: int = 8
+    block_size: int = 4
+    seed: int = 0
+    context: int = field(init=False)             # S as checked
+
+    def __post_init__(self) -> None:
+        asked = default_seq_len(self.world_size) if self.seq_len is None else self.seq_len
+        s, _, _ = check_layout(asked, self.world_size, "contiguous")
+        object.__setattr__(self, "context", s)
+        require_int("new_tokens", self.new_tokens, 1)
+        require_int("width", self.width, 1)
+        require_int("block_size", self.block_size, 1)
+
+
+def generation_ranks(ctx: Context, spec: GenerationSpec) -> RankGeneration:
+    """Rank function: `generate_rank` on the spec."""
+    return generate_rank(ctx, spec.context, spec.new_tokens, spec.width, spec.block_size, spec.seed)
+
+
+def compare_generation(spec: GenerationSpec, ranks: list[RankGeneration]) -> Verdict:
+    """Prefill against SDPA, every rank's tokens against rank 0's (exact), each new token's attention against SDPA
+    over its prefix; decode rounds and prefill bytes against the formulas."""
+    s, n, g, width, block_size, seed = (spec.context, spec.world_size, spec.new_tokens, spec.width, spec.block_size,
+                                        spec.seed)
     model = Decoder.make(s, width, seed)
     q, k, v = model.qkv(model.context)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -134,10 +156,23 @@ def generation_demo(world_size: int, seq_len: int | None = None, new_tokens: int
     exact = counts_per_rank("rounds to generate", [rk.decode_rounds for rk in ranks], [g] * n, phase=DECODE)
     exact += counts_per_rank("bytes sent", [rk.prefill_bytes for rk in ranks],
                              [costs.ring_kv_bytes_per_rank(s, n, 2 * width, 1, 8)] * n, phase=FORWARD)
-    return Report("ring-attention-generation", n, checks, exact, seconds,
-                  {"seq_len": s, "new_tokens": g, "width": width,
-                   "decode_ms_per_token": [round(1e3 * t, 2) for t in ranks[0].step_seconds]})
+    return Verdict(checks=checks, exact=exact,
+                   params={"seq_len": s, "new_tokens": g, "width": width,
+                           "decode_ms_per_token": [round(1e3 * t, 2) for t in ranks[0].step_seconds]})
 
 
-DEMOS = [Demo("ring-attention-generation", "Generation stays autoregressive: the context is attended on N ranks at "
-              "once, G new tokens take G rounds on any N", generation_demo, world_sizes=(1, 2, 4), chapter="06")]
+GENERATION_DEMO = Experiment(name="ring-attention-generation", chapter="06", world_sizes=(1, 2, 4),
+                             title="Generation stays autoregressive: the context is attended on N ranks at once, G "
+                                   "new tokens take G rounds on any N",
+                             spec=lambda n: GenerationSpec(world_size=n), ranks=generation_ranks,
+                             compare=compare_generation)
+
+
+def generation_demo(world_size: int, seq_len: int | None = None, new_tokens: int = 6, width: int = 8,
+                    block_size: int = 4, seed: int = 0) -> Report:
+    """Prefill on N ranks == SDPA; each new token's attention == SDPA on its prefix; G tokens cost G rounds on any N."""
+    return GENERATION_DEMO.run_spec(GenerationSpec(world_size=world_size, seq_len=seq_len, new_tokens=new_tokens,
+                                                   width=width, block_size=block_size, seed=seed))
+
+
+DEMOS = [GENERATION_DEMO]

@@ -12,11 +12,12 @@ fit, the same ring is compared with single-process full attention (SDPA's
 MATH backend, which materializes the scores): the measured per-rank / single
 ratio is reported.
 Shapes: q, k, v (B, H, S, D); a rank holds (B, H, S/N, D).
+The demo is an `Experiment` on `LongRun` (both lengths and the budget, refused
+before any process starts); every rank measures the long S, then the short.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -24,11 +25,11 @@ import torch.nn.functional as F
 from wmdist.comm import Context
 from wmdist.costs import ring_attention as costs
 from wmdist.costs.validate import require_int
-from wmdist.report import Check, Demo, Report
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Report
 from wmdist.ring_attention.profiling import measure_allocations
 from wmdist.ring_attention.ring import positions, ring_forward
 from wmdist.ring_attention.spec import RingSpec
-from wmdist.runtime import run
 
 MIB = 2 ** 20
 BUDGET = 32 * MIB                     # working memory one process may use for attention (stated, not measured)
@@ -102,14 +103,46 @@ def _sizes(world_size: int, long_target: int, fit_target: int, budget: int) -> t
     return long_seq, fit_seq
 
 
-def long_context_demo(world_size: int, long_seq: int = 2048, fit_seq: int = 512, budget: int = BUDGET) -> Report:
-    """Run S = long_seq (scores over budget) and S = fit_seq on N ranks; measure per-rank and single-process memory."""
-    budget = require_int("budget", budget, 1)
-    long_seq, fit_seq = _sizes(world_size, long_seq, fit_seq, budget)
-    specs = {s: RingSpec(s, **SHAPE) for s in (long_seq, fit_seq)}
-    start = time.perf_counter()
-    ranks = {s: run(ring_memory, world_size, spec) for s, spec in specs.items()}
-    seconds = time.perf_counter() - start
+@dataclass(frozen=True, kw_only=True)
+class LongRun:
+    """ring-attention-long-context's run: the asked-for lengths (rounded down to multiples of N by `_sizes`, which
+    refuses a long S whose scores fit the budget) and the budget in bytes."""
+    world_size: int
+    long_target: int = 2048
+    fit_target: int = 512
+    budget: int = BUDGET
+    long_seq: int = field(init=False)
+    fit_seq: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        budget = require_int("budget", self.budget, 1)
+        long_seq, fit_seq = _sizes(self.world_size, self.long_target, self.fit_target, budget)
+        object.__setattr__(self, "long_seq", long_seq)
+        object.__setattr__(self, "fit_seq", fit_seq)
+
+    def spec(self, seq_len: int) -> RingSpec:
+        """The sizes at one of the two lengths."""
+        return RingSpec(seq_len, **SHAPE)
+
+
+@dataclass(frozen=True)
+class MemoryRanks:
+    """One rank's measured memory at the long S and at the S that fits."""
+    long: RankMemory
+    fit: RankMemory
+
+
+def memory_ranks(ctx: Context, run: LongRun) -> MemoryRanks:
+    """Rank function: `ring_memory` at the long S, then at the short one."""
+    return MemoryRanks(ring_memory(ctx, run.spec(run.long_seq)), ring_memory(ctx, run.spec(run.fit_seq)))
+
+
+def compare_long(run: LongRun, results: list[MemoryRanks]) -> Verdict:
+    """The premise (scores over budget), each rank within the budget, the short S within it in one process, and
+    every rank's score temporaries within the block-size bound."""
+    budget, long_seq, fit_seq = run.budget, run.long_seq, run.fit_seq
+    specs = {s: run.spec(s) for s in (long_seq, fit_seq)}
+    ranks = {long_seq: [m.long for m in results], fit_seq: [m.fit for m in results]}
     data = LongContextData(budget, long_seq, fit_seq, ranks, single_memory(specs[fit_seq]),
                            {s: costs.full_scores_bytes(s, SHAPE["heads"], SHAPE["batch"], 4) for s in specs})
     b, h, d = SHAPE["block_size"], SHAPE["heads"], SHAPE["head_dim"]
@@ -130,11 +163,21 @@ def long_context_demo(world_size: int, long_seq: int = 2048, fit_seq: int = 512,
     checks += [Check(f"S={s}, rank {r}: score temporaries / block-size bound", m.scores / score_bound, 1.0,
                      "beyond its S/N tokens a rank holds only a few block x block tiles, whatever S is")
                for s in specs for r, m in enumerate(ranks[s])]
-    return Report("ring-attention-long-context", world_size, checks, [], seconds,
-                  {"budget_bytes": budget, "long_seq": long_seq, "fit_seq": fit_seq, **SHAPE,
-                   "single": "SDPA MATH backend (materializes the scores)", "fit_ratio": round(data.fit_ratio, 4)}, data)
+    return Verdict(checks=checks, data=data,
+                   params={"budget_bytes": budget, "long_seq": long_seq, "fit_seq": fit_seq, **SHAPE,
+                           "single": "SDPA MATH backend (materializes the scores)",
+                           "fit_ratio": round(data.fit_ratio, 4)})
 
 
-DEMOS = [Demo("ring-attention-long-context", "A context whose S x S scores exceed a 32 MiB budget runs on N ranks; "
-              "per-rank memory ~ 1/N of the tokens plus block-bounded scores", long_context_demo,
-              world_sizes=(2, 4), chapter="06")]
+LONG_DEMO = Experiment(name="ring-attention-long-context", chapter="06", world_sizes=(2, 4),
+                       title="A context whose S x S scores exceed a 32 MiB budget runs on N ranks; per-rank memory "
+                             "~ 1/N of the tokens plus block-bounded scores",
+                       spec=lambda n: LongRun(world_size=n), ranks=memory_ranks, compare=compare_long)
+
+
+def long_context_demo(world_size: int, long_seq: int = 2048, fit_seq: int = 512, budget: int = BUDGET) -> Report:
+    """Run S = long_seq (scores over budget) and S = fit_seq on N ranks; measure per-rank and single-process memory."""
+    return LONG_DEMO.run_spec(LongRun(world_size=world_size, long_target=long_seq, fit_target=fit_seq, budget=budget))
+
+
+DEMOS = [LONG_DEMO]

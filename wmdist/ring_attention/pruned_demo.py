@@ -14,7 +14,6 @@ evens the work and sends every block N-1 hops.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +23,14 @@ import torch.nn.functional as F
 from wmdist.comm import Context
 from wmdist.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
-from wmdist.report import Check, Count, Demo, Report, counts_per_rank, exact_check
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
+from wmdist.ring_attention.demos import Cases, RingRun, ring_run
 from wmdist.ring_attention.pruned import pruned_backward, pruned_forward
 from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, positions, ring_backward, ring_forward
-from wmdist.ring_attention.spec import RingSpec, default_seq_len
+from wmdist.ring_attention.spec import RingSpec
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
-from wmdist.runtime import run
 
 CASES = (("pruned", "contiguous"), ("uniform", "contiguous"), ("uniform", "zigzag"), ("pruned", "zigzag"))
 PHASES = (FORWARD, BACKWARD_KV, BACKWARD_GRAD)
@@ -53,8 +53,9 @@ class PrunedRank:
     skipped: int                                             # forward steps with no computation
 
 
-def pruned_cases(ctx: Context, spec: RingSpec) -> dict[str, PrunedRank]:
+def pruned_cases(ctx: Context, run: RingRun) -> Cases[PrunedRank]:
     """Rank function: every case, causal, float32, forward and backward, each with a fresh ledger."""
+    spec = run.ring
     q, k, v, dout = spec.inputs("float32")
     out: dict[str, PrunedRank] = {}
     for ring, layout in CASES:
@@ -68,7 +69,7 @@ def pruned_cases(ctx: Context, spec: RingSpec) -> dict[str, PrunedRank]:
         out[case_name(ring, layout)] = PrunedRank(
             rows.tolist(), o, tuple(grads), {p: t["bytes_sent"] for p, t in phases.items()},
             {p: t["messages"] for p, t in phases.items()}, sum(trace.pairs), len(trace.skipped))
-    return out
+    return Cases(tuple(out), tuple(out.values()))
 
 
 def predicted_sends(world_size: int, ring: str, layout: str) -> dict[str, list[int]]:
@@ -130,14 +131,10 @@ class PrunedData:
     total_bytes: dict[str, int]
 
 
-def pruned_ring_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
-    """Pruned causal ring vs uniform ring vs zigzag on `world_size` ranks: == SDPA, bytes and sends exact."""
-    spec = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
-    for layout in lay.LAYOUTS:
-        spec.check(world_size, layout)
-    start = time.perf_counter()
-    results = run(pruned_cases, world_size, spec)
-    seconds = time.perf_counter() - start
+def compare_pruned(run: RingRun, results: list[Cases[PrunedRank]]) -> Verdict:
+    """Every case against SDPA in units of its rounding bound, pruned against uniform (exact), bytes, sends and work
+    against the formulas."""
+    spec, world_size = run.ring, run.world_size
     q, k, v, dout = spec.inputs("float32")
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=True)
@@ -165,9 +162,18 @@ def pruned_ring_demo(world_size: int, seq_len: int | None = None, block_size: in
     params: dict[str, Any] = {"seq_len": spec.seq_len, "batch": spec.batch, "heads": spec.heads,
                               "head_dim": spec.head_dim, "kv_width": spec.kv_width, "block_size": spec.block_size,
                               "dead forward sends (contiguous)": costs.dead_kv_sends(world_size, "contiguous")}
-    return Report("ring-attention-pruned", world_size, checks, exact, seconds, params, data)
+    return Verdict(checks=checks, exact=exact, params=params, data=data)
 
 
-DEMOS = [Demo("ring-attention-pruned", "Pruned causal ring (no dead K, V sends) == SDPA forward and backward, beside "
-              "the uniform ring and zigzag; bytes and sends per rank exact", pruned_ring_demo, world_sizes=(2, 4),
-              chapter="06")]
+PRUNED_DEMO = Experiment(name="ring-attention-pruned", chapter="06", world_sizes=(2, 4), spec=ring_run,
+                         title="Pruned causal ring (no dead K, V sends) == SDPA forward and backward, beside the "
+                               "uniform ring and zigzag; bytes and sends per rank exact",
+                         ranks=pruned_cases, compare=compare_pruned)
+
+
+def pruned_ring_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
+    """Pruned causal ring vs uniform ring vs zigzag on `world_size` ranks: == SDPA, bytes and sends exact."""
+    return PRUNED_DEMO.run_spec(ring_run(world_size, seq_len, block_size, seed))
+
+
+DEMOS = [PRUNED_DEMO]

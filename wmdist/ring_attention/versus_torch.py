@@ -16,10 +16,11 @@ Its sends are collectives inside torch, not wmdist.comm calls, so they are
 counted from the autograd profiler's record of each all_to_all_single input: one
 K, V block per forward step but the last, and in backward the same plus a
 dK, dV message after EVERY step, N rather than our N-1.
+The demo is an `Experiment` on chapter 06's `RingRun` (both layouts checked
+before any process starts).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -28,12 +29,13 @@ import torch.nn.functional as F
 from wmdist.comm import Context
 from wmdist.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
-from wmdist.report import Check, Count, Demo, Report, counts_per_rank
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Count, Report, counts_per_rank
 from wmdist.ring_attention.profiling import op_input_bytes
 from wmdist.ring_attention.ring import positions, ring_backward, ring_forward
+from wmdist.ring_attention.demos import RingRun
 from wmdist.ring_attention.spec import RingSpec, default_seq_len
 from wmdist.ring_attention.tolerance import REASON, SECOND_ORDER, exact_attention, sdpa_bounds, tolerance
-from wmdist.runtime import run
 
 CASES = (("float64", False, "contiguous"), ("float64", True, "contiguous"), ("float64", True, "zigzag"),
          ("float32", True, "zigzag"))
@@ -87,9 +89,22 @@ def template_missing() -> str | None:
     return f"torch {torch.__version__}'s _context_parallel._attention lacks {', '.join(missing)}" if missing else None
 
 
-def torch_cases(ctx: Context, spec: RingSpec) -> list[TorchCase]:
+@dataclass(frozen=True)
+class TorchCases:
+    """One rank's results, one per case of CASES, in order."""
+    cases: tuple[TorchCase, ...]
+
+
+def _require_template() -> None:
+    missing = template_missing()
+    if missing is not None:
+        raise RuntimeError(f"cannot compare with torch's ring attention: {missing} (written against torch 2.13)")
+
+
+def torch_cases(ctx: Context, run: RingRun) -> TorchCases:
     """Rank function: every case through torch's template and through ours."""
-    return [_torch_ring(ctx, spec, *case) for case in CASES]
+    _require_template()
+    return TorchCases(tuple(_torch_ring(ctx, run.ring, *case) for case in CASES))
 
 
 def _full(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
@@ -132,28 +147,38 @@ def _case_report(spec: RingSpec, n: int, ranks: list[TorchCase], dtype: str, cau
     return checks, counts
 
 
-def versus_torch_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
-    """Our ring and torch's private ring template on the same ranks, both against SDPA; torch's traffic profiled."""
-    spec = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
-    for _, _, layout in CASES:
-        spec.check(world_size, layout)
-    missing = template_missing()
-    if missing is not None:
-        raise RuntimeError(f"cannot compare with torch's ring attention: {missing} (written against torch 2.13)")
-    start = time.perf_counter()
-    results = run(torch_cases, world_size, spec)
-    seconds = time.perf_counter() - start
+def torch_run(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> RingRun:
+    """The run: S = default_seq_len(N) unless given, checked on every case's layout."""
+    ring = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
+    return RingRun(world_size=world_size, ring=ring, layouts=tuple(dict.fromkeys(layout for *_, layout in CASES)))
+
+
+def compare_torch(run: RingRun, results: list[TorchCases]) -> Verdict:
+    """Per case: torch's results against SDPA, ours against torch's (rounding bounds); torch's traffic vs formulas."""
     checks: list[Check] = []
     exact: list[Count] = []
     for i, case in enumerate(CASES):
-        c, e = _case_report(spec, world_size, [res[i] for res in results], *case)
+        c, e = _case_report(run.ring, run.world_size, [res.cases[i] for res in results], *case)
         checks += c
         exact += e
-    return Report("ring-attention-vs-torch", world_size, checks, exact, seconds,
-                  {"seq_len": spec.seq_len, "kv_width": spec.kv_width, "torch": torch.__version__,
-                   "template": "_templated_ring_attention, rotate 'alltoall', convert_to_f32 off"})
+    return Verdict(checks=checks, exact=exact,
+                   params={"seq_len": run.ring.seq_len, "kv_width": run.ring.kv_width, "torch": torch.__version__,
+                           "template": "_templated_ring_attention, rotate 'alltoall', convert_to_f32 off"})
 
 
-DEMOS = [Demo("ring-attention-vs-torch", "Our ring vs torch's private _templated_ring_attention on CPU gloo: both "
-              "== SDPA; torch sends dK, dV N times per rank, we N-1", versus_torch_demo,
-              world_sizes=(1, 2, 3, 4), chapter="06")]
+TORCH_DEMO = Experiment(name="ring-attention-vs-torch", chapter="06", world_sizes=(1, 2, 3, 4), spec=torch_run,
+                        title="Our ring vs torch's private _templated_ring_attention on CPU gloo: both == SDPA; torch "
+                              "sends dK, dV N times per rank, we N-1", ranks=torch_cases, compare=compare_torch)
+
+
+def versus_torch_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
+    """Our ring and torch's private ring template on the same ranks, both against SDPA; torch's traffic profiled.
+
+    A torch without the template is refused here, before any process starts (RuntimeError); `wmdist verify`'s
+    run meets the same error on the ranks and reports it as a failed row."""
+    run = torch_run(world_size, seq_len, block_size, seed)
+    _require_template()
+    return TORCH_DEMO.run_spec(run)
+
+
+DEMOS = [TORCH_DEMO]
