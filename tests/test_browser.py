@@ -250,7 +250,7 @@ ANSWERED_JS = """([panel, src, text]) => {
 def _open(browser, base: str, name: str):
     page = browser.new_page(viewport=VIEWPORT)
     page.set_default_timeout(MS)
-    page.goto(base + f"lab/tree/{name}", timeout=MS)
+    page.goto(base + f"lab/tree/{name}?reset", timeout=MS)     # ?reset: no notebook of an earlier page reopens
     page.wait_for_function(KERNEL_READY_JS, arg=name, timeout=MS)
     return page
 
@@ -305,7 +305,8 @@ GUESS_NOTEBOOK = "01_data_parallel.ipynb"          # the chapter whose predictio
 
 def _latency(page, panel, handle) -> list[float]:
     """Key press -> the new picture and numbers on screen, in page milliseconds, for PRESSES presses."""
-    out, key = [], "ArrowRight"
+    from playwright.sync_api import expect
+    out, key, moved = [], "ArrowRight", []
     for _ in range(PRESSES):
         time.sleep(0.8)                                  # a learner looks before the next press
         now, low, high = (float(handle.get_attribute(a) or 0) for a in ("aria-valuenow", "aria-valuemin",
@@ -315,6 +316,11 @@ def _latency(page, panel, handle) -> list[float]:
         handle.press(key)
         ms = page.wait_for_function(ANSWERED_JS, arg=[panel.element_handle(), src, text], timeout=MS)
         out.append(round(ms.json_value(), 1))
+        moved.append("ArrowLeft" if key == "ArrowRight" else "ArrowRight")
+    for back in reversed(moved):                        # put the slider back where it was (untimed)
+        text = panel.locator(".wmdist-summary").inner_text()
+        handle.press(back)
+        expect(panel.locator(".wmdist-summary")).not_to_have_text(text, timeout=MS)
     return out
 
 
@@ -334,7 +340,7 @@ def _guess_and_reveal(page, guess: str, shown: str) -> str:
     box.press("Enter")
     index = page.evaluate(RUN_CELL_JS, ".reveal(")
     assert index >= 0, "no reveal cell"
-    reveal = page.locator(".jp-Cell").nth(index).locator(".wmdist-reveal")
+    reveal = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(index).locator(".wmdist-reveal")
     page.wait_for_function("""([el, g]) => el.textContent.includes(g)""",
                            arg=[reveal.element_handle(timeout=MS), shown], timeout=MS)
     return reveal.inner_text()

@@ -204,7 +204,10 @@ class Panel:
             self._draw_ahead()
 
     def _key(self, view: str, config: Any) -> str:
-        return f"{view}|{config!r}|{[c.value for c in self.extra.values()]!r}"
+        """What a picture depends on. Floats to 12 significant digits: the browser's log slider computes
+        10^(x + step) with its own rounding, which differs from ours in the 16th digit."""
+        fields = [(f.name, stable(getattr(config, f.name))) for f in dataclasses.fields(config)]
+        return f"{view}|{fields!r}|{[stable(c.value) for c in self.extra.values()]!r}"
 
     def _render(self, figures: dict[str, Figure], view_name: str, config: Any, result: Any) -> tuple[Figure, bytes]:
         view = self._views[view_name]
@@ -276,6 +279,11 @@ class Panel:
         if self.png:
             bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
         return bundle
+
+
+def stable(value: Any) -> Any:
+    """A float rounded to 12 significant digits (anything else as it is), for cache keys."""
+    return float(f"{value:.12g}") if isinstance(value, float) else value
 
 
 def strip_tags(markup: str) -> str:
