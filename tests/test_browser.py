@@ -303,15 +303,20 @@ KNOWN = {"00_start_here.ipynb": ("parallel", "dp degree", lambda: [_memory_expec
 GUESS_NOTEBOOK = "01_data_parallel.ipynb"          # the chapter whose prediction prompt the browser answers
 
 
+def _away_from_end(handle, key: str = "ArrowRight") -> str:
+    """The arrow key that moves a slider: `key`, unless the slider is at that end."""
+    now, low, high = (float(handle.get_attribute(a) or 0) for a in ("aria-valuenow", "aria-valuemin",
+                                                                      "aria-valuemax"))
+    return "ArrowLeft" if now >= high else "ArrowRight" if now <= low else key
+
+
 def _latency(page, panel, handle) -> list[float]:
     """Key press -> the new picture and numbers on screen, in page milliseconds, for PRESSES presses."""
     from playwright.sync_api import expect
     out, key, moved = [], "ArrowRight", []
     for _ in range(PRESSES):
         time.sleep(0.8)                                  # a learner looks before the next press
-        now, low, high = (float(handle.get_attribute(a) or 0) for a in ("aria-valuenow", "aria-valuemin",
-                                                                          "aria-valuemax"))
-        key = "ArrowLeft" if now >= high else "ArrowRight" if now <= low else key    # turn at either end
+        key = _away_from_end(handle, key)                # turn at either end
         src, text = page.evaluate(ARM_JS, panel.element_handle())
         handle.press(key)
         ms = page.wait_for_function(ANSWERED_JS, arg=[panel.element_handle(), src, text], timeout=MS)
@@ -324,6 +329,8 @@ def _latency(page, panel, handle) -> list[float]:
     return out
 
 
+SHUTDOWN_JS = """async () => { const w = window.jupyterapp.shell.currentWidget;
+  if (w && w.sessionContext && w.sessionContext.session) await w.sessionContext.shutdown(); }"""
 RUN_CELL_JS = """(needle) => { const w = window.jupyterapp.shell.currentWidget; const cells = w.content.model.cells;
   for (let i = 0; i < cells.length; i++)
     if (cells.get(i).type === 'code' && cells.get(i).sharedModel.getSource().includes(needle)) {
@@ -380,9 +387,7 @@ def test_every_panel_of_every_notebook(lab, name):
                     expect(summary).to_contain_text(text, timeout=MS)
             else:
                 handle = panel.locator(".widget-slider .noUi-handle").first
-                handle.press("ArrowRight")
-                if summary.inner_text() == before_text:  # a slider at its maximum moves the other way
-                    handle.press("ArrowLeft")
+                handle.press(_away_from_end(handle))     # decided before pressing: a second press could undo it
             expect(summary).not_to_have_text(before_text, timeout=MS)
             _plot(page, panel, other_than=before_plot)   # the kernel redrew the figure too
             assert page.evaluate(CLIPPED_JS, panel.element_handle()) == [], f"{name} panel {i} after a slider"
@@ -416,7 +421,10 @@ def test_every_panel_of_every_notebook(lab, name):
             assert "no guess entered" not in text and "%" in text, text       # how far off, as a percentage
         assert page.evaluate(ERRORS_JS) == [], f"{name}: a cell shows an error after the interactions"
     finally:
-        page.close()
+        try:                                             # the kernel and its warm ranks go with the page
+            page.evaluate(SHUTDOWN_JS)
+        finally:
+            page.close()
 
 
 def test_latency_table(lab, capsys):
