@@ -56,6 +56,18 @@ def _kv_moves(ctx: Context, reach: list[int], t: int, kv: torch.Tensor, spare: t
     return pending, receives
 
 
+def _setup(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, layout: str,
+           block_size: int, causal: bool, reach: list[int] | None) -> tuple:
+    """What both directions start from, checked before any message: N, rank, query positions, tile, each block's
+    reach, the softmax scale, the key width and the packed K, V block (B, H, c, Dk + Dv)."""
+    check_shapes(q, k, v)
+    n = ctx.world_size
+    q_pos, block = _layout_args(ctx, q, seq_len, layout, block_size)
+    reach = block_reach(seq_len, n, layout, causal) if reach is None else _checked_reach(reach, n)
+    return (n, ctx.rank, q_pos, block, reach, 1.0 / math.sqrt(q.shape[-1]), k.shape[-1],
+            torch.cat([k, v], dim=-1).contiguous())
+
+
 def pruned_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, layout: str,
                    causal: bool, block_size: int,
                    reach: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, RingTrace]:
@@ -66,13 +78,7 @@ def pruned_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     `reach` overrides layout.block_reach (an experiment: cut a block's trip
     one hop short and a rank that needed it answers without its keys).
     """
-    check_shapes(q, k, v)                                             # before any message
-    n, rank = ctx.world_size, ctx.rank
-    q_pos, block = _layout_args(ctx, q, seq_len, layout, block_size)
-    reach = block_reach(seq_len, n, layout, causal) if reach is None else _checked_reach(reach, n)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    dk = k.shape[-1]
-    kv = torch.cat([k, v], dim=-1).contiguous()                       # (B, H, c, Dk + Dv)
+    n, rank, q_pos, block, reach, scale, dk, kv = _setup(ctx, q, k, v, seq_len, layout, block_size, causal, reach)
     spare = torch.empty_like(kv)
     out = q.new_zeros(q.shape[:3] + v.shape[3:])                      # (B, H, c, Dv)
     lse = q.new_full(q.shape[:3], -math.inf)                          # (B, H, c)
@@ -108,13 +114,7 @@ def pruned_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     neighbour (then it is the last message from there, received last).
     `reach` as in pruned_forward; every rank must be given the same one.
     """
-    check_shapes(q, k, v)                                             # before any message
-    n, rank = ctx.world_size, ctx.rank
-    q_pos, block = _layout_args(ctx, q, seq_len, layout, block_size)
-    reach = block_reach(seq_len, n, layout, causal) if reach is None else _checked_reach(reach, n)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    dk = k.shape[-1]
-    kv = torch.cat([k, v], dim=-1).contiguous()                       # (B, H, c, Dk + Dv)
+    n, rank, q_pos, block, reach, scale, dk, kv = _setup(ctx, q, k, v, seq_len, layout, block_size, causal, reach)
     spare, incoming, home = torch.empty_like(kv), torch.empty_like(kv), torch.empty_like(kv)
     dq = torch.zeros_like(q)
     clock, work, skipped = _Clock(rank), [], []
