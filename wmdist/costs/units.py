@@ -36,12 +36,3 @@ def seconds(value: float) -> str:
 def flops(value: float) -> str:
     """An operation count: flops(8.8e12) == "8.8 TFLOP"."""
     return si(value, "FLOP")
-
-
-def binary_bytes(n: float) -> str:
-    """Bytes in powers of 1024 with three significant digits: binary_bytes(9216) == "9 KiB"."""
-    require_real("n", n)
-    for unit, scale in (("PiB", 2 ** 50), ("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"

@@ -6,6 +6,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator
 
 from wmdist.costs.mesh import AXES
+from wmdist.costs.units import seconds
 from wmdist.memory.footprint import format_bytes
 from wmdist.mesh.spec import MeshRun
 from wmdist.mesh.patterns import PATTERNS, PatternsResult, Placement
@@ -20,14 +21,6 @@ def label(ax: plt.Axes, row: int, text: str) -> None:
     """A bar's label above its bar, a few pixels right of the axis line (never struck through by it)."""
     ax.annotate(text, (0, row - 0.2), xycoords=ax.get_yaxis_transform(), xytext=(4, 0), textcoords="offset points",
                 va="center", fontsize=SMALL + 0.5)
-
-
-def format_seconds(s: float) -> str:
-    """e.g. 3.2e-05 -> '32 µs', 0.0041 -> '4.1 ms'."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s * 1e9:.3g} ns"
 
 
 def measured_for(result: PatternsResult, measured: MeshRun | None) -> dict[str, int] | None:
@@ -62,30 +55,22 @@ def bytes_axes(ax: plt.Axes, result: PatternsResult, ledger: dict[str, int] | No
     ax.set_xlabel("bytes (log scale)")
 
 
-def _unit(top: float) -> tuple[str, float]:
-    """A time unit for an axis whose largest value is `top` seconds: (name, seconds per unit)."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if top >= scale:
-            return unit, scale
-    return "ns", 1e-9
-
-
 def time_axes(ax: plt.Axes, result: PatternsResult) -> None:
     """Each axis's time on the best placement's links: latency term (hatched) + bandwidth term."""
     best = result.best
-    unit, scale = _unit(max(best.latency[a] + best.transfer[a] for a in AXES) or 1e-9)
     for i, a in enumerate(AXES):
-        lat, tra = best.latency[a] / scale, best.transfer[a] / scale
+        lat, tra = best.latency[a], best.transfer[a]
         ax.barh(i + 0.18, lat, height=0.42, color=COLORS[a], alpha=0.35, hatch="//")
         ax.barh(i + 0.18, tra, left=lat, height=0.42, color=COLORS[a], alpha=0.85)
         if result.traffic[a].messages:
             kind = "latency-bound" if lat > tra else "bandwidth-bound"
             link = "fast" if best.inside[a] else "slow"
-            label(ax, i, f"{a.upper()}: {format_seconds((lat + tra) * scale)}, {kind}, {link} link")
-    ax.set_xlim(0, max([(best.latency[a] + best.transfer[a]) / scale for a in AXES] + [1e-9]) * 1.1)
+            label(ax, i, f"{a.upper()}: {seconds(lat + tra)}, {kind}, {link} link")
+    ax.set_xlim(0, max([best.latency[a] + best.transfer[a] for a in AXES] + [1e-9]) * 1.1)
     ax.set_ylim(len(AXES) - 0.5, -0.6)
     ax.set_yticks([])
-    ax.set_xlabel(f"{unit} per step")
+    eng_axis(ax.xaxis, "s")
+    ax.set_xlabel("time per step")
     ax.set_title("time per axis on the best order's links (hatched: messages × latency; solid: bytes / bandwidth)",
                  fontsize=FONT, loc="left")
 
@@ -100,16 +85,16 @@ def placement_axes(ax: plt.Axes, result: PatternsResult) -> None:
     """Exposed time of each distinct placement, best first; the default order (tp fastest) outlined."""
     shown = list(result.placements[:MAX_PLACEMENTS])
     key = tuple(result.default.inside[a] for a in AXES)
-    unit, scale = _unit(max(p.total for p in shown) or 1e-9)
     for i, p in enumerate(shown):
         default = tuple(p.inside[a] for a in AXES) == key
-        ax.barh(i + 0.18, p.total / scale, height=0.42, color="tab:green" if i == 0 else "0.7",
+        ax.barh(i + 0.18, p.total, height=0.42, color="tab:green" if i == 0 else "0.7",
                 edgecolor="k" if default else "none", linewidth=1.5)
-        label(ax, i, f"{order_label(p, result)}: {format_seconds(p.total)}")
+        label(ax, i, f"{order_label(p, result)}: {seconds(p.total)}")
     ax.set_yticks([])
     ax.set_ylim(len(shown) - 0.5, -0.6)
-    ax.set_xlim(0, max(p.total for p in shown) / scale * 1.1 or 1.0)
-    ax.set_xlabel(f"exposed communication, {unit} per step")
+    ax.set_xlim(0, max(p.total for p in shown) * 1.1 or 1.0)
+    eng_axis(ax.xaxis, "s")
+    ax.set_xlabel("exposed communication per step")
     ax.set_title("mesh orders on the two-level machine (green: best; outlined: default tp·cp·dp·pp)",
                  fontsize=FONT, loc="left")
 

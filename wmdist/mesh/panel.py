@@ -12,10 +12,11 @@ from __future__ import annotations
 import html
 
 from wmdist.costs.mesh import AXES
+from wmdist.costs.units import seconds
 from wmdist.costs.validate import require_int
 from wmdist.memory.footprint import format_bytes
 from wmdist.mesh.demos import MeshRun, run_mesh
-from wmdist.mesh.figures import draw_bytes, draw_orders, draw_time, format_seconds
+from wmdist.mesh.figures import draw_bytes, draw_orders, draw_time
 from wmdist.mesh.patterns import PatternsConfig, PatternsResult, patterns
 from wmdist.mesh.spec import MAX_CONTEXT, MeshSpec
 from wmdist.ui.panel import Panel, Progress, View
@@ -58,13 +59,13 @@ def summary(result: PatternsResult) -> str:
                  + ".")
     inside = [a.upper() for a in AXES if best.inside[a] and getattr(result.config, a) > 1] or ["none"]
     node = result.config.ranks_per_node
-    saved = ", ".join(f"{a.upper()} {format_seconds(s)}" + ("" if getattr(result.config, a) <= node else
+    saved = ", ".join(f"{a.upper()} {seconds(s)}" + ("" if getattr(result.config, a) <= node else
                                                            f" (its {getattr(result.config, a)} ranks cannot share a "
                                                            f"node of {node})") for a, s in result.savings().items())
     same = " (the default order is already best)" if best.total == default.total else \
-        f"; the default tp·cp·dp·pp: {format_seconds(default.total)}"
+        f"; the default tp·cp·dp·pp: {seconds(default.total)}"
     lines.append(f"<b>Best order</b> {'·'.join(best.order)} (fastest-varying first): {', '.join(inside)} inside a "
-                 f"node, exposed {format_seconds(best.total)} per step{same}. Why: fast links save the most on "
+                 f"node, exposed {seconds(best.total)} per step{same}. Why: fast links save the most on "
                  f"{saved}; the best order gives them to the axes that save the most and fit together.")
     c = result.config
     lines.append(f"<b>Each rank holds</b> {_share(c.heads, c.tp)} of the {c.heads} heads and {_share(c.layers, c.pp)} of "

@@ -31,7 +31,7 @@ import torch
 from wmdist.comm import Context, Pending, irecv, isend
 from wmdist.ring_attention.blockwise import block_is_future, check_shapes
 from wmdist.ring_attention.layout import block_reach, ring_source
-from wmdist.ring_attention.ring import (BACKWARD_GRAD, BACKWARD_KV, FORWARD, RingTrace, _attend_step, _Clock,
+from wmdist.ring_attention.ring import (BACKWARD_GRAD, BACKWARD_KV, FORWARD, RingTrace, _Clock, forward_step,
                                         _grad_step, _layout_args, _trace, _wait_all, positions)
 
 
@@ -87,12 +87,8 @@ def pruned_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         source = ring_source(rank, t, n)
         k_pos = positions(seq_len, n, source, layout)
         pending, receives = _kv_moves(ctx, reach, t, kv, spare, FORWARD)
-        if t > reach[source] or (causal and block_is_future(q_pos, k_pos)):
-            skipped.append(t)
-            work.append((0, 0))
-        else:
-            work.append(clock.timed("compute", f"step {t}", _attend_step, q, q_pos, kv, k_pos, dk, block, causal,
-                                    scale, out, lse))
+        forward_step(clock, work, skipped, t, t > reach[source] or (causal and block_is_future(q_pos, k_pos)),
+                     q, q_pos, kv, k_pos, dk, block, causal, scale, out, lse)
         if pending:
             clock.timed("comm", f"kv {t}", _wait_all, tuple(pending))
         if receives:

@@ -122,6 +122,16 @@ def _wait_all(pending: tuple[Pending, ...]) -> None:
         p.wait()
 
 
+def forward_step(clock: _Clock, work: list[tuple[int, int]], skipped: list[int], t: int, skip: bool,
+                 *step: Any) -> None:
+    """Step t of a forward ring: recorded as skipped (no key it holds is visible), or one block attended (timed)."""
+    if skip:
+        skipped.append(t)
+        work.append((0, 0))
+    else:
+        work.append(clock.timed("compute", f"step {t}", _attend_step, *step))
+
+
 def _trace(work: list[tuple[int, int]], skipped: list[int], clock: _Clock) -> RingTrace:
     return RingTrace(tuple(w[0] for w in work), tuple(w[1] for w in work), tuple(skipped), tuple(clock.spans),
                      clock.cpu)
@@ -163,12 +173,8 @@ def ring_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     for t in range(n):
         k_pos = positions(seq_len, n, ring_source(rank, t, n), layout)
         pending = _post(ctx, kv, spare, FORWARD) if t < sends else ()
-        if causal and block_is_future(q_pos, k_pos):
-            skipped.append(t)
-            work.append((0, 0))
-        else:
-            work.append(clock.timed("compute", f"step {t}", _attend_step, q, q_pos, kv, k_pos, dk, block, causal,
-                                    scale, out, lse))
+        forward_step(clock, work, skipped, t, causal and block_is_future(q_pos, k_pos),
+                     q, q_pos, kv, k_pos, dk, block, causal, scale, out, lse)
         if pending:
             clock.timed("comm", f"kv {t}", _wait_all, pending)
             kv, spare = spare, kv
