@@ -19,6 +19,7 @@ simply waited for.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
@@ -40,9 +41,10 @@ def steps(control: W.ValueWidget) -> list[Any]:
             return []
         i = values.index(v)
         return [values[j] for j in (i + 1, i - 1) if 0 <= j < len(values)]
-    if isinstance(control, W.FloatLogSlider):
-        lo, hi = control.base ** control.min, control.base ** control.max
-        return [x for x in (v * control.base ** control.step, v / control.base ** control.step) if lo <= x <= hi]
+    if isinstance(control, W.FloatLogSlider):       # as the browser computes it: base^(exponent +- step)
+        exponent = math.log(v) / math.log(control.base)
+        return [control.base ** e for e in (exponent + control.step, exponent - control.step)
+                if control.min <= e <= control.max]
     if isinstance(control, (W.IntSlider, W.FloatSlider)):
         return [x for x in (v + control.step, v - control.step) if control.min <= x <= control.max]
     return []                                   # typed numbers: no next value to guess
