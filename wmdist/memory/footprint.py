@@ -88,7 +88,7 @@ class MemoryConfig:
     batch_bytes: int = knob(0, "batch bytes per rank", text=True)
     input_bytes_per_token: float = knob(0.0, "layer-input B/token", text=True)   # what checkpointing keeps
     sequence_parallel: bool = knob(False, "sequence parallel (with tp)")   # also split the replicated part
-    act_replicated_bytes_per_token_per_layer: float = knob(0.0, "of which TP-replicated", text=True)
+    act_replicated_bytes_per_token_per_layer: float = knob(0.0, "TP-replicated part", text=True)
     param_pieces: tuple[int, ...] | None = None   # exact elements per model-parallel piece; None: even split
 
     def __post_init__(self) -> None:

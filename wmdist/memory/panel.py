@@ -22,15 +22,15 @@ from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH
 from wmdist.ui.panel import Panel, View
 
 MAX_BARS_WORLD = 1024   # above this many ranks, show ranks 0..7 of the dp group instead of every distinct one
-CAVEATS = ("<b>What this model simplifies.</b> Activations under tp: only the part marked <i>of which "
-           "TP-replicated</i> stays whole on every tp rank (Korthikanti et al.: 10 of a transformer layer's 34 "
+CAVEATS = ("<b>What this model simplifies.</b> Activations under tp: only the part entered as <i>TP-"
+           "replicated part</i> stays whole on every tp rank (Korthikanti et al.: 10 of a transformer layer's 34 "
            "bytes per token and width, LayerNorm and dropout); left at 0 it treats every activation as sharded, "
            "which overstates the saving unless sequence parallelism is on. Pipelines: one micro-batch's "
            "activations per stage; GPipe keeps all M in flight, 1F1B up to P on the first stage. ZeRO: the table "
            "is the steady state between steps; the peak within a step is given under the table.")
 
 
-CUSTOM = "custom (set below)"
+CUSTOM = "custom"
 # The panel opens on a setting where every control changes the picture: GPT-3 6.7B in bf16 with fp32 master
 # weights and Adam, 8 ranks as dp 4 x tp 2, ZeRO-1, sequence 2048, checkpointing on.
 TEACHING = dict(param_dtype="bf16", master_weights=True, zero_stage=1, dp=4, tp=2,

@@ -21,7 +21,7 @@ def layouts_figure(report: Report, rank: int = 0) -> Figure:
     for i, layout in enumerate(layouts):
         total = report.counts(quantity="bytes sent", phase="total", case=layout, rank=rank)[0]
         calls = {op: count(f"{op} calls", layout) for op in ("all-reduce", "all-gather")}
-        ax.barh(i + 0.18, total.measured, height=0.42, color="tab:green" if i == 0 else "tab:blue", alpha=0.85,
+        ax.barh(i + 0.18, total.measured, height=0.42, color="tab:blue", alpha=0.85,
                 label="ledger" if i == 0 else None)
         ax.plot([total.predicted], [i + 0.18], "k|", ms=16, mew=2, label="formula" if i == 0 else None)
         ops = ", ".join(f"{n} {op}" for op, n in calls.items() if n) or "no collective"
