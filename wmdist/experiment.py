@@ -12,6 +12,18 @@ An `Experiment[S, R]` is its name (written once) and three functions:
                                   reasons, the exact counts against their formulas, and the typed
                                   data that figures and text read.
 
+`ranks` is the usual middle part. Two kinds of demo do not fit "one job of `world_size` ranks",
+and say so with another field in its place (exactly one of the three is given):
+
+  local(spec) -> R                the demo runs in this process and starts none (one-process
+                                  baselines: a checkpointed unroll, scans on one core); results
+                                  is [R];
+  jobs(spec, launch) -> R         the demo is several jobs in a row, perhaps on different world
+                                  sizes, one of them meant to fail (a checkpoint saved on 3 ranks
+                                  and resumed on 2, a rank killed mid-save).
+                                  `launch(rank_fn, world_size, *args, **kwargs)` is `runtime.run`
+                                  under the experiment's timeout; results is [R].
+
 One runner (`Experiment.run`, `Experiment.run_spec`) does what every demo used to write out by
 hand: build the spec, time `runtime.run(ranks, spec.world_size, spec)`, compare, and make the
 Report under the experiment's name. A chapter keeps its public demo functions
@@ -42,6 +54,7 @@ class Spec(Protocol):
 
 S = TypeVar("S", bound=Spec)
 R = TypeVar("R")
+Launch = Callable[..., list[Any]]       # launch(rank_fn, world_size, *args, **kwargs) -> one result per rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,13 +83,18 @@ class Experiment(Generic[S, R]):
     chapter: str
     world_sizes: tuple[int, ...]
     spec: Callable[[int], S]
-    ranks: Callable[[Context, S], R]
     compare: Callable[[S, list[R]], Verdict]
+    ranks: Callable[[Context, S], R] | None = None
+    local: Callable[[S], R] | None = None
+    jobs: Callable[[S, Launch], R] | None = None
     timeout: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.name or not self.world_sizes:
             raise ValueError(f"experiment {self.name!r}: a name and at least one world size are required")
+        given = [k for k in ("ranks", "local", "jobs") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"experiment {self.name!r}: give exactly one of ranks, local, jobs; got {given or 'none'}")
         refused = [why for n in self.world_sizes if (why := self.refuses(n))]
         if refused:
             raise ValueError(f"experiment {self.name!r} lists world sizes its spec refuses: {'; '.join(refused)}")
@@ -106,16 +124,16 @@ class Experiment(Generic[S, R]):
         return self.run_spec(self._sized(self.spec(world_size), world_size), progress)
 
     def run_spec(self, spec: S, progress: Progress | None = None) -> Report:
-        """Run `ranks` on `spec.world_size` ranks, compare, and return the Report named `self.name`.
+        """Run `ranks` on `spec.world_size` ranks (or `local`, or `jobs`), compare, and return the Report.
 
-        `seconds` is the wall time of the ranks' call (starting or reusing the pool included), not of the
+        `seconds` is the wall time of the runs (starting or reusing the pool included), not of the
         comparison. `progress(done, total, text)` hears about the two parts and the verdict.
         """
         say = progress or (lambda done, total, text: None)
         n = spec.world_size
         say(0, 2, f"{self.name} on {n} rank(s): {self.title}")
         start = time.perf_counter()
-        results = run(self.ranks, n, spec, timeout=self.timeout)
+        results = self._results(spec)
         seconds = time.perf_counter() - start
         say(1, 2, f"{self.name}: against the reference and the formulas")
         verdict = self.compare(spec, results)
@@ -123,6 +141,17 @@ class Experiment(Generic[S, R]):
                         verdict.data)
         say(2, 2, f"{self.name}: {'PASS' if report.passed else 'FAIL'}, ranks {seconds:.2f} s")
         return report
+
+    def _results(self, spec: S) -> list[R]:
+        """What `compare` judges: one result per rank of one job, or the one result of `local` or `jobs`."""
+        if self.local is not None:
+            return [self.local(spec)]
+        if self.jobs is not None:
+            def launch(fn: Callable[..., Any], world_size: int, *args: Any, **kwargs: Any) -> list[Any]:
+                return run(fn, world_size, *args, timeout=self.timeout, **kwargs)
+            return [self.jobs(spec, launch)]
+        assert self.ranks is not None
+        return run(self.ranks, spec.world_size, spec, timeout=self.timeout)
 
     def renamed(self, name: str) -> Experiment[S, R]:
         """The same experiment under another name (a variant a notebook or panel runs, e.g. "mesh (widget)")."""

@@ -33,6 +33,11 @@ class Check:
     tolerance: float
     reason: str
     must_differ: bool = False
+    detail: str = ""          # where the error was largest ("fc1.weight on rank 2"): shown, never part of the name
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a check needs a name")
 
     @property
     def finite(self) -> bool:
@@ -52,9 +57,29 @@ class Check:
                     f"inf in a result, its reference or its tolerance, or shapes that differ) ({self.reason})")
         if self.must_differ:
             sign = ">=" if self.passed else "<"
-            return f"{mark} {self.name}: differs by {self.error:.3g} {sign} {self.tolerance:.3g} ({self.reason})"
+            return (f"{mark} {self.name}: differs by {self.error:.3g} {sign} {self.tolerance:.3g}{self._where()} "
+                    f"({self.reason})")
         sign = "<=" if self.passed else ">"
-        return f"{mark} {self.name}: max abs error {self.error:.3g} {sign} {self.tolerance:.3g} ({self.reason})"
+        return (f"{mark} {self.name}: max abs error {self.error:.3g} {sign} {self.tolerance:.3g}{self._where()} "
+                f"({self.reason})")
+
+    def line(self) -> str:
+        """One line that is the same on every machine while the check passes (for notebooks' checked outputs).
+
+        A passing check says how it passed, not by how much: "bit for bit" (error 0 at tolerance 0),
+        "within its tolerance", or "differs by at least T" (T to 2 digits). A failing one gives the
+        whole `describe()`, numbers and all: there the numbers are the point.
+        """
+        if not self.passed:
+            return self.describe()
+        if self.must_differ:
+            how = f"differs by at least {self.tolerance:.2g}"
+        else:
+            how = "bit for bit" if self.error == 0 else "within its tolerance"
+        return f"PASS {self.name}: {how}"
+
+    def _where(self) -> str:
+        return f" [worst: {self.detail}]" if self.detail else ""
 
     __str__ = describe
 
@@ -177,6 +202,24 @@ class Report:
             ok = all(r.passed for r in rows)
             lines.append(f"  {'ok  ' if ok else 'FAIL'} {rows[0].label} per rank: measured {[r.measured for r in rows]}"
                          f", predicted {[r.predicted for r in rows]}")
+        return "\n".join(lines)
+
+    def listing(self, *, only: Callable[[Check], bool] | None = None, counts: bool = False) -> str:
+        """The checks (those `only` keeps), a `Check.line` each, in order: what a notebook prints.
+
+        Deterministic while everything passes, so a checked cell can show it. With `counts`, one
+        line per group of exact counts follows ("equal their formula on every rank", or the rows).
+        A demo that broke says so first.
+        """
+        lines = [f"FAIL {self.name} broke while running: {self.error}"] if self.error is not None else []
+        lines += [c.line() for c in self.checks if only is None or only(c)]
+        if counts:
+            for _, rows in self.groups():
+                if all(r.passed for r in rows):
+                    lines.append(f"PASS {rows[0].label}: equal to its formula on every rank")
+                else:
+                    lines.append(f"FAIL {rows[0].label}: measured {[r.measured for r in rows]}, "
+                                 f"predicted {[r.predicted for r in rows]}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -25,7 +25,7 @@ def checks_html(checks: Sequence[Any]) -> str:
             groups.append([c])
     parts = []
     for group in groups:
-        rows = "".join(f"<tr><td>{'ok' if c.passed else 'FAIL'}</td><td style='text-align:left'>{esc(c.name)}</td>"
+        rows = "".join(f"<tr><td>{'ok' if c.passed else 'FAIL'}</td><td style='text-align:left'>{esc(c.name)}{_where(c)}</td>"
                        f"<td {NUMBER}>{c.error:.3g}</td><td {NUMBER}>{'&ge;' if c.must_differ else '&le;'} "
                        f"{c.tolerance:.3g}</td></tr>" for c in group)
         table = f"<table><tr><th></th><th>check</th><th>error</th><th>tolerance</th></tr>{rows}</table>"
@@ -47,3 +47,8 @@ def counts_html(groups: Sequence[Sequence[Any]]) -> str:
                    f"<td {NUMBER}>{[r.predicted for r in g]}</td></tr>" for g in groups)
     return ("<table><tr><th></th><th>exact count</th><th>measured per rank</th><th>predicted per rank</th></tr>"
             f"{rows}</table>")
+
+
+def _where(check: Any) -> str:
+    """Where a check's error was largest, small after its name (empty when the demo did not say)."""
+    return f" <small>(worst: {html.escape(check.detail)})</small>" if check.detail else ""

@@ -95,11 +95,11 @@ def _worst(label: str, got: list[dict[str, torch.Tensor]], want: list[dict[str, 
             err, tol = max_abs_error(mine[name], w), tolerance(rank, name, w)
             ratio = bound_ratio(mine[name], w, tol)      # NaN if anything is not finite; x/0 = inf
             if math.isnan(ratio):
-                return Check(f"{label} == single device, every rank (worst: {name} on rank {rank})", math.nan, tol,
-                             reason)
+                return Check(f"{label} == single device, every rank", math.nan, tol, reason,
+                             detail=f"{name} on rank {rank}")
             if ratio > worst[0]:
                 worst = (ratio, err, tol, f"{name} on rank {rank}")
-    return Check(f"{label} == single device, every rank (worst: {worst[3]})", worst[1], worst[2], reason)
+    return Check(f"{label} == single device, every rank", worst[1], worst[2], reason, detail=worst[3])
 
 
 def agreement(spec: MeshSpec, ref: Reference, runs: list[RankStep]) -> list[Check]:

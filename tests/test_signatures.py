@@ -1,0 +1,106 @@
+"""Signatures a reader can trust: read from the source (ast), module by module.
+
+Rules, for every public function and method of the library (name without a leading underscore,
+dunders aside):
+- an option comes after a `*`: no parameter with a default may be given by position, so
+  `ring_forward(ctx, q, k, v, seq_len, "contiguous", True, block_size)` cannot be written;
+- a flag is always named: no positional parameter annotated `bool`, default or not;
+- a choice is a `Literal`: a parameter whose default is a string is annotated with the choices
+  (`Literal["gpipe", "1f1b"]`), not a bare `str`, unless it is free text (FREE_TEXT);
+- a configuration (a dataclass whose name ends in one of CONFIG_SUFFIXES) is `kw_only`, so
+  `ZeroConfig(stage=2, steps=4)` is the only way to write one.
+
+Each module is its own test case, so `-k pipeline` checks one chapter.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "wmdist"
+MODULES = sorted(p for p in PACKAGE.rglob("*.py"))
+CONFIG_SUFFIXES = ("Config", "Spec", "Shape", "Params", "Work", "Options")
+# Parameters whose string default is free text (a label, a title, a path), not one of a few choices.
+FREE_TEXT = {"label", "title", "name", "prefix", "text", "reason", "phase", "case", "description", "unit", "tag",
+             "root", "path", "style", "sep", "suffix", "what", "note", "op", "kind_label", "fmt", "question"}
+
+
+def _public_functions(tree: ast.Module) -> list[ast.FunctionDef]:
+    """Module-level functions and methods of module-level classes whose names are public."""
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append(node)
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            out += [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return [f for f in out if not f.name.startswith("_")]
+
+
+def _positional(f: ast.FunctionDef) -> list[ast.arg]:
+    return [*f.args.posonlyargs, *f.args.args]
+
+
+def _annotation(arg: ast.arg) -> str:
+    return ast.unparse(arg.annotation) if arg.annotation is not None else ""
+
+
+def violations(source: str) -> list[str]:
+    """Every broken rule in one module's source, as 'line: what'."""
+    tree = ast.parse(source)
+    out = []
+    for f in _public_functions(tree):
+        positional = _positional(f)
+        defaulted = positional[len(positional) - len(f.args.defaults):] if f.args.defaults else []
+        out += [f"{f.lineno}: {f.name}({a.arg}=...) is an option given by position; put it after a `*`"
+                for a in defaulted]
+        out += [f"{f.lineno}: {f.name}({a.arg}: bool) is a positional flag; put it after a `*`"
+                for a in positional if _annotation(a) == "bool" and a not in defaulted]
+        pairs = list(zip(defaulted, f.args.defaults)) + list(zip(f.args.kwonlyargs, f.args.kw_defaults))
+        out += [f"{f.lineno}: {f.name}({a.arg}: str = {d.value!r}) is a choice; annotate it with its Literal"
+                for a, d in pairs
+                if isinstance(d, ast.Constant) and isinstance(d.value, str) and _annotation(a) == "str"
+                and a.arg not in FREE_TEXT]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name.endswith(CONFIG_SUFFIXES):
+            for dec in node.decorator_list:
+                if isinstance(dec, ast.Name) and dec.id == "dataclass" or \
+                        isinstance(dec, ast.Call) and getattr(dec.func, "id", "") == "dataclass" and \
+                        not any(k.arg == "kw_only" and getattr(k.value, "value", False) for k in dec.keywords):
+                    out.append(f"{node.lineno}: dataclass {node.name} is a configuration; make it kw_only")
+    return out
+
+
+def test_the_rules_catch_what_they_name() -> None:
+    """Each rule fires on its own example and stays quiet on the written-out form."""
+    bad = '''
+from dataclasses import dataclass
+def ring(ctx, q, layout: str = "contiguous", causal: bool = True): ...
+def flag(x, exact: bool): ...
+@dataclass(frozen=True)
+class RingConfig:
+    n: int = 2
+'''
+    good = '''
+from dataclasses import dataclass
+from typing import Literal
+def ring(ctx, q, *, layout: Literal["contiguous", "zigzag"] = "contiguous", causal: bool = True,
+         label: str = "ring"): ...
+def _private(x, y=1): ...
+@dataclass(frozen=True, kw_only=True)
+class RingConfig:
+    n: int = 2
+'''
+    found = violations(bad)
+    assert any("layout=..." in v for v in found) and any("causal=..." in v for v in found)
+    assert any("flag(exact: bool)" in v for v in found)
+    assert any("layout: str = 'contiguous'" in v for v in found)
+    assert any("RingConfig" in v for v in found)
+    assert violations(good) == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(PACKAGE)) for p in MODULES])
+def test_public_signatures(path: Path) -> None:
+    found = violations(path.read_text())
+    assert not found, f"{path.relative_to(PACKAGE.parent)}:\n  " + "\n  ".join(found)
