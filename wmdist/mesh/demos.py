@@ -18,10 +18,10 @@ is refused there, before a process starts), its rank function `mesh_step`, and
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 from wmdist.costs.mesh import AXES, axis_traffic, rank_params
+from wmdist.experiment import OnProgress
 from wmdist.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.mesh.reference import agreement, reference_step
@@ -35,7 +35,6 @@ __all__ = ["MESH_2D", "MESH_3D", "MESH_CP", "DEMOS", "MeshRun", "compare_mesh", 
 MESH_3D = MeshSpec(dp=2, tp=2, pp=2, cp=1)
 MESH_CP = MeshSpec(dp=2, tp=2, pp=1, cp=2)
 MESH_2D = MeshSpec(dp=2, tp=2, pp=1, cp=1)
-Progress = Callable[[int, int, str], None]
 
 
 def memory_config(spec: MeshSpec) -> MemoryConfig:
@@ -79,7 +78,7 @@ def mesh_experiment(name: str, title: str, spec: MeshSpec) -> Experiment[MeshSpe
                       ranks=mesh_step, compare=compare_mesh)
 
 
-def run_mesh(spec: MeshSpec, world_size: int, name: str = "mesh", progress: Progress | None = None) -> Report:
+def run_mesh(spec: MeshSpec, world_size: int, name: str = "mesh", progress: OnProgress | None = None) -> Report:
     """One step of `spec` on `world_size` local ranks (or under torchrun), checked against one device, the
     per-axis formulas and the memory calculator. The world size is checked before any process starts;
     `progress(done, total, text)` hears about each part."""

@@ -19,7 +19,7 @@ from wmdist.mesh.demos import MeshRun, run_mesh
 from wmdist.mesh.figures import draw_bytes, draw_orders, draw_time
 from wmdist.mesh.patterns import PatternsConfig, PatternsResult, patterns
 from wmdist.mesh.spec import MAX_CONTEXT, MeshSpec
-from wmdist.ui.panel import Panel, Progress, View
+from wmdist.ui.panel import OnProgress, Panel, View
 
 RUN_LIMITS = {"world size": 8, "width": 256, "layers": 16, "batch": 64}   # what "run it" runs on this machine
 
@@ -112,7 +112,7 @@ class PatternsPanel(Panel):
                      f"check {'PASS' if self.report.passed else 'FAIL'}; step {max(m.step_seconds):.2f} s.")
         return text
 
-    def measure(self, config: PatternsConfig, progress: Progress) -> MeshRun:
+    def measure(self, config: PatternsConfig, progress: OnProgress) -> MeshRun:
         spec = run_spec(config)
         self.report = run_mesh(spec, spec.world_size, "mesh (widget)", progress)
         return self.report.data

@@ -18,12 +18,11 @@ every step); `measure_bubble` keeps one call per step, for a progress bar.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
+from wmdist.experiment import Experiment, OnProgress, Verdict
 from wmdist.pipeline.demos import Plans, StageRuns, by_case, plans_rank
 from wmdist.pipeline.executor import StageRun, run_pipeline
 from wmdist.pipeline.plan import PipeWork, require_world, slow_stage_work
@@ -32,8 +31,6 @@ from wmdist.pipeline.schedules import MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.simulate import simulate, spans
 from wmdist.report import Report, close_check, differ_check
 from wmdist.spans import Span
-
-Progress = Callable[[int, int, str], None]
 
 
 def idle_fraction(timeline: tuple[Span, ...] | list[Span], ranks: int) -> float:
@@ -97,7 +94,7 @@ def measured(plans: Plans, results: list[StageRuns]) -> list[MeasuredBubble]:
     return out
 
 
-def measure_bubble(schedule: Schedule, work: PipeWork, progress: Progress | None = None) -> MeasuredBubble:
+def measure_bubble(schedule: Schedule, work: PipeWork, progress: OnProgress | None = None) -> MeasuredBubble:
     """Run `work.repeats` timed steps of `schedule` on P local ranks (one call each, for progress)."""
     check_timed(schedule, work)
     one_step = dataclasses.replace(work, repeats=1)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -23,9 +22,9 @@ from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, posi
 from wmdist.ring_attention.spec import RingSpec
 from wmdist.ring_attention.traffic import RingMeasurement, TrafficConfig
 from wmdist.runtime import run
+from wmdist.experiment import OnProgress
 
 RUN_MAX_SEQ, RUN_MAX_RANKS, RUN_MAX_WIDTH = 1024, 8, 1024
-Progress = Callable[[int, int, str], None]
 
 
 def run_setting(c: TrafficConfig) -> tuple[RingSpec, str]:
@@ -53,7 +52,7 @@ def _measure_rank(ctx: Context, spec: RingSpec, layout: str, causal: bool, dtype
     return ctx.ledger.totals(FORWARD)["bytes_sent"], back, alloc.peak
 
 
-def measure_ring(c: TrafficConfig, progress: Progress | None = None) -> RingMeasurement:
+def measure_ring(c: TrafficConfig, progress: OnProgress | None = None) -> RingMeasurement:
     """Run the setting (scaled down) on local ranks; bytes from the ledger, peaks from the allocator."""
     spec, layout = run_setting(c)
     n, e = c.world_size, c.elem

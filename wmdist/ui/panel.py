@@ -45,8 +45,7 @@ from wmdist.ui.controls import CONTROL_WIDTH, controls_for
 from wmdist.ui.layout import WRAP, panel_layout
 from wmdist.ui.prefetch import Prefetcher, candidates
 from wmdist.ui.render import FONT, canvas_figure, img_html, to_png
-
-Progress = Callable[[int, int, str], None]
+from wmdist.experiment import OnProgress
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ class Panel:
         """Secondary HTML (full tables, caveats, the last measurement), folded under the panel; "" for none."""
         return ""
 
-    def measure(self, config: Any, progress: Progress) -> Any:
+    def measure(self, config: Any, progress: OnProgress) -> Any:
         """Run the real thing on local ranks; whatever it returns lands in self.measured."""
         raise NotImplementedError
 
