@@ -27,7 +27,7 @@ def test_warm_vs_spawn_reports_both_paths():
 
 
 def test_pool_memory_is_measured_for_each_size():
-    result = bench.bench_memory((1, 2))
+    result = bench.bench_memory(world_sizes=(1, 2))
     assert set(result.measured) == {"1_ranks_started_MB", "1_ranks_MB", "2_ranks_started_MB", "2_ranks_MB"}
     # Each rank is a real process with its own pages: a bigger pool cannot cost less.
     assert 0 < result.measured["1_ranks_MB"] < result.measured["2_ranks_MB"]

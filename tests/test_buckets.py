@@ -27,7 +27,7 @@ def test_buckets_fill_in_reverse_order_and_close_at_the_cap():
 
 
 def test_every_parameter_in_exactly_one_bucket():
-    sizes = [p.numel() * 4 for p in make_model(0, bk.BIG_CONFIG).parameters()]
+    sizes = [p.numel() * 4 for p in make_model(seed=0, cfg=bk.BIG_CONFIG).parameters()]
     for cap in (1, 1000, 16_384, 100_000, 1 << 30):
         layout = bk.assign_buckets(sizes, cap)
         flat = [i for b in layout for i in b]

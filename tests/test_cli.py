@@ -130,10 +130,10 @@ def test_verify_at_one_size_leaves_out_the_demos_that_cannot_run_there():
     import numpy as np
 
     from wmdist.demos import plan
-    runs, left_out = plan(None, np.int64(2))
+    runs, left_out = plan(None, world_size=np.int64(2))
     assert ("activation-checkpointing", 2) not in runs and "one process only" in left_out["activation-checkpointing"]
     assert ("ring-allreduce", 2) in runs and all(n == 2 for _, n in runs)
-    assert "latent-seeds" in plan(None, 1)[1]
+    assert "latent-seeds" in plan(None, world_size=1)[1]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])

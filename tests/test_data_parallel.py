@@ -71,7 +71,7 @@ def test_shard_layouts():
 
 
 def test_flat_grads_round_trip():
-    model = make_model(0)
+    model = make_model(seed=0)
     model.loss(make_batch(4)).backward()
     flat = flat_grads(model)
     assert flat.numel() == sum(p.numel() for p in model.parameters())
@@ -85,7 +85,7 @@ def _sum_of_shard_grads(spec: dp.TrainSpec, world_size: int) -> torch.Tensor:
     n_total = float(batch["lengths"].sum()) if spec.weighting == "tokens" else float(spec.batch_size)
     total = 0
     for r in range(world_size):
-        model = make_model(spec.seed)
+        model = make_model(seed=spec.seed)
         dp.shard_loss(model, shard_batch(batch, sizes, r), spec, n_total).backward()
         total = total + flat_grads(model).double()
     return total / world_size if spec.weighting in ("mean", "tokens-local") else total
@@ -110,7 +110,7 @@ def test_gradient_bound_is_the_reordering_bound_of_the_reward_heads_terms():
     """The reward head's weight gradient adds B*T terms h[b,t,i] * dy[b,t]; its bound, written out here
     without hooks, must be exactly what training.gradient_bound gives (a 10x looser one fails)."""
     spec = dp.TrainSpec()
-    model, batch = make_model(0), dp.step_batch(spec, 0)
+    model, batch = make_model(seed=0), dp.step_batch(spec, 0)
     sums = linear_term_sums(model, lambda m: m.loss(batch))
     B, T = batch["reward"].shape
     with torch.no_grad():
@@ -153,7 +153,7 @@ def test_parameter_tolerance_catches_a_slightly_wrong_learning_rate(optimizer, l
 def test_ring_allreduce_inplace_writes_into_the_given_tensor():
     def rank_fn(ctx):
         x = torch.full((10,), float(ctx.rank + 1))
-        out = ring_all_reduce(ctx, x, "sum", inplace=True)
+        out = ring_all_reduce(ctx, x, phase="sum", inplace=True)
         return out.data_ptr() == x.data_ptr(), x.clone()
     for same, x in run(rank_fn, 3):
         assert same and torch.equal(x, torch.full((10,), 6.0))

@@ -57,7 +57,7 @@ def test_random_subsets_over_many_warm_calls_then_a_mesh_demo():
             subsets.append(tuple(sorted(rng.sample(range(n), size))))
         assert run(make_groups, n, subsets, timeout=60) == [expected(r, subsets) for r in range(n)], subsets
     run(make_groups, 4, [(0, 1), (2, 3), (1, 3)], timeout=60)     # histories that differ across the 4 ranks
-    [report] = demos.verify(["mesh-2d"], 4)
+    [report] = demos.verify(["mesh-2d"], world_size=4)
     assert report.passed, report.failures
 
 

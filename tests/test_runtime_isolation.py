@@ -54,7 +54,7 @@ def change_everything(ctx):
 def test_default_dtype_set_in_one_call_does_not_fail_the_next_verify():
     # The scenario: float64 left as the default doubled the bytes the next demo sent.
     run(lambda ctx: torch.set_default_dtype(torch.float64), 4)
-    report = verify(["ring-allreduce"], 4)[0]
+    report = verify(["ring-allreduce"], world_size=4)[0]
     assert report.passed, str(report)
 
 
@@ -78,7 +78,7 @@ def test_grad_mode_turned_off_in_one_call_does_not_break_the_next_training_step(
     run(lambda ctx: torch.set_grad_enabled(False), 2)
     assert run(one_training_step, 2) == [True, True]
     run(lambda ctx: torch.set_grad_enabled(False), 2)
-    report = verify(["latent-dp"], 2)[0]          # a registered training demo (all-reduced SGD steps)
+    report = verify(["latent-dp"], world_size=2)[0]  # a registered training demo (all-reduced SGD steps)
     assert report.passed, str(report)
 
 

@@ -86,7 +86,7 @@ def test_sizes_a_demo_does_not_accept_are_refused_before_any_process_starts(no_p
         for n in SIZES:
             if demo.refuses(n):
                 with pytest.raises(ValueError, match=re.escape(name)):
-                    verify([name], n)
+                    verify([name], world_size=n)
                 refused.append((name, n))
     assert ("activation-checkpointing", 2) in refused and ("latent-seeds", 1) in refused
     assert HEAVY | SLEEPING <= set(registry()), "HEAVY or SLEEPING names a demo that is not registered (renamed?)"
@@ -103,7 +103,7 @@ def test_every_demo_passes_at_each_size_it_accepts(n, monkeypatch, rank_results)
         with monkeypatch.context() as patch:
             if n == _recorded_size(name):
                 _recording(patch, rank_results.setdefault(name, []))
-            report = verify([name], n)[0]
+            report = verify([name], world_size=n)[0]
         if not report.passed:
             problems.append(f"{name} on {n} ranks FAILED:\n{report}")
     assert not problems, "\n\n".join(problems)
@@ -148,7 +148,7 @@ def test_nan_or_inf_in_any_rank_result_fails_every_demo_and_says_so(monkeypatch,
         if name not in rank_results:           # this test alone (-k): record them now
             with monkeypatch.context() as patch:
                 _recording(patch, rank_results.setdefault(name, []))
-                verify([name], n)
+                verify([name], world_size=n)
         for bad in (math.nan, math.inf):
             queue, hits = list(rank_results[name]), []
 
@@ -160,7 +160,7 @@ def test_nan_or_inf_in_any_rank_result_fails_every_demo_and_says_so(monkeypatch,
                 return out[:-1] + [poisoned(out[-1], bad, hits)]
             with monkeypatch.context() as patch:
                 patch.setattr(WarmPools, "run", replay)
-                report = verify([name], n)[0]
+                report = verify([name], world_size=n)[0]
             if not hits:
                 nothing_to_poison.add(name)
                 continue

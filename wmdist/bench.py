@@ -74,7 +74,7 @@ def _spawn_target(rank: int, world_size: int, store_path: str) -> None:
     os._exit(0)   # skip the teardown that can abort with gloo on torch 2.13 (see pool._worker_main)
 
 
-def bench_warm_vs_spawn(world_size: int = 4, warm_calls: int = 20, spawn_calls: int = 2) -> BenchResult:
+def bench_warm_vs_spawn(*, world_size: int = 4, warm_calls: int = 20, spawn_calls: int = 2) -> BenchResult:
     """Seconds per call: a warm wmdist pool vs torch.multiprocessing.spawn from scratch."""
     runtime.run(_tiny_all_reduce, world_size)           # make sure the pool is warm
     warm = []
@@ -114,10 +114,10 @@ def _time_both(ctx: Context, numel: int, repeats: int) -> dict[str, Any]:
         t = time.perf_counter()
         all_reduce(ctx, y, phase="gloo")
         gloo_times.append(time.perf_counter() - t)
-    return {"ring": ring_times, "gloo": gloo_times, "bytes": ctx.ledger.totals("ring/", prefix=True)["bytes_sent"]}
+    return {"ring": ring_times, "gloo": gloo_times, "bytes": ctx.ledger.totals(phase="ring/", prefix=True)["bytes_sent"]}
 
 
-def bench_ring_vs_gloo(world_size: int = 4, mib: int = 16, repeats: int = 15) -> BenchResult:
+def bench_ring_vs_gloo(*, world_size: int = 4, mib: int = 16, repeats: int = 15) -> BenchResult:
     """Throughput of comm.ring_all_reduce relative to gloo's built-in all_reduce.
 
     The two run back to back `repeats` times; each pair gives one ratio (gloo
@@ -165,7 +165,7 @@ def tree_pss_mb(pid: int | None = None) -> float:
     return total / 1e6
 
 
-def bench_memory(world_sizes: tuple[int, ...] = (4, 8)) -> BenchResult:
+def bench_memory(*, world_sizes: tuple[int, ...] = (4, 8)) -> BenchResult:
     """Summed PSS of this process plus a warm pool of each size (started alone), after one optimizer step.
 
     Measured after a training step, not just after a start: a rank's first
@@ -186,7 +186,7 @@ def bench_memory(world_sizes: tuple[int, ...] = (4, 8)) -> BenchResult:
                        measured, top, "MB", f"{max(world_sizes)} ranks + parent < 600 MB", top < 600)
 
 
-def bench_allreduce_fit(world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
+def bench_allreduce_fit(*, world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
                         sizes_bytes: tuple[int, ...] = DEFAULT_SIZES_BYTES,
                         repeats: int = DEFAULT_REPEATS) -> BenchResult:
     """Fit s(N) T(N) (a, b and the contention g) to ring all-reduces measured on this machine."""
@@ -209,7 +209,7 @@ def bench_allreduce_fit(world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
 
 # --- ring attention vs one process ------------------------------------------------------
 
-def bench_ring_attention(world_size: int = 4, seq_len: int = 4096, repeats: int = 5) -> BenchResult:
+def bench_ring_attention(*, world_size: int = 4, seq_len: int = 4096, repeats: int = 5) -> BenchResult:
     """Causal ring attention forward on N ranks vs torch's SDPA in one process (one thread each), same S.
 
     Time: median over repeats of the slowest rank's forward (a ring step waits for its neighbour).

@@ -55,7 +55,7 @@ def _stats(ms: list[float]) -> dict[str, float]:
     return {"median_ms": round(statistics.median(ms), 1), "max_ms": round(max(ms), 1), "moves": len(ms)}
 
 
-def time_panel(panel: Panel, moves: int = 20) -> dict[str, Any]:
+def time_panel(panel: Panel, *, moves: int = 20) -> dict[str, Any]:
     """Drawn-on-the-spot times over every steppable control, and served times on the first one."""
     drawn: list[float] = []
     per_control: dict[str, dict[str, float]] = {}
@@ -84,10 +84,10 @@ def time_panel(panel: Panel, moves: int = 20) -> dict[str, Any]:
     return {"drawn": _stats(drawn), "served": {**_stats(served), "control": first}, "per_control": per_control}
 
 
-def bench_panels(moves: int = 20) -> Any:
+def bench_panels(*, moves: int = 20) -> Any:
     """Every panel, both paths; the headline is the worst panel's drawn-on-the-spot median against 100 ms."""
     from wmdist.bench import BenchResult
-    measured = {name: time_panel(make(), moves) for name, make in panel_factories().items()}
+    measured = {name: time_panel(make(), moves=moves) for name, make in panel_factories().items()}
     worst = max(m["drawn"]["median_ms"] for m in measured.values())
     worst_max = max(max(m["drawn"]["max_ms"], m["served"]["max_ms"]) for m in measured.values())
     served = max(m["served"]["median_ms"] for m in measured.values())

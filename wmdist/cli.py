@@ -93,7 +93,7 @@ def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     quiet = runtime.under_torchrun() or not sys.stderr.isatty()
     # Every usage error was raised above, before any process started; from here a demo that
     # breaks is a FAIL row with its reason, and the other demos still run.
-    reports = verify(args.names or None, world, progress=None if quiet else _progress_line)
+    reports = verify(args.names or None, world_size=world, progress=None if quiet else _progress_line)
     failed = any(not r.passed for r in reports)
     if printing:
         try:

@@ -52,7 +52,7 @@ def exercises() -> dict[str, Exercise]:
     return {e.name: e for m in _chapter_modules() for e in getattr(m, "EXERCISES", [])}
 
 
-def plan(names: list[str] | None = None, world_size: int | None = None) -> tuple[list[tuple[str, int]], dict[str, str]]:
+def plan(names: list[str] | None = None, *, world_size: int | None = None) -> tuple[list[tuple[str, int]], dict[str, str]]:
     """The (demo name, world size) runs `verify` makes, and the demos it leaves out with the reason.
 
     Everything is checked here, before anything runs: an unknown name, a world
@@ -95,7 +95,7 @@ def _run_one(demo: Registered, world_size: int) -> Report:
     return report
 
 
-def verify(names: list[str] | None = None, world_size: int | None = None,
+def verify(names: list[str] | None = None, *, world_size: int | None = None,
            progress: Callable[[int, int, str], None] | None = None) -> list[Report]:
     """Run demos (all, or those named) at their world sizes (or only at `world_size`).
 
@@ -108,7 +108,7 @@ def verify(names: list[str] | None = None, world_size: int | None = None,
     runs. So is a report at another world size than asked for: never a silent
     PASS at the wrong size.
     """
-    runs, _ = plan(names, world_size)
+    runs, _ = plan(names, world_size=world_size)
     demos = registry()
     reports = []
     for done, (name, n) in enumerate(runs):

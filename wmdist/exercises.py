@@ -139,7 +139,7 @@ def _check_ranks(exercise: Exercise, fn: Callable[..., Any], world_sizes: tuple[
     return Verdict(True, f"{exercise.name}: passed on {sizes} ranks.", status="passed")
 
 
-def check(exercise: Exercise, fn: Callable[..., Any], world_sizes: tuple[int, ...] | None = None,
+def check(exercise: Exercise, fn: Callable[..., Any], *, world_sizes: tuple[int, ...] | None = None,
           timeout: float = 30.0) -> Verdict:
     """Judge the reader's `fn` against the exercise's reference (on real ranks for a rank exercise)."""
     if not callable(fn):

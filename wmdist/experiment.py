@@ -118,12 +118,12 @@ class Experiment(Generic[S, R]):
             return f"{self.name}: {err}"
         return None
 
-    def run(self, world_size: int, progress: OnProgress | None = None) -> Report:
+    def run(self, world_size: int, *, progress: OnProgress | None = None) -> Report:
         """The registered run on `world_size` ranks: `spec(world_size)` (refused here, before any process), then
         `run_spec`."""
-        return self.run_spec(self._sized(self.spec(world_size), world_size), progress)
+        return self.run_spec(self._sized(self.spec(world_size), world_size), progress=progress)
 
-    def run_spec(self, spec: S, progress: OnProgress | None = None) -> Report:
+    def run_spec(self, spec: S, *, progress: OnProgress | None = None) -> Report:
         """Run `ranks` on `spec.world_size` ranks (or `local`, or `jobs`), compare, and return the Report.
 
         `seconds` is the wall time of the runs (starting or reusing the pool included), not of the

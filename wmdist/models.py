@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorldModelConfig:
     """Sizes of the tiny world model (defaults give 2,105 parameters)."""
     obs_dim: int = 16        # O: features of one (flattened, tiny) frame
@@ -88,14 +88,14 @@ class TinyWorldModel(nn.Module):
         return self.per_example_loss(batch).mean()
 
 
-def make_model(seed: int = 0, cfg: WorldModelConfig | None = None) -> TinyWorldModel:
+def make_model(*, seed: int = 0, cfg: WorldModelConfig | None = None) -> TinyWorldModel:
     """A TinyWorldModel whose initial weights depend only on `seed` (same on every rank)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return TinyWorldModel(cfg)
 
 
-def make_batch(batch_size: int, seq_len: int = 6, seed: int = 0,
+def make_batch(batch_size: int, *, seq_len: int = 6, seed: int = 0,
                cfg: WorldModelConfig | None = None) -> dict[str, torch.Tensor]:
     """A synthetic, deterministic batch of trajectories from a fixed random linear system.
 

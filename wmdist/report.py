@@ -309,7 +309,7 @@ class Demo:
         return None
 
 
-def format_table(reports: Iterable[Report], seconds: bool = True) -> str:
+def format_table(reports: Iterable[Report], *, seconds: bool = True) -> str:
     """Plain-text table of reports, one row per (demo, world size).
 
     `seconds=False` leaves out the timing column, for output that must be

@@ -82,12 +82,12 @@ class Overlap:
         return self.hidden / self.comm if self.comm > 0 else 0.0
 
 
-def overlap(spans: Iterable[Span], comm_kind: str = "comm", compute_kind: str = "compute") -> list[Overlap]:
-    """Per row: communication time, and the part of it that overlapped compute."""
+def overlap(spans: Iterable[Span]) -> list[Overlap]:
+    """Per row: communication time (spans of kind "comm"), and the part of it that overlapped "compute"."""
     spans = list(spans)
     out = []
     for row in sorted({s.row for s in spans}):
-        comm = [(s.start, s.end) for s in spans if s.row == row and s.kind == comm_kind]
-        comp = [(s.start, s.end) for s in spans if s.row == row and s.kind == compute_kind]
+        comm = [(s.start, s.end) for s in spans if s.row == row and s.kind == "comm"]
+        comp = [(s.start, s.end) for s in spans if s.row == row and s.kind == "compute"]
         out.append(Overlap(row, length(comm), intersection(comm, comp), length(comp)))
     return out

@@ -20,7 +20,7 @@ from torch import nn
 from wmdist.costs.validate import require_int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
     """Sizes of the tiny transformer world model (defaults: 4 blocks of width 32, 4 heads)."""
     width: int = 32          # H
@@ -126,7 +126,7 @@ class TransformerWorldModel(nn.Module):
         return self.per_example_loss(batch).mean()
 
 
-def make_transformer(seed: int = 0, cfg: TransformerConfig | None = None) -> TransformerWorldModel:
+def make_transformer(*, seed: int = 0, cfg: TransformerConfig | None = None) -> TransformerWorldModel:
     """A TransformerWorldModel whose initial weights depend only on `seed` (the same on every rank)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

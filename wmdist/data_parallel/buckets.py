@@ -58,7 +58,7 @@ def assign_buckets(sizes_bytes: list[int], cap_bytes: int) -> list[list[int]]:
     return buckets
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BucketSpec:
     """A data-parallel backward pass with a bucket cap, on a model big enough to take time."""
     cap_bytes: int = 1 << 30       # default: everything in one bucket
@@ -92,16 +92,16 @@ class BucketRank:
     bucket_bytes: int                        # their payload bytes
 
 
-def bucketed_backward(ctx: Context, spec: BucketSpec, warmup: int = 1) -> BucketRank:
+def bucketed_backward(ctx: Context, spec: BucketSpec, *, warmup: int = 1) -> BucketRank:
     """Rank function: forward + backward with per-bucket async all-reduce; times the last pass (counts from a fresh
     ledger, so several layouts can run in one call)."""
     ctx.ledger.reset()
-    model = make_model(spec.seed, BIG_CONFIG)
+    model = make_model(seed=spec.seed, cfg=BIG_CONFIG)
     params = list(model.parameters())
     buckets = assign_buckets([p.numel() * p.element_size() for p in params], spec.cap_bytes)
     owner = {i: k for k, b in enumerate(buckets) for i in b}
     sizes = [spec.batch_size] * ctx.world_size
-    shard = shard_batch(make_batch(spec.batch_size * ctx.world_size, spec.seq_len, spec.seed, BIG_CONFIG),
+    shard = shard_batch(make_batch(spec.batch_size * ctx.world_size, seq_len=spec.seq_len, seed=spec.seed, cfg=BIG_CONFIG),
                         sizes, ctx.rank)
     for _ in range(warmup + 1):
         model.zero_grad(set_to_none=True)
@@ -142,7 +142,7 @@ def bucketed_backward(ctx: Context, spec: BucketSpec, warmup: int = 1) -> Bucket
             bucketed[off:off + params[i].numel()] = w["buf"][pos:pos + params[i].numel()] / ctx.world_size
             pos += params[i].numel()
     flat = all_reduce(ctx, local.clone(), phase="no buckets") / ctx.world_size
-    records = ctx.ledger.select("bucket ", kind="collective", prefix=True)
+    records = ctx.ledger.select(phase="bucket ", kind="collective", prefix=True)
     return BucketRank(bucketed, local, flat, buckets, spans, len(records), sum(r.bytes_sent for r in records))
 
 
@@ -187,7 +187,7 @@ def sum_tolerance(locals_: list[torch.Tensor]) -> float:
     return costs.reordered_sum_bound(n, bound, extra_roundings=2) / n
 
 
-def buckets_spec(world_size: int, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> BucketsSpec:
+def buckets_spec(world_size: int, *, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> BucketsSpec:
     """One giant bucket and small buckets (by default) on `world_size` ranks, checked."""
     return BucketsSpec(world_size=world_size, runs=tuple(BucketSpec(cap_bytes=cap, seed=seed) for cap in caps))
 
@@ -198,7 +198,7 @@ def compare_buckets(spec: BucketsSpec, results: list[BucketRuns]) -> Verdict:
     n = spec.world_size
     checks, exact, timelines, overlaps = [], [], {}, {}
     why = "float32 sums of N gradients in other orders: (N-1) roundings of partial sums, both ways"
-    sizes = [p.numel() * 4 for p in make_model(spec.runs[0].seed, BIG_CONFIG).parameters()]
+    sizes = [p.numel() * 4 for p in make_model(seed=spec.runs[0].seed, cfg=BIG_CONFIG).parameters()]
     for layout, out in zip(spec.runs, zip(*(r.runs for r in results), strict=True), strict=True):
         cap = layout.cap_bytes
         locals_ = [o.local for o in out]
@@ -226,9 +226,9 @@ BUCKETS_DEMO = Experiment(name="dp-buckets", chapter="01", world_sizes=(2, 4), s
                           ranks=bucket_runs, compare=compare_buckets)
 
 
-def buckets_demo(world_size: int, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> Report:
+def buckets_demo(world_size: int, *, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> Report:
     """One giant bucket vs small buckets: same gradients, different overlap with backward."""
-    return BUCKETS_DEMO.run_spec(buckets_spec(world_size, caps, seed))
+    return BUCKETS_DEMO.run_spec(buckets_spec(world_size, caps=caps, seed=seed))
 
 
 DEMOS = [BUCKETS_DEMO]

@@ -17,6 +17,7 @@ How the local losses are scaled decides what the sum means (`weighting`):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import nn
@@ -26,19 +27,21 @@ from wmdist.comm import Context, all_reduce, ring_all_reduce
 from wmdist.models import (WorldModelConfig, flat_grads, flat_params, linear_term_sums, make_batch, make_model,
                            set_flat_grads, shard_batch)
 
-WEIGHTINGS = ("mean", "examples", "tokens-local", "tokens")
-OPTIMIZERS = ("sgd", "adam")
+Weighting = Literal["mean", "examples", "tokens-local", "tokens"]
+Optimizer = Literal["sgd", "adam"]
+WEIGHTINGS: tuple[Weighting, ...] = get_args(Weighting)
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainSpec:
     """One data-parallel training run: global batch, its split over ranks, optimizer, steps."""
     steps: int = 3
     batch_size: int = 16                 # global examples per step
     seq_len: int = 6                  # T of every sequence
     sizes: tuple[int, ...] | None = None  # examples per rank; None splits evenly
-    weighting: str = "mean"
-    optimizer: str = "sgd"               # "sgd" (momentum 0.9) or "adam"
+    weighting: Weighting = "mean"
+    optimizer: Optimizer = "sgd"             # "sgd" (momentum 0.9) or "adam"
     lr: float = 0.05
     seed: int = 0
     batchnorm: bool = False              # local BatchNorm in the encoder (a pitfall)
@@ -98,7 +101,7 @@ def make_optimizer(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
 
 def step_batch(spec: TrainSpec, step: int) -> dict[str, torch.Tensor]:
     """The global batch of one step (every rank and the reference draw the same)."""
-    batch = make_batch(spec.batch_size, spec.seq_len, seed=spec.seed * 1000 + step)
+    batch = make_batch(spec.batch_size, seq_len=spec.seq_len, seed=spec.seed * 1000 + step)
     if spec.weighting.startswith("tokens"):
         batch["lengths"] = valid_lengths(spec.batch_size, spec.seq_len)
     return batch
@@ -153,7 +156,7 @@ class DPRun:
 
 def dp_train(ctx: Context, spec: TrainSpec) -> DPRun:
     """Rank function: train `spec.steps` steps with gradients summed by the counted ring all-reduce."""
-    model = make_model(spec.seed, WorldModelConfig(batchnorm=spec.batchnorm))
+    model = make_model(seed=spec.seed, cfg=WorldModelConfig(batchnorm=spec.batchnorm))
     opt = make_optimizer(model, spec)
     if spec.skew_momentum:
         _skew_momentum(model, opt, ctx.rank)
@@ -205,7 +208,7 @@ def by_run(results: list[DPRuns]) -> list[list[DPRun]]:
     return [list(runs) for runs in zip(*(r.runs for r in results), strict=True)]
 
 
-def single_process_train(spec: TrainSpec, perturb: tuple[list[torch.Tensor], int] | None = None) -> dict:
+def single_process_train(spec: TrainSpec, *, perturb: tuple[list[torch.Tensor], int] | None = None) -> dict:
     """The reference: one process, the whole batch, the loss the weighting is meant to compute.
 
     Also returns, per step, the elementwise bound on how far a data-parallel
@@ -214,7 +217,7 @@ def single_process_train(spec: TrainSpec, perturb: tuple[list[torch.Tensor], int
     each step's gradient before the optimizer sees it: what `param_tolerance`
     measures with.
     """
-    model = make_model(spec.seed, WorldModelConfig(batchnorm=spec.batchnorm))
+    model = make_model(seed=spec.seed, cfg=WorldModelConfig(batchnorm=spec.batchnorm))
     opt, out, bounds = make_optimizer(model, spec), {}, []
     signs = torch.Generator().manual_seed(perturb[1]) if perturb else None
     for step in range(spec.steps):
@@ -272,6 +275,6 @@ def param_tolerance(spec: TrainSpec, reference: dict) -> float:
     inside their bounds (a few percent of them), so the real difference is
     typically hundreds of times smaller than this.
     """
-    moved = max(float((single_process_train(spec, (reference["grad_bounds"], seed))["params"]
+    moved = max(float((single_process_train(spec, perturb=(reference["grad_bounds"], seed))["params"]
                        - reference["params"]).abs().max()) for seed in PROBE_SEEDS)
     return moved + spec.steps * costs.FLOAT32_ROUNDOFF * float(reference["params"].abs().max())

@@ -40,7 +40,7 @@ class DDPRun:
 
 def ddp_train(ctx: Context, spec: TrainSpec) -> DDPRun:
     """Rank function: the same run with torch's DistributedDataParallel doing the averaging."""
-    model = make_model(spec.seed, WorldModelConfig(batchnorm=spec.batchnorm))
+    model = make_model(seed=spec.seed, cfg=WorldModelConfig(batchnorm=spec.batchnorm))
     state = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     # DDP broadcasts rank 0's parameters and buffers while it is built, inside torch where our ledger
     # cannot see the wire: the record's bytes are computed (the model state's size), not observed.
@@ -60,7 +60,7 @@ def ddp_train(ctx: Context, spec: TrainSpec) -> DDPRun:
         if step == 0:
             grad0 = flat_grads(model)                               # (P,) DDP's averaged gradient
         opt.step()
-    return DDPRun(flat_params(model), grad0, ctx.ledger.totals("ddp/grads", kind="collective")["bytes_sent"])
+    return DDPRun(flat_params(model), grad0, ctx.ledger.totals(phase="ddp/grads", kind="collective")["bytes_sent"])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +99,7 @@ class TrainComparison:
         return len(set(self.shard_sizes)) == 1
 
 
-def train_spec_for(world_size: int, spec: TrainSpec | None = None) -> TrainSpec:
+def train_spec_for(world_size: int, *, spec: TrainSpec | None = None) -> TrainSpec:
     """The spec our ranks run: the text's plain mean when N divides the batch, weights by examples otherwise.
 
     An uneven split is what a learner gets from `train_demo(3)` with the
@@ -119,9 +119,9 @@ def train_spec_for(world_size: int, spec: TrainSpec | None = None) -> TrainSpec:
     return spec if even or spec.weighting == "examples" else replace(spec, weighting="examples")
 
 
-def versus_spec(world_size: int, spec: TrainSpec | None = None) -> VersusSpec:
-    """train_spec_for(world_size, spec) on `world_size` ranks, its shards checked against N."""
-    train = train_spec_for(world_size, spec)
+def versus_spec(world_size: int, *, spec: TrainSpec | None = None) -> VersusSpec:
+    """train_spec_for(world_size, spec=spec) on `world_size` ranks, its shards checked against N."""
+    train = train_spec_for(world_size, spec=spec)
     train.shard_sizes(world_size)
     return VersusSpec(world_size=world_size, train=train)
 
@@ -171,9 +171,9 @@ TRAIN_DEMO = Experiment(name="dp-train", chapter="01", world_sizes=(1, 2, 3, 4),
                         ranks=ours_and_ddp, compare=compare_ddp)
 
 
-def train_demo(world_size: int, spec: TrainSpec | None = None) -> Report:
+def train_demo(world_size: int, *, spec: TrainSpec | None = None) -> Report:
     """DP with the ring all-reduce vs one process on the whole batch vs DDP, after several steps."""
-    return TRAIN_DEMO.run_spec(versus_spec(world_size, spec))
+    return TRAIN_DEMO.run_spec(versus_spec(world_size, spec=spec))
 
 
 DEMOS = [TRAIN_DEMO]

@@ -140,7 +140,7 @@ class RankState:
 
 def init_state(ctx: Context, cfg: ZeroConfig) -> RankState:
     """Build the model from cfg.seed, flatten it, keep what this rank's stage keeps."""
-    model = make_model(cfg.seed)
+    model = make_model(seed=cfg.seed)
     layout, offset = [], 0
     for name, p in model.named_parameters():
         layout.append((f"model.{name}", p.shape, offset, offset + p.numel()))
@@ -174,10 +174,10 @@ def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, probe: Probe | N
     """
     n, sizes = ctx.world_size, costs.ring_chunk_sizes(state.numel, ctx.world_size)
     look = probe or (lambda point, held: None)
-    batch = make_batch(cfg.batch_size, cfg.seq_len, seed=cfg.seed + state.step)
+    batch = make_batch(cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed + state.step)
     mine = shard_batch(batch, costs.ring_chunk_sizes(cfg.batch_size, n), ctx.rank)
     if state.stage == 3:
-        leaf = ring_all_gather(ctx, state.params, sizes, "forward all-gather").requires_grad_()   # (P,)
+        leaf = ring_all_gather(ctx, state.params, sizes, phase="forward all-gather").requires_grad_()   # (P,)
     else:
         leaf = state.params.detach().requires_grad_()                        # (P,), shares storage
     loss = _summed_loss(state, leaf, mine, cfg.batch_size)
@@ -186,7 +186,7 @@ def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, probe: Probe | N
         leaf.untyped_storage().resize_(0)                   # free the full copy; saved views now point at nothing
     look(PROBE_POINTS[0], state.held_bytes((leaf,)))
     if state.stage == 3:
-        again = ring_all_gather(ctx, state.params, sizes, "backward all-gather")
+        again = ring_all_gather(ctx, state.params, sizes, phase="backward all-gather")
         if free:
             leaf.untyped_storage().resize_(state.numel * leaf.element_size())
         leaf.data.copy_(again)                              # .data: autograd must not see this write
@@ -199,11 +199,11 @@ def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, probe: Probe | N
     if free:
         leaf.untyped_storage().resize_(0)                   # reshard after backward, as FSDP does
     if state.stage == 0:
-        ring_all_reduce(ctx, state.grads, "gradient all-reduce", inplace=True)
+        ring_all_reduce(ctx, state.grads, phase="gradient all-reduce", inplace=True)
         look(PROBE_POINTS[2], state.held_bytes((leaf,)))
         adam_update(state.params, state.grads, state.exp_avg, state.exp_avg_sq, state.step, cfg)
         return
-    reduced = ring_reduce_scatter(ctx, full, "gradient reduce-scatter")     # (stop - start,) owns its memory
+    reduced = ring_reduce_scatter(ctx, full, phase="gradient reduce-scatter")     # (stop - start,) owns its memory
     (state.grads[state.start:state.stop] if state.stage == 1 else state.grads).copy_(reduced)
     del reduced
     look(PROBE_POINTS[2], state.held_bytes((leaf,), (full,)))
@@ -212,7 +212,7 @@ def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, probe: Probe | N
     own = state.params if state.stage == 3 else state.params[state.start:state.stop]
     adam_update(own, grad_chunk, state.exp_avg, state.exp_avg_sq, state.step, cfg)
     if state.stage in (1, 2):
-        state.params.copy_(ring_all_gather(ctx, own.clone(), sizes, "parameter all-gather"))
+        state.params.copy_(ring_all_gather(ctx, own.clone(), sizes, phase="parameter all-gather"))
 
 
 @dataclass(frozen=True)

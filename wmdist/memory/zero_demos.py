@@ -123,17 +123,17 @@ def torch_zero_rank(ctx: Context, cfg: ZeroConfig) -> torch.Tensor:
     rank's parameters as input, the others' as output.
     """
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    model = make_model(cfg.seed)
+    model = make_model(seed=cfg.seed)
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                   lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
     owned = sum(p.numel() * p.element_size() for g in opt.optim.param_groups for p in g["params"])
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     for k in range(cfg.steps):
-        batch = make_batch(cfg.batch_size, cfg.seq_len, seed=cfg.seed + k)
+        batch = make_batch(cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed + k)
         mine = shard_batch(batch, costs.ring_chunk_sizes(cfg.batch_size, ctx.world_size), ctx.rank)
         opt.zero_grad()
         (model.per_example_loss(mine).sum() / cfg.batch_size).backward()
-        flat = all_reduce(ctx, flat_grads(model), "gradient all-reduce")
+        flat = all_reduce(ctx, flat_grads(model), phase="gradient all-reduce")
         torch.nn.utils.vector_to_parameters(flat, [p.grad for p in model.parameters()])
         with counted(ctx, "ZeroRedundancyOptimizer.step (not observed: bytes computed from parameter ownership)",
                      "parameter broadcast",

@@ -29,12 +29,12 @@ def reference_run(cfg: ZeroConfig, perturb: tuple[list[torch.Tensor], int] | Non
 
     `perturb=(bounds, seed)` adds +-bounds[step] (random signs) to each step's gradient before Adam sees it.
     """
-    model = make_model(cfg.seed)
+    model = make_model(seed=cfg.seed)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
     signs = torch.Generator().manual_seed(perturb[1]) if perturb else None
     bounds = []
     for k in range(cfg.steps):
-        batch = make_batch(cfg.batch_size, cfg.seq_len, seed=cfg.seed + k)
+        batch = make_batch(cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed + k)
         opt.zero_grad()
         terms = linear_term_sums(model, lambda m: m.per_example_loss(batch).sum() / cfg.batch_size)
         bounds.append(costs.reordered_sum_bound(cfg.batch_size * cfg.seq_len, 1.0, EXTRA_ROUNDINGS) * terms)

@@ -82,7 +82,7 @@ def run_mesh(spec: MeshSpec, world_size: int, name: str = "mesh", progress: OnPr
     """One step of `spec` on `world_size` local ranks (or under torchrun), checked against one device, the
     per-axis formulas and the memory calculator. The world size is checked before any process starts;
     `progress(done, total, text)` hears about each part."""
-    return mesh_experiment(name, f"one training step of {spec.degrees}", spec).run(world_size, progress)
+    return mesh_experiment(name, f"one training step of {spec.degrees}", spec).run(world_size, progress=progress)
 
 
 DEMOS = [

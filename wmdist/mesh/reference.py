@@ -76,7 +76,7 @@ def reference_step(spec: MeshSpec) -> Reference:
     """The step on one device and one thread (as every rank runs): full batch, mean loss, SGD with momentum."""
     with one_thread():
         model = full_model(spec)
-        batch = make_batch(spec.batch, spec.seq_len, seed=spec.seed)
+        batch = make_batch(spec.batch, seq_len=spec.seq_len, seed=spec.seed)
         pred = model(batch["obs"], batch["actions"])                                   # (B, T, O)
         loss = (pred - batch["next_obs"]).pow(2).mean()
         loss.backward()

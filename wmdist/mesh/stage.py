@@ -33,7 +33,7 @@ def model_config(spec: MeshSpec) -> TransformerConfig:
 
 def full_model(spec: MeshSpec) -> TransformerWorldModel:
     """The whole model every rank (and the single device) starts from: weights depend only on the seed."""
-    return make_transformer(spec.seed, model_config(spec))
+    return make_transformer(seed=spec.seed, cfg=model_config(spec))
 
 
 def attention(shard: BlockShard, x: torch.Tensor, tp: TPGroup, cp: Context, seq_len: int) -> torch.Tensor:

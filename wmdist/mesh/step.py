@@ -61,7 +61,7 @@ class RankStep:
 def rank_microbatches(spec: MeshSpec, coords: dict[str, int]) -> list[dict[str, torch.Tensor]]:
     """This rank's microbatches: its dp share of trajectories, its cp block of tokens, whole trajectories per
     microbatch. Keys obs (b, c, O), actions (b, c, A), next_obs (b, c, O)."""
-    batch = make_batch(spec.batch, spec.seq_len, seed=spec.seed)
+    batch = make_batch(spec.batch, seq_len=spec.seq_len, seed=spec.seed)
     mine = shard_batch(batch, ring_chunk_sizes(spec.batch, spec.dp), coords["dp"])
     c = spec.seq_len // spec.cp
     tokens = {k: v[:, coords["cp"] * c:(coords["cp"] + 1) * c] for k, v in mine.items() if k != "reward"}
@@ -89,14 +89,14 @@ def run_schedule(pp: Context, spec: MeshSpec, stage: MeshStage, micro: list[dict
                 out = (out - mb["next_obs"]).pow(2).sum() / scale
                 loss += float(out.detach())
             else:
-                sends.append(isend(pp, out.detach(), pp.rank + 1, PHASE[FORWARD]))
+                sends.append(isend(pp, out.detach(), pp.rank + 1, phase=PHASE[FORWARD]))
             held[m] = (x, out)
         else:
             x, out = held.pop(m)
             grad = None if stage.last else mailbox.take(pp.rank + 1, (BACKWARD, a.stage + 1, m))
             torch.autograd.backward(out, grad)
             if not stage.first:
-                sends.append(isend(pp, x.grad, pp.rank - 1, PHASE[BACKWARD]))
+                sends.append(isend(pp, x.grad, pp.rank - 1, phase=PHASE[BACKWARD]))
     for pending in sends:
         pending.wait()
     return loss if stage.last else None
@@ -107,8 +107,8 @@ def sync_gradients(stage: MeshStage, views: dict[str, Context], buckets: int) ->
     flat = flat_grads(stage)                                          # (P_local,)
     pieces = []
     for k, piece in enumerate(torch.tensor_split(flat, buckets)):
-        piece = ring_all_reduce(views["cp"], piece, f"grads bucket {k}")
-        pieces.append(ring_all_reduce(views["dp"], piece, f"grads bucket {k}"))
+        piece = ring_all_reduce(views["cp"], piece, phase=f"grads bucket {k}")
+        pieces.append(ring_all_reduce(views["dp"], piece, phase=f"grads bucket {k}"))
     set_flat_grads(stage, torch.cat(pieces))
 
 
@@ -169,7 +169,7 @@ def mesh_step(ctx: Context, spec: MeshSpec) -> RankStep:
     seconds = time.perf_counter() - start
     traffic = {}
     for axis in AXES:
-        t = ctx.ledger.totals(f"{axis}/", kind="p2p", prefix=True)
+        t = ctx.ledger.totals(phase=f"{axis}/", kind="p2p", prefix=True)
         traffic[axis] = Traffic(t["bytes_sent"], t["messages"])
     params = {n: p.detach().clone() for n, p in zip(names, stage.parameters())}
     return RankStep(ctx.rank, coords, loss, grads, params, traffic, ctx.ledger.by_phase(kind=None),

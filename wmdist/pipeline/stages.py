@@ -63,12 +63,12 @@ def stage_parameter_names(model: TransformerWorldModel, n_stages: int) -> list[l
 
 def model_for(work: PipeWork) -> TransformerWorldModel:
     """The model every rank (and the reference) builds: same seed, same weights."""
-    return make_transformer(work.seed, TransformerConfig(layers=work.layers))
+    return make_transformer(seed=work.seed, cfg=TransformerConfig(layers=work.layers))
 
 
 def batch_for(work: PipeWork, step: int = 0) -> dict[str, torch.Tensor]:
     """The step's batch of B independent trajectories (obs, actions, next_obs: (B, T, .))."""
-    return make_batch(work.batch_size, work.seq_len, seed=work.seed * 1000 + step)
+    return make_batch(work.batch_size, seq_len=work.seq_len, seed=work.seed * 1000 + step)
 
 
 def split_microbatches(batch: dict[str, torch.Tensor], microbatches: int) -> list[dict[str, torch.Tensor]]:
