@@ -29,7 +29,7 @@ def collectives(ctx, lengths):
         gathered = ring_all_gather(ctx, x[sum(sizes[:ctx.rank]):sum(sizes[:ctx.rank + 1])].clone(), sizes,
                                    phase=f"ag{numel}")
         out.append({"ours": ours, "theirs": theirs, "mine": mine, "gathered": gathered, "sent": sent,
-                    "rs": ctx.ledger.totals(f"rs{numel}"), "ag": ctx.ledger.totals(f"ag{numel}")})
+                    "rs": ctx.ledger.totals(phase=f"rs{numel}"), "ag": ctx.ledger.totals(phase=f"ag{numel}")})
     return out
 
 

@@ -36,8 +36,8 @@ def test_ledger_select_by_phase_prefix():
     for phase, n in (("step 0/grads", 4), ("step 1/grads", 8), ("other", 1)):
         with counted(ctx, "exchange", phase, sent=n, kind="p2p"):
             pass
-    assert ctx.ledger.totals("step ", prefix=True)["bytes_sent"] == 12
-    assert ctx.ledger.totals("step 0/grads")["bytes_sent"] == 4 and ctx.ledger.totals(kind="collective")["rounds"] == 0
+    assert ctx.ledger.totals(phase="step ", prefix=True)["bytes_sent"] == 12
+    assert ctx.ledger.totals(phase="step 0/grads")["bytes_sent"] == 4 and ctx.ledger.totals(kind="collective")["rounds"] == 0
 
 
 # --- on ranks ---------------------------------------------------------------------------
@@ -52,7 +52,7 @@ def ring_with_handles(ctx):
     busy = torch.ones(64, 64) @ torch.ones(64, 64)               # compute while the transfer is in flight
     sending.wait()
     out = receiving.wait()
-    return out.tolist(), ctx.ledger.totals("kv"), float(busy[0, 0])
+    return out.tolist(), ctx.ledger.totals(phase="kv"), float(busy[0, 0])
 
 
 def test_isend_irecv_handles_are_counted_and_deliver():

@@ -14,7 +14,7 @@ from wmdist.costs import pipeline as pcosts
 from wmdist.costs import ring_attention as racosts
 from wmdist.costs import tensor_parallel as tpcosts
 from wmdist.costs.mesh import (
-    AXES,
+    TRAFFIC_AXES,
     StepShape,
     axis_in_node,
     axis_traffic,
@@ -90,7 +90,7 @@ def test_axis_in_node_matches_the_groups_of_a_mesh():
             mesh = Mesh(dp=dp, tp=tp, pp=pp, cp=cp, order=order)
             where = strides(sizes, order)
             for per_node in (1, 2, 3, 4, 8):
-                for axis in AXES:
+                for axis in TRAFFIC_AXES:
                     brute = all(len({r // per_node for r in g}) == 1 for g in mesh.groups(axis))
                     assert axis_in_node(sizes[axis], where[axis], per_node, mesh.world_size) == brute
 
@@ -189,7 +189,7 @@ def test_3d_mesh_matches_one_device_the_formulas_and_the_calculator(mesh3d):
     assert {c.name.split(" ==")[0] for c in mesh3d.checks} == {"loss (sum of the last stage's shares)",
                                                                 "every gradient", "every parameter after the step"}
     for phases in run.phases:                                      # every byte sits under one of the four axes
-        assert all(p.split("/")[0] in AXES for p in phases)
+        assert all(p.split("/")[0] in TRAFFIC_AXES for p in phases)
     assert all(run.measured[r]["pp"].bytes_sent > 0 and run.measured[r]["cp"].bytes_sent == 0 for r in range(8))
     assert "8/8" in side_by_side(run) and side_by_side(run).count("8/8") == 4
     assert memory_table(run).count("8/8") == 3
@@ -202,12 +202,12 @@ def _along(ctx):
     from wmdist.comm import isend, recv, ring_all_reduce
     mesh = Mesh(dp=2, tp=4)
     tp = ctx.along(mesh, "tp")
-    total = ring_all_reduce(tp, torch.tensor([float(ctx.rank)]), "x")             # recorded as "tp/x/..."
+    total = ring_all_reduce(tp, torch.tensor([float(ctx.rank)]), phase="x")             # recorded as "tp/x/..."
     dp = ctx.along(mesh, "dp")
     if dp.rank == 0:
-        isend(dp, torch.zeros(3), 1, "dp/already named").wait()                   # the prefix is not doubled
+        isend(dp, torch.zeros(3), 1, phase="dp/already named").wait()                   # the prefix is not doubled
     else:
-        recv(dp, torch.zeros(3), 0, "dp/already named")
+        recv(dp, torch.zeros(3), 0, phase="dp/already named")
     return tp.rank, tp.world_size, dp.rank, float(total), list(ctx.ledger.by_phase(kind=None))
 
 

@@ -28,7 +28,7 @@ def _split_dim0(op: str, tensor: torch.Tensor, n: int) -> torch.Tensor:
     return tensor.contiguous()
 
 
-def all_reduce(ctx: Context, tensor: torch.Tensor, phase: str = "all_reduce",
+def all_reduce(ctx: Context, tensor: torch.Tensor, *, phase: str = "all_reduce",
                group: dist.ProcessGroup | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """Sum `tensor` over the group in place; with async_op, return a Pending handle at once."""
     group, _, _ = resolve(ctx, group)
@@ -38,7 +38,7 @@ def all_reduce(ctx: Context, tensor: torch.Tensor, phase: str = "all_reduce",
     return Pending(ctx, work, tensor, f"all_reduce {n} B [phase {phase!r}]") if async_op else tensor
 
 
-def all_gather(ctx: Context, tensor: torch.Tensor, phase: str = "all_gather",
+def all_gather(ctx: Context, tensor: torch.Tensor, *, phase: str = "all_gather",
                group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Concatenate every rank's equally shaped `tensor` along dim 0: (N * d0, ...)."""
     group, _, n = resolve(ctx, group)
@@ -49,7 +49,7 @@ def all_gather(ctx: Context, tensor: torch.Tensor, phase: str = "all_gather",
     return out
 
 
-def reduce_scatter(ctx: Context, tensor: torch.Tensor, phase: str = "reduce_scatter",
+def reduce_scatter(ctx: Context, tensor: torch.Tensor, *, phase: str = "reduce_scatter",
                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Sum `tensor` over the group and keep this rank's 1/N of it along dim 0 (dim 0 must divide by N)."""
     group, _, n = resolve(ctx, group)
@@ -60,7 +60,7 @@ def reduce_scatter(ctx: Context, tensor: torch.Tensor, phase: str = "reduce_scat
     return out
 
 
-def broadcast(ctx: Context, tensor: torch.Tensor, src: int, phase: str = "broadcast",
+def broadcast(ctx: Context, tensor: torch.Tensor, src: int, *, phase: str = "broadcast",
               group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Copy the source rank's `tensor` into every rank's `tensor` (in place); `src` is a group rank."""
     group, me, _ = resolve(ctx, group)
@@ -70,7 +70,7 @@ def broadcast(ctx: Context, tensor: torch.Tensor, src: int, phase: str = "broadc
     return tensor
 
 
-def all_to_all(ctx: Context, tensor: torch.Tensor, phase: str = "all_to_all",
+def all_to_all(ctx: Context, tensor: torch.Tensor, *, phase: str = "all_to_all",
                group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Piece j of `tensor` (dim 0 split in N equal pieces) goes to rank j; piece i of the result came from rank i."""
     group, _, n = resolve(ctx, group)
@@ -82,7 +82,7 @@ def all_to_all(ctx: Context, tensor: torch.Tensor, phase: str = "all_to_all",
     return out
 
 
-def barrier(ctx: Context, phase: str = "barrier", group: dist.ProcessGroup | None = None) -> None:
+def barrier(ctx: Context, *, phase: str = "barrier", group: dist.ProcessGroup | None = None) -> None:
     """torch.distributed.barrier, recorded so that a rank stuck inside it is named."""
     group, _, _ = resolve(ctx, group)
     with counted(ctx, "barrier", phase, messages=0):

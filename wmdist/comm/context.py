@@ -35,7 +35,7 @@ def group_name(ranks: tuple[int, ...]) -> str:
     return "wmdist-group-" + "-".join(map(str, ranks))
 
 
-def new_named_group(ranks: tuple[int, ...], timeout: timedelta | None = None) -> dist.ProcessGroup:
+def new_named_group(ranks: tuple[int, ...], *, timeout: timedelta | None = None) -> dist.ProcessGroup:
     """dist.new_group(ranks, use_local_synchronization=True), named by `group_name(ranks)` only.
 
     torch (2.13) names such a group from its ranks *and* the number of groups
@@ -69,7 +69,7 @@ class RankResources:
             # Local synchronization: only the members of a group take part in creating it, so a rank
             # never waits for groups it is not in; the name depends on the ranks alone (new_named_group).
             # Overlapping groups are safe when every rank asks for its groups in one global order.
-            self.groups[ranks] = new_named_group(ranks, self.timeout)
+            self.groups[ranks] = new_named_group(ranks, timeout=self.timeout)
         return self.groups[ranks]
 
     def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -143,6 +143,6 @@ class Context:
         return replace(self, rank=mesh.coords(self.rank)[axis], world_size=mesh.size(axis), group=group,
                        phase_prefix=f"{self.phase_prefix}{axis}/")
 
-    def scratch(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def scratch(self, numel: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A reusable receive buffer (see RankResources.scratch); its contents are garbage."""
         return self.resources.scratch(numel, dtype, self.device)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import contextlib
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, get_args
 
 if TYPE_CHECKING:
     from wmdist.comm.context import Context
 
 COMPLETED = "(completed)"
-KINDS = ("p2p", "collective")
+Kind = Literal["p2p", "collective"]      # a record is a point-to-point message or part of a collective
+KINDS: tuple[str, ...] = get_args(Kind)
 
 
 @dataclass(frozen=True)
@@ -77,25 +78,25 @@ class Ledger:
             return self.last_entered
         return f"{self.last_entered} {COMPLETED}"
 
-    def select(self, phase: str | None = None, kind: str | None = "p2p", prefix: bool = False) -> list[Record]:
+    def select(self, *, phase: str | None = None, kind: Kind | None = "p2p", prefix: bool = False) -> list[Record]:
         """Records of one kind (None: both), optionally of one phase (or of every phase starting with it)."""
         def phase_ok(r: Record) -> bool:
             return phase is None or (r.phase.startswith(phase) if prefix else r.phase == phase)
         return [r for r in self.records if (kind is None or r.kind == kind) and phase_ok(r)]
 
-    def totals(self, phase: str | None = None, kind: str | None = "p2p", prefix: bool = False) -> dict[str, int]:
+    def totals(self, *, phase: str | None = None, kind: Kind | None = "p2p", prefix: bool = False) -> dict[str, int]:
         """Summed bytes, messages and rounds, optionally for one phase (or phase prefix)."""
-        rows = self.select(phase, kind, prefix)
+        rows = self.select(phase=phase, kind=kind, prefix=prefix)
         return {"bytes_sent": sum(r.bytes_sent for r in rows), "bytes_recv": sum(r.bytes_recv for r in rows),
                 "messages": sum(r.messages for r in rows), "rounds": len(rows)}
 
-    def by_phase(self, kind: str | None = "p2p") -> dict[str, dict[str, int]]:
+    def by_phase(self, *, kind: Kind | None = "p2p") -> dict[str, dict[str, int]]:
         """totals() for every phase that appears, in first-seen order."""
         phases: dict[str, None] = defaultdict(lambda: None)
         for r in self.records:
             if kind is None or r.kind == kind:
                 phases[r.phase]
-        return {p: self.totals(p, kind) for p in phases}
+        return {p: self.totals(phase=p, kind=kind) for p in phases}
 
     def __getstate__(self) -> dict:
         # The callback writes to this process's shared status buffer: never ship it.
@@ -112,7 +113,7 @@ def _describe(op: str, phase: str, sent: int, recv: int, peer: int | None, src: 
 
 
 @contextlib.contextmanager
-def counted(ctx: Context, op: str, phase: str, *, sent: int = 0, recv: int = 0, kind: str = "collective",
+def counted(ctx: Context, op: str, phase: str, *, sent: int = 0, recv: int = 0, kind: Kind = "collective",
             peer: int | None = None, src: int | None = None, messages: int | None = None) -> Iterator[None]:
     """The counting seam: note `op` on entry, record it once the body returns.
 

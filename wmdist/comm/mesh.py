@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from wmdist.costs.validate import require_int
 
-AXES = ("dp", "cp", "tp", "pp")
+# The four axes in the order a rank's coordinates are written (Mesh.coords, error messages); not the layout.
+COORD_AXES = ("dp", "cp", "tp", "pp")
+# The default rank layout: axes from fastest to slowest varying (tp partners on neighbouring ranks).
 DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
 
 
@@ -26,18 +28,18 @@ class Mesh:
     order: tuple[str, ...] = DEFAULT_ORDER    # fastest-varying axis first
 
     def __post_init__(self) -> None:
-        for axis in AXES:
+        for axis in COORD_AXES:
             require_int(axis, getattr(self, axis), 1)
-        if sorted(self.order) != sorted(AXES):
-            raise ValueError(f"order must name each of {AXES} once, got {self.order!r}")
+        if sorted(self.order) != sorted(COORD_AXES):
+            raise ValueError(f"order must name each of {COORD_AXES} once, got {self.order!r}")
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
     def size(self, axis: str) -> int:
-        if axis not in AXES:
-            raise ValueError(f"axis must be one of {AXES}, got {axis!r}")
+        if axis not in COORD_AXES:
+            raise ValueError(f"axis must be one of {COORD_AXES}, got {axis!r}")
         return getattr(self, axis)
 
     def coords(self, rank: int) -> dict[str, int]:
@@ -46,13 +48,13 @@ class Mesh:
         out = {}
         for axis in self.order:
             rest, out[axis] = divmod(rest, self.size(axis))
-        return {axis: out[axis] for axis in AXES}
+        return {axis: out[axis] for axis in COORD_AXES}
 
     def rank(self, **coords: int) -> int:
         """The global rank at these coordinates (missing axes are 0)."""
-        unknown = set(coords) - set(AXES)
+        unknown = set(coords) - set(COORD_AXES)
         if unknown:
-            raise ValueError(f"unknown axes {sorted(unknown)}; axes are {AXES}")
+            raise ValueError(f"unknown axes {sorted(unknown)}; axes are {COORD_AXES}")
         rank, stride = 0, 1
         for axis in self.order:
             c = require_int(axis, coords.get(axis, 0), 0, self.size(axis) - 1)

@@ -57,7 +57,7 @@ class Pending:
         return self.work.get_future()
 
 
-def send(ctx: Context, tensor: torch.Tensor, dst: int, phase: str = "send",
+def send(ctx: Context, tensor: torch.Tensor, dst: int, *, phase: str = "send",
          group: dist.ProcessGroup | None = None) -> None:
     """Blocking send to rank `dst`, counted."""
     group, _, _ = resolve(ctx, group)
@@ -65,7 +65,7 @@ def send(ctx: Context, tensor: torch.Tensor, dst: int, phase: str = "send",
         dist.send(tensor.contiguous(), global_rank(group, dst), group=group)
 
 
-def recv(ctx: Context, tensor: torch.Tensor, src: int, phase: str = "recv",
+def recv(ctx: Context, tensor: torch.Tensor, src: int, *, phase: str = "recv",
          group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Blocking receive into `tensor` from rank `src`, counted; returns `tensor`."""
     group, _, _ = resolve(ctx, group)
@@ -74,7 +74,7 @@ def recv(ctx: Context, tensor: torch.Tensor, src: int, phase: str = "recv",
     return tensor
 
 
-def isend(ctx: Context, tensor: torch.Tensor, dst: int, phase: str = "isend",
+def isend(ctx: Context, tensor: torch.Tensor, dst: int, *, phase: str = "isend",
           group: dist.ProcessGroup | None = None) -> Pending:
     """Post a send to rank `dst` and return at once; call `.wait()` before reusing `tensor`."""
     group, _, _ = resolve(ctx, group)
@@ -84,7 +84,7 @@ def isend(ctx: Context, tensor: torch.Tensor, dst: int, phase: str = "isend",
     return Pending(ctx, work, data, f"isend {nbytes(data)} B to rank {dst} [phase {phase!r}]")
 
 
-def irecv(ctx: Context, tensor: torch.Tensor, src: int, phase: str = "irecv",
+def irecv(ctx: Context, tensor: torch.Tensor, src: int, *, phase: str = "irecv",
           group: dist.ProcessGroup | None = None) -> Pending:
     """Post a receive into `tensor` from rank `src`; `.wait()` returns the filled tensor."""
     group, _, _ = resolve(ctx, group)
@@ -94,7 +94,7 @@ def irecv(ctx: Context, tensor: torch.Tensor, src: int, phase: str = "irecv",
 
 
 def exchange(ctx: Context, send_tensor: torch.Tensor, dst: int, recv_tensor: torch.Tensor, src: int,
-             phase: str = "exchange", group: dist.ProcessGroup | None = None) -> torch.Tensor:
+             *, phase: str = "exchange", group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Send to `dst` while receiving from `src`: one round of a ring.
 
     The send is posted asynchronously first, so a ring in which every rank

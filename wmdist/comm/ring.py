@@ -58,7 +58,7 @@ def _reduce_scatter_rounds(ctx: Context, chunks: list[torch.Tensor], rank: int, 
                            group: dist.ProcessGroup | None) -> None:
     """Round s sends partial chunk (r-s-1) right, receives chunk (r-s-2) from the left and adds it."""
     ring = _Ring(ctx, rank, n, phase, group)
-    scratch = ctx.scratch(max(c.numel() for c in chunks), chunks[0].dtype)
+    scratch = ctx.scratch(max(c.numel() for c in chunks), dtype=chunks[0].dtype)
     incoming = lambda s: scratch[: chunks[(rank - s - 2) % n].numel()]     # noqa: E731 - round s's landing place
     pending = ring.post_recv(incoming(0)) if n > 1 else None
     for s in range(n - 1):
@@ -81,7 +81,7 @@ def _all_gather_rounds(ctx: Context, chunks: list[torch.Tensor], rank: int, n: i
     ring.finish()
 
 
-def ring_reduce_scatter(ctx: Context, flat: torch.Tensor, phase: str = "reduce-scatter",
+def ring_reduce_scatter(ctx: Context, flat: torch.Tensor, *, phase: str = "reduce-scatter",
                         group: dist.ProcessGroup | None = None, sizes: list[int] | None = None) -> torch.Tensor:
     """Sum a tensor (flattened) across the ring; return this rank's chunk of the sum (chunk r).
 
@@ -100,7 +100,7 @@ def ring_reduce_scatter(ctx: Context, flat: torch.Tensor, phase: str = "reduce-s
     return chunks[r].clone()
 
 
-def ring_all_gather(ctx: Context, chunk: torch.Tensor, sizes: list[int], phase: str = "all-gather",
+def ring_all_gather(ctx: Context, chunk: torch.Tensor, sizes: list[int], *, phase: str = "all-gather",
                     group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Concatenate every rank's 1-D chunk (rank r holds chunk r of `sizes`); returns (sum(sizes),)."""
     group, r, n = resolve(ctx, group)
@@ -113,7 +113,7 @@ def ring_all_gather(ctx: Context, chunk: torch.Tensor, sizes: list[int], phase: 
     return out
 
 
-def ring_all_reduce(ctx: Context, tensor: torch.Tensor, phase: str = "all-reduce",
+def ring_all_reduce(ctx: Context, tensor: torch.Tensor, *, phase: str = "all-reduce",
                     group: dist.ProcessGroup | None = None, inplace: bool = False) -> torch.Tensor:
     """Sum `tensor` over all ranks with a ring: reduce-scatter, then all-gather.
 

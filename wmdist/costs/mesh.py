@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from wmdist.costs.collectives import ring_allreduce_bytes, ring_chunk_sizes
 from wmdist.costs.validate import require_int, require_real
 
-AXES = ("dp", "tp", "pp", "cp")
+# The four axes in the order the patterns above are told, and every table and figure of chapter 09 lists
+# them (axis_traffic's keys); not the rank layout (wmdist.comm.mesh.DEFAULT_ORDER).
+TRAFFIC_AXES = ("dp", "tp", "pp", "cp")
 
 
 @dataclass(frozen=True)
@@ -139,18 +141,18 @@ def bucket_sizes(shape: StepShape, tp_rank: int, pp_rank: int) -> list[int]:
 def _gradient_sum(shape: StepShape, coords: dict[str, int], axis: str) -> Traffic:
     n, r = getattr(shape, axis), coords[axis]
     sizes = bucket_sizes(shape, coords["tp"], coords["pp"])
-    return Traffic(sum(ring_allreduce_bytes(s, n, r, shape.elem_size) for s in sizes), 2 * (n - 1) * len(sizes))
+    return Traffic(sum(ring_allreduce_bytes(s, n, r, elem_size=shape.elem_size) for s in sizes), 2 * (n - 1) * len(sizes))
 
 
 def axis_traffic(shape: StepShape, coords: dict[str, int]) -> dict[str, Traffic]:
-    """Per axis (AXES order), what the rank at `coords` ({"dp", "tp", "pp", "cp"}) sends in one training step."""
-    for axis in AXES:
+    """Per axis (TRAFFIC_AXES order), what the rank at `coords` ({"dp", "tp", "pp", "cp"}) sends in one training step."""
+    for axis in TRAFFIC_AXES:
         require_int(f"coords[{axis!r}]", coords.get(axis), 0, getattr(shape, axis) - 1)
     e, h, c = shape.elem_size, shape.width, shape.tokens
     rows = microbatch_rows(shape, coords["dp"])
     layers = stage_layers(shape, coords["pp"])
     tp_n, tp_r = shape.tp, coords["tp"]
-    tp = Traffic(4 * layers * sum(ring_allreduce_bytes(b * c * h, tp_n, tp_r, e) for b in rows),
+    tp = Traffic(4 * layers * sum(ring_allreduce_bytes(b * c * h, tp_n, tp_r, elem_size=e) for b in rows),
                  4 * layers * len(rows) * 2 * (tp_n - 1))
     ways = (coords["pp"] < shape.pp - 1) + (coords["pp"] > 0)         # activations forward, gradients back
     pp = Traffic(ways * sum(b * c * h * e for b in rows), ways * len(rows))

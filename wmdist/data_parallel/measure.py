@@ -34,7 +34,7 @@ def time_ring_allreduce(ctx: Context, numel: int, repeats: int) -> tuple[list[fl
         start = time.perf_counter()
         ring_all_reduce(ctx, x, phase="timed", inplace=True)
         times.append(time.perf_counter() - start)
-    return times, ctx.ledger.totals("warm-up/", prefix=True)["bytes_sent"]
+    return times, ctx.ledger.totals(phase="warm-up/", prefix=True)["bytes_sent"]
 
 
 def check_plan(world_sizes: Sequence[int], sizes_bytes: Sequence[int], repeats: int) -> None:

@@ -74,7 +74,7 @@ def picard_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, refer
     model, counts = Denoiser(spec.model), []
     result = picard_sample(model, noise, spec.steps, iterations, window=window, tol=tol, reference=reference,
                            evaluate=spread_evaluations(ctx, model, counts))
-    rounds = [ctx.ledger.totals(f"round {i}") for i in range(result.rounds)]
+    rounds = [ctx.ledger.totals(phase=f"round {i}") for i in range(result.rounds)]
     return PicardRank(result, tuple(counts), tuple(r["bytes_sent"] for r in rounds),
                       tuple(r["bytes_recv"] for r in rounds))
 

@@ -63,7 +63,7 @@ class CaseRank:
 
 
 def _case_rank(ctx: Context, samples: torch.Tensor | None, spans: list[Span], phase: str | None) -> CaseRank:
-    p2p = ctx.ledger.totals(phase)
+    p2p = ctx.ledger.totals(phase=phase)
     return CaseRank(samples, tuple(spans), p2p["bytes_sent"], p2p["bytes_recv"], p2p["messages"],
                     len(ctx.ledger.select(kind="collective")))
 

@@ -99,7 +99,7 @@ def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor
         x = euler_update(x, v, ts[k + 1] - ts[k])
         states.append(x)
         velocities.append(v)
-    per_step = [ctx.ledger.totals(f"step {k}") for k in range(spec.steps)]
+    per_step = [ctx.ledger.totals(phase=f"step {k}") for k in range(spec.steps)]
     return ShardRun(torch.stack(states), torch.stack(velocities), tuple(t["bytes_sent"] for t in per_step),
                     tuple(t["bytes_recv"] for t in per_step), tuple(t["rounds"] for t in per_step))
 

@@ -50,7 +50,7 @@ def shard_update_inputs(rank: int, world_size: int) -> tuple[torch.Tensor, torch
 
 def shard_update_solution(ctx: Context, params: torch.Tensor, local_grad: torch.Tensor) -> torch.Tensor:
     """Reduce-scatter the gradient, take Adam's first step on this rank's chunk, return the chunk."""
-    grad = ring_reduce_scatter(ctx, local_grad, "my reduce-scatter")    # my chunk of the summed gradient
+    grad = ring_reduce_scatter(ctx, local_grad, phase="my reduce-scatter")    # my chunk of the summed gradient
     start, stop = shard_range(params.numel(), ctx.world_size, ctx.rank)
     m, v = (1 - 0.9) * grad, (1 - 0.999) * grad * grad                  # moments after one step from zero
     m_hat, v_hat = m / (1 - 0.9), v / (1 - 0.999)                       # bias correction

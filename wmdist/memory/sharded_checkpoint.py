@@ -91,7 +91,7 @@ def save_checkpoint(ctx: Context, root: str, state: RankState, die_on_rank: int 
     if ctx.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)             # leftovers of an earlier crashed save
         tmp.mkdir(parents=True)
-    barrier(ctx, "checkpoint: prepare")
+    barrier(ctx, phase="checkpoint: prepare")
     own = state.params if state.stage == 3 else state.params[state.start:state.stop]
     moments = (state.exp_avg, state.exp_avg_sq) if state.stage > 0 else \
         (state.exp_avg[state.start:state.stop], state.exp_avg_sq[state.start:state.stop])
@@ -100,7 +100,7 @@ def save_checkpoint(ctx: Context, root: str, state: RankState, die_on_rank: int 
     writer = _DyingWriter(tmp) if die_on_rank == ctx.rank else dcp.FileSystemWriter(tmp)
     with counted(ctx, f"dcp.save to {tmp.name} (plans only: the data goes to disk)", "checkpoint: save"):
         dcp.save(to_save, storage_writer=writer)
-    barrier(ctx, "checkpoint: all written")
+    barrier(ctx, phase="checkpoint: all written")
     if ctx.rank == 0:
         tmp.rename(final)
         pointer_tmp = Path(root) / f".{POINTER}.tmp"
@@ -109,7 +109,7 @@ def save_checkpoint(ctx: Context, root: str, state: RankState, die_on_rank: int 
             f.flush()
             os.fsync(f.fileno())
         os.replace(pointer_tmp, Path(root) / POINTER)
-    barrier(ctx, "checkpoint: committed")
+    barrier(ctx, phase="checkpoint: committed")
     return final
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from wmdist.costs.mesh import AXES, axis_traffic, rank_params
+from wmdist.costs.mesh import TRAFFIC_AXES, axis_traffic, rank_params
 from wmdist.experiment import OnProgress
 from wmdist.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
@@ -55,7 +55,7 @@ def compare_mesh(spec: MeshSpec, runs: list[RankStep]) -> Verdict:
     held_predicted = [{k: per_rank_bytes(memory, r.rank)[k] for k in HELD} for r in runs]
     case = spec.degrees
     exact: list[Count] = []
-    for axis in AXES:
+    for axis in TRAFFIC_AXES:
         exact += counts_per_rank("bytes sent", [r.traffic[axis].bytes_sent for r in runs],
                                  [p[axis].bytes_sent for p in predicted], phase=f"{axis}/", case=case)
         exact += counts_per_rank("messages", [r.traffic[axis].messages for r in runs],

@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator
 
-from wmdist.costs.mesh import AXES
+from wmdist.costs.mesh import TRAFFIC_AXES
 from wmdist.costs.units import seconds
 from wmdist.memory.footprint import format_bytes
 from wmdist.mesh.spec import MeshRun
@@ -28,18 +28,18 @@ def measured_for(result: PatternsResult, measured: MeshRun | None) -> dict[str, 
     if measured is None or measured.spec.shape != result.config.shape:
         return None
     rank = measured.coords.index(result.coords)
-    return {a: measured.measured[rank][a].bytes_sent for a in AXES}
+    return {a: measured.measured[rank][a].bytes_sent for a in TRAFFIC_AXES}
 
 
 def bytes_axes(ax: plt.Axes, result: PatternsResult, ledger: dict[str, int] | None) -> None:
     """Bytes per axis for one rank (log scale), messages in the label; the ledger's bytes as markers."""
-    values = [max(result.traffic[a].bytes_sent, 1) for a in AXES]
-    for i, a in enumerate(AXES):
+    values = [max(result.traffic[a].bytes_sent, 1) for a in TRAFFIC_AXES]
+    for i, a in enumerate(TRAFFIC_AXES):
         t = result.traffic[a]
         ax.barh(i + 0.18, values[i], height=0.42, color=COLORS[a], alpha=0.8)
         label(ax, i, f"{PATTERNS[a]}: {format_bytes(t.bytes_sent)}, {t.messages} messages")
     if ledger is not None:
-        ax.plot([max(ledger[a], 1) for a in AXES], [i + 0.18 for i in range(len(AXES))], "kD", ms=6,
+        ax.plot([max(ledger[a], 1) for a in TRAFFIC_AXES], [i + 0.18 for i in range(len(TRAFFIC_AXES))], "kD", ms=6,
                 label="measured (ledger)")
         ax.legend(fontsize=SMALL, loc="lower right")
     ax.set_xscale("log")
@@ -47,7 +47,7 @@ def bytes_axes(ax: plt.Axes, result: PatternsResult, ledger: dict[str, int] | No
     ax.xaxis.set_major_locator(LogLocator(base=10, numticks=12))
     eng_axis(ax.xaxis, "B")
     ax.minorticks_off()
-    ax.set_ylim(len(AXES) - 0.5, -0.6)
+    ax.set_ylim(len(TRAFFIC_AXES) - 0.5, -0.6)
     ax.set_yticks([])
     c = result.coords
     ax.set_title(f"bytes sent per step by one rank (dp {c['dp']}, tp {c['tp']}, pp stage {c['pp']}, cp {c['cp']})",
@@ -58,7 +58,7 @@ def bytes_axes(ax: plt.Axes, result: PatternsResult, ledger: dict[str, int] | No
 def time_axes(ax: plt.Axes, result: PatternsResult) -> None:
     """Each axis's time on the best placement's links: latency term (hatched) + bandwidth term."""
     best = result.best
-    for i, a in enumerate(AXES):
+    for i, a in enumerate(TRAFFIC_AXES):
         lat, tra = best.latency[a], best.transfer[a]
         ax.barh(i + 0.18, lat, height=0.42, color=COLORS[a], alpha=0.35, hatch="//")
         ax.barh(i + 0.18, tra, left=lat, height=0.42, color=COLORS[a], alpha=0.85)
@@ -66,8 +66,8 @@ def time_axes(ax: plt.Axes, result: PatternsResult) -> None:
             kind = "latency-bound" if lat > tra else "bandwidth-bound"
             link = "fast" if best.inside[a] else "slow"
             label(ax, i, f"{a.upper()}: {seconds(lat + tra)}, {kind}, {link} link")
-    ax.set_xlim(0, max([best.latency[a] + best.transfer[a] for a in AXES] + [1e-9]) * 1.1)
-    ax.set_ylim(len(AXES) - 0.5, -0.6)
+    ax.set_xlim(0, max([best.latency[a] + best.transfer[a] for a in TRAFFIC_AXES] + [1e-9]) * 1.1)
+    ax.set_ylim(len(TRAFFIC_AXES) - 0.5, -0.6)
     ax.set_yticks([])
     eng_axis(ax.xaxis, "s")
     ax.set_xlabel("time per step")
@@ -77,16 +77,16 @@ def time_axes(ax: plt.Axes, result: PatternsResult) -> None:
 
 def order_label(p: Placement, result: PatternsResult) -> str:
     """e.g. "tp·cp·dp·pp (in a node: dp, tp)": the order, and the axes of more than one rank that fit in a node."""
-    inside = ", ".join(a for a in AXES if p.inside[a] and getattr(result.config, a) > 1) or "none"
+    inside = ", ".join(a for a in TRAFFIC_AXES if p.inside[a] and getattr(result.config, a) > 1) or "none"
     return f"{'·'.join(p.order)} (in a node: {inside})"
 
 
 def placement_axes(ax: plt.Axes, result: PatternsResult) -> None:
     """Exposed time of each distinct placement, best first; the default order (tp fastest) outlined."""
     shown = list(result.placements[:MAX_PLACEMENTS])
-    key = tuple(result.default.inside[a] for a in AXES)
+    key = tuple(result.default.inside[a] for a in TRAFFIC_AXES)
     for i, p in enumerate(shown):
-        default = tuple(p.inside[a] for a in AXES) == key
+        default = tuple(p.inside[a] for a in TRAFFIC_AXES) == key
         ax.barh(i + 0.18, p.total, height=0.42, color="tab:green" if i == 0 else "0.7",
                 edgecolor="k" if default else "none", linewidth=1.5)
         label(ax, i, f"{order_label(p, result)}: {seconds(p.total)}")
@@ -120,7 +120,7 @@ def ledger_figure(run: MeshRun) -> Figure:
         fig, ax = plt.subplots(figsize=(8, 3.2))
         ranks = range(len(run.coords))
         bottom = [0] * len(run.coords)
-        for a in AXES:
+        for a in TRAFFIC_AXES:
             values = [m[a].bytes_sent for m in run.measured]
             if any(values):
                 ax.bar(ranks, values, bottom=bottom, color=COLORS[a], label=f"{a}/ (ledger)")
@@ -128,7 +128,7 @@ def ledger_figure(run: MeshRun) -> Figure:
                 ax.plot(ranks, tops, "k_", ms=14, mew=2)
                 bottom = [b + v for b, v in zip(bottom, values)]
         ax.plot([], [], "k_", ms=14, mew=2, label="formula (cumulative)")
-        ax.set_xticks(list(ranks), [f"rank {r}\n" + "\n".join(f"{a} {c[a]}" for a in AXES if getattr(run.spec, a) > 1)
+        ax.set_xticks(list(ranks), [f"rank {r}\n" + "\n".join(f"{a} {c[a]}" for a in TRAFFIC_AXES if getattr(run.spec, a) > 1)
                                     for r, c in zip(ranks, run.coords)], fontsize=8)
         ax.set(ylabel="bytes sent in the step", title=f"ledger by axis, {run.spec.degrees}")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

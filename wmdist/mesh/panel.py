@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 
-from wmdist.costs.mesh import AXES
+from wmdist.costs.mesh import TRAFFIC_AXES
 from wmdist.costs.units import seconds
 from wmdist.costs.validate import require_int
 from wmdist.memory.footprint import format_bytes
@@ -57,7 +57,7 @@ def summary(result: PatternsResult) -> str:
     lines.append("<b>Latency-bound</b> (messages × latency &gt; bytes / bandwidth): "
                  + (", ".join(f"{a.upper()} ({t[a].messages} messages)" for a in bound) if bound else "none")
                  + ".")
-    inside = [a.upper() for a in AXES if best.inside[a] and getattr(result.config, a) > 1] or ["none"]
+    inside = [a.upper() for a in TRAFFIC_AXES if best.inside[a] and getattr(result.config, a) > 1] or ["none"]
     node = result.config.ranks_per_node
     saved = ", ".join(f"{a.upper()} {seconds(s)}" + ("" if getattr(result.config, a) <= node else
                                                            f" (its {getattr(result.config, a)} ranks cannot share a "

@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import permutations
 
-from wmdist.comm.mesh import AXES as MESH_AXES
+from wmdist.comm.mesh import COORD_AXES
 from wmdist.comm.mesh import DEFAULT_ORDER
-from wmdist.costs.mesh import AXES, Link, StepShape, Traffic, axis_in_node, axis_traffic, strides
+from wmdist.costs.mesh import TRAFFIC_AXES, Link, StepShape, Traffic, axis_in_node, axis_traffic, strides
 from wmdist.costs.validate import require_int, require_positive, require_real
 from wmdist.knobs import knob
 
@@ -105,11 +105,11 @@ class Placement:
 def place(config: PatternsConfig, traffic: dict[str, Traffic], order: tuple[str, ...]) -> Placement:
     """Exposed time of every axis when the ranks are laid out in `order` on the config's machine."""
     shape = config.shape
-    sizes = {a: getattr(shape, a) for a in AXES}
+    sizes = {a: getattr(shape, a) for a in TRAFFIC_AXES}
     where = strides(sizes, order)
-    inside = {a: axis_in_node(sizes[a], where[a], config.ranks_per_node, shape.world_size) for a in AXES}
+    inside = {a: axis_in_node(sizes[a], where[a], config.ranks_per_node, shape.world_size) for a in TRAFFIC_AXES}
     latency, transfer, exposed = {}, {}, {}
-    for a in AXES:
+    for a in TRAFFIC_AXES:
         latency[a], transfer[a] = (config.fast if inside[a] else config.slow).terms(traffic[a])
         exposed[a] = (latency[a] + transfer[a]) * ((1 - config.dp_hidden) if a == "dp" else 1.0)
     return Placement(order, inside, latency, transfer, exposed)
@@ -131,18 +131,18 @@ class PatternsResult:
     @property
     def by_bytes(self) -> list[str]:
         """Axes that send anything, most bytes first."""
-        return sorted((a for a in AXES if self.traffic[a].messages), key=lambda a: -self.traffic[a].bytes_sent)
+        return sorted((a for a in TRAFFIC_AXES if self.traffic[a].messages), key=lambda a: -self.traffic[a].bytes_sent)
 
     @property
     def by_time(self) -> list[str]:
         """Axes that send anything, most exposed time (best placement) first."""
-        return sorted((a for a in AXES if self.traffic[a].messages), key=lambda a: -self.best.exposed[a])
+        return sorted((a for a in TRAFFIC_AXES if self.traffic[a].messages), key=lambda a: -self.best.exposed[a])
 
     def savings(self) -> dict[str, float]:
         """Seconds of exposed time each axis (of more than one rank) saves on fast links instead of slow ones."""
         c = self.config
         out = {}
-        for a in AXES:
+        for a in TRAFFIC_AXES:
             if getattr(c, a) > 1:
                 slow, fast = (sum(link.terms(self.traffic[a])) for link in (c.slow, c.fast))
                 out[a] = (slow - fast) * ((1 - c.dp_hidden) if a == "dp" else 1.0)
@@ -151,17 +151,17 @@ class PatternsResult:
     def latency_bound(self, placement: Placement | None = None) -> list[str]:
         """Axes whose latency term is larger than their bandwidth term, on `placement`'s links (default: best)."""
         p = placement or self.best
-        return [a for a in AXES if self.traffic[a].messages and p.latency[a] > p.transfer[a]]
+        return [a for a in TRAFFIC_AXES if self.traffic[a].messages and p.latency[a] > p.transfer[a]]
 
 
 def patterns(config: PatternsConfig) -> PatternsResult:
     """Evaluate the four patterns and every placement (24 orders, deduplicated by which axes fit in a node)."""
     coords = shown_coords(config.shape)
     traffic = axis_traffic(config.shape, coords)
-    orders = [DEFAULT_ORDER] + sorted(o for o in permutations(MESH_AXES) if o != DEFAULT_ORDER)
+    orders = [DEFAULT_ORDER] + sorted(o for o in permutations(COORD_AXES) if o != DEFAULT_ORDER)
     distinct: dict[tuple[bool, ...], Placement] = {}
     for order in orders:
         p = place(config, traffic, order)
-        distinct.setdefault(tuple(p.inside[a] for a in AXES), p)
+        distinct.setdefault(tuple(p.inside[a] for a in TRAFFIC_AXES), p)
     ranked = tuple(sorted(distinct.values(), key=lambda p: p.total))     # stable: ties keep the default first
     return PatternsResult(config, coords, traffic, ranked, place(config, traffic, DEFAULT_ORDER))

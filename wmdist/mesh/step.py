@@ -30,7 +30,7 @@ import torch
 
 from wmdist.comm import Context, barrier, isend, ring_all_reduce
 from wmdist.costs.collectives import ring_chunk_sizes
-from wmdist.costs.mesh import AXES, Traffic
+from wmdist.costs.mesh import TRAFFIC_AXES, Traffic
 from wmdist.mesh.spec import MeshSpec
 from wmdist.mesh.stage import MeshStage, full_model
 from wmdist.models import flat_grads, make_batch, set_flat_grads, shard_batch
@@ -151,7 +151,7 @@ def mesh_step(ctx: Context, spec: MeshSpec) -> RankStep:
     spec.check_world(ctx.world_size)
     mesh = spec.mesh
     coords = mesh.coords(ctx.rank)
-    views = {axis: ctx.along(mesh, axis) for axis in AXES}            # groups made once, then cached
+    views = {axis: ctx.along(mesh, axis) for axis in TRAFFIC_AXES}            # groups made once, then cached
     tp = TPGroup(views["tp"], views["tp"].group, coords["tp"], spec.tp)
     model = full_model(spec)
     stage = MeshStage(model, spec, coords["tp"], coords["pp"])
@@ -168,7 +168,7 @@ def mesh_step(ctx: Context, spec: MeshSpec) -> RankStep:
     opt.step()
     seconds = time.perf_counter() - start
     traffic = {}
-    for axis in AXES:
+    for axis in TRAFFIC_AXES:
         t = ctx.ledger.totals(phase=f"{axis}/", kind="p2p", prefix=True)
         traffic[axis] = Traffic(t["bytes_sent"], t["messages"])
     params = {n: p.detach().clone() for n, p in zip(names, stage.parameters())}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from wmdist.costs.mesh import AXES
+from wmdist.costs.mesh import TRAFFIC_AXES
 from wmdist.mesh.spec import MeshRun
 from wmdist.mesh.patterns import PATTERNS
 from wmdist.mesh.step import HELD
@@ -26,7 +26,7 @@ def side_by_side(run: MeshRun) -> str:
     """One row per axis: what travels, messages and bytes per rank per step, from the formula and from the ledger."""
     n = len(run.coords)
     rows = []
-    for a in AXES:
+    for a in TRAFFIC_AXES:
         f_msg = [p[a].messages for p in run.predicted]
         m_msg = [m[a].messages for m in run.measured]
         f_bytes = [p[a].bytes_sent for p in run.predicted]

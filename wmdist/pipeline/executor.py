@@ -186,7 +186,7 @@ def _ledger_counts(ctx: Context) -> tuple[dict[str, int], dict[str, int]]:
     """(messages, bytes) this rank's ledger shows for the last step, by direction and send/receive."""
     transfers, nbytes = {}, {}
     for kind, phase in ((ACTIVATION, PHASE[FORWARD]), (GRADIENT, PHASE[BACKWARD])):
-        rows = ctx.ledger.select(phase)
+        rows = ctx.ledger.select(phase=phase)
         transfers[f"{kind} sends"] = sum(r.op == "isend" for r in rows)
         transfers[f"{kind} receives"] = sum(r.op == "irecv" for r in rows)
         nbytes[f"{kind} bytes sent"] = sum(r.bytes_sent for r in rows)

@@ -77,7 +77,7 @@ def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block
     q, k, v = model.qkv(model.context[rows])
     out, _, _ = ring_forward(ctx, q, k, v, seq_len, "contiguous", True, block_size)
     last = model.next_token(out[0, 0, -1]) if rank == n - 1 else torch.empty(width, dtype=torch.float64)
-    token = broadcast(ctx, last, n - 1, HANDOFF)                 # the last context row lives on the last rank
+    token = broadcast(ctx, last, n - 1, phase=HANDOFF)                 # the last context row lives on the last rank
     keys, values, held = k, v, rows
     tokens, outputs, seconds = [token], [], []
     for g in range(new_tokens):
@@ -87,7 +87,7 @@ def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block
             keys, values = torch.cat([keys, kn], 2), torch.cat([values, vn], 2)
             held = torch.cat([held, torch.tensor([seq_len + g])])
         part_o, part_lse = attend_block(qn, keys, values, torch.tensor([seq_len + g]), held, True)
-        parts = all_gather(ctx, torch.cat([part_o.reshape(1, width), part_lse.reshape(1, 1)], 1), DECODE)
+        parts = all_gather(ctx, torch.cat([part_o.reshape(1, width), part_lse.reshape(1, 1)], 1), phase=DECODE)
         o, lse = parts[:1, :width], parts[:1, width]             # (1, D), (1,)
         for r in range(1, n):                                    # the same order on every rank: the same bits
             o, lse = merge(o, lse, parts[r:r + 1, :width], parts[r:r + 1, width])
@@ -96,7 +96,7 @@ def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block
         tokens.append(token)
         seconds.append(time.perf_counter() - start)
     return RankGeneration(rows.tolist(), out, torch.stack(tokens), torch.stack(outputs),
-                          len(ctx.ledger.select(DECODE, kind=None)), ctx.ledger.totals(FORWARD)["bytes_sent"], seconds)
+                          len(ctx.ledger.select(phase=DECODE, kind=None)), ctx.ledger.totals(phase=FORWARD)["bytes_sent"], seconds)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,8 +48,8 @@ def _measure_rank(ctx: Context, spec: RingSpec, layout: str, causal: bool, dtype
     (out, lse, _), alloc = measure_allocations(
         lambda: ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size))
     ring_backward(ctx, q, k, v, out, lse, dout, spec.seq_len, layout, causal, spec.block_size)
-    back = ctx.ledger.totals(BACKWARD_KV)["bytes_sent"] + ctx.ledger.totals(BACKWARD_GRAD)["bytes_sent"]
-    return ctx.ledger.totals(FORWARD)["bytes_sent"], back, alloc.peak
+    back = ctx.ledger.totals(phase=BACKWARD_KV)["bytes_sent"] + ctx.ledger.totals(phase=BACKWARD_GRAD)["bytes_sent"]
+    return ctx.ledger.totals(phase=FORWARD)["bytes_sent"], back, alloc.peak
 
 
 def measure_ring(c: TrafficConfig, progress: OnProgress | None = None) -> RingMeasurement:

@@ -49,10 +49,10 @@ def _kv_moves(ctx: Context, reach: list[int], t: int, kv: torch.Tensor, spare: t
     n, rank = ctx.world_size, ctx.rank
     pending: list[Pending] = []
     if t < reach[(rank - t) % n]:
-        pending.append(isend(ctx, kv, (rank + 1) % n, phase))
+        pending.append(isend(ctx, kv, (rank + 1) % n, phase=phase))
     receives = t + 1 < n and t + 1 <= reach[(rank - t - 1) % n]
     if receives:
-        pending.append(irecv(ctx, spare, (rank - 1) % n, phase))
+        pending.append(irecv(ctx, spare, (rank - 1) % n, phase=phase))
     return pending, receives
 
 
@@ -115,13 +115,13 @@ def pruned_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     dq = torch.zeros_like(q)
     clock, work, skipped = _Clock(rank), [], []
     last, left = (rank + reach[rank]) % n, (rank - 1) % n             # the last rank that reads this rank's block
-    home_recv = irecv(ctx, home, last, BACKWARD_GRAD) if reach[rank] and last != left else None
+    home_recv = irecv(ctx, home, last, phase=BACKWARD_GRAD) if reach[rank] and last != left else None
     own = grad_send = None
     for t in range(n):
         source = ring_source(rank, t, n)
         k_pos = positions(seq_len, n, source, layout)
         holds = t <= reach[source]
-        grad_recv = irecv(ctx, incoming, left, BACKWARD_GRAD) if holds and t >= 2 else None
+        grad_recv = irecv(ctx, incoming, left, phase=BACKWARD_GRAD) if holds and t >= 2 else None
         pending, receives = _kv_moves(ctx, reach, t, kv, spare, BACKWARD_KV)
         if holds and not (causal and block_is_future(q_pos, k_pos)):
             share, tiles, pairs = clock.timed("compute", f"step {t}", _grad_step, q, q_pos, kv, k_pos, dk, block,
@@ -138,13 +138,13 @@ def pruned_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             if grad_send is not None:
                 clock.timed("comm", f"dkv out {t - 1}", grad_send.wait)
             onward = (rank + 1) % n if t < reach[source] else source  # the block's last reader sends the sum home
-            grad_send = isend(ctx, share, onward, BACKWARD_GRAD)
+            grad_send = isend(ctx, share, onward, phase=BACKWARD_GRAD)
         if pending:
             clock.timed("comm", f"kv {t}", _wait_all, tuple(pending))
         if receives:
             kv, spare = spare, kv
     if reach[rank]:
-        done = home_recv if home_recv is not None else irecv(ctx, home, left, BACKWARD_GRAD)
+        done = home_recv if home_recv is not None else irecv(ctx, home, left, phase=BACKWARD_GRAD)
         own += clock.timed("comm", "dkv home", done.wait)
     if grad_send is not None:
         clock.timed("comm", "dkv out", grad_send.wait)

@@ -140,7 +140,7 @@ def _trace(work: list[tuple[int, int]], skipped: list[int], clock: _Clock) -> Ri
 def _post(ctx: Context, send_buf: torch.Tensor, recv_buf: torch.Tensor, phase: str) -> tuple[Pending, Pending]:
     """Send to the right neighbour and receive from the left one, both posted, neither waited for."""
     right, left = (ctx.rank + 1) % ctx.world_size, (ctx.rank - 1) % ctx.world_size
-    return isend(ctx, send_buf, right, phase), irecv(ctx, recv_buf, left, phase)
+    return isend(ctx, send_buf, right, phase=phase), irecv(ctx, recv_buf, left, phase=phase)
 
 
 def _layout_args(ctx: Context, q: torch.Tensor, seq_len: int, layout: str, block_size: int) -> tuple[torch.Tensor, int]:
@@ -205,7 +205,7 @@ def ring_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         k_pos = positions(seq_len, n, ring_source(rank, t, n), layout)
         # Same-size messages between the same two ranks are matched in the order they are posted, so each
         # rank posts its receives in the order its left neighbour sends: dK, dV of step t-1, then K, V of step t.
-        grad_recv = irecv(ctx, incoming, left, BACKWARD_GRAD) if t >= 2 else None
+        grad_recv = irecv(ctx, incoming, left, phase=BACKWARD_GRAD) if t >= 2 else None
         pending = _post(ctx, kv, spare, BACKWARD_KV) if t < n - 1 else ()
         if causal and block_is_future(q_pos, k_pos):
             share, tiles, pairs = torch.zeros_like(kv), 0, 0
@@ -221,12 +221,12 @@ def ring_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                 share += clock.timed("comm", f"dkv in {t}", grad_recv.wait)
             if grad_send is not None:
                 clock.timed("comm", f"dkv out {t - 1}", grad_send.wait)
-            grad_send = isend(ctx, share, right, BACKWARD_GRAD)   # the partial sum, one step behind its block
+            grad_send = isend(ctx, share, right, phase=BACKWARD_GRAD)   # the partial sum, one step behind its block
         if pending:
             clock.timed("comm", f"kv {t}", _wait_all, pending)
             kv, spare = spare, kv
     if n > 1:
-        own += clock.timed("comm", "dkv home", irecv(ctx, incoming, left, BACKWARD_GRAD).wait)
+        own += clock.timed("comm", "dkv home", irecv(ctx, incoming, left, phase=BACKWARD_GRAD).wait)
         clock.timed("comm", "dkv out", grad_send.wait)
     return dq, own[..., :dk], own[..., dk:], _trace(work, skipped, clock)
 

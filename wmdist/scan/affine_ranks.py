@@ -153,7 +153,7 @@ def scan_rank(ctx: Context, spec: ScanSpec) -> ScanRank:
             incoming = incoming_gathered if combine == "gathered" else incoming_handoff
             h_in = incoming(ctx, summary, case.h0, phase, tally)
             states = apply_incoming(A, b, h_in, tally)                                   # (B, L_r, n)
-            sent = ctx.ledger.totals(phase)
+            sent = ctx.ledger.totals(phase=phase)
             row.append(RankOutcome(states, tally.composes, tally.applies, sent["bytes_sent"], sent["bytes_recv"],
                                    sent["messages"]))
         out.append(tuple(row))

@@ -125,7 +125,7 @@ def _scheme(ctx: Context, name: str, cell: GRUCell, x: torch.Tensor, h0: torch.T
         states = _timed(spans, r, "compute", "my chunk", lambda: rollout(step, xs, start))
         if name == "hand-off" and r < n - 1:
             _timed(spans, r, "send", "boundary state", lambda: send(ctx, states[:, -1], r + 1, phase=name))
-    sent = ctx.ledger.totals(name)
+    sent = ctx.ledger.totals(phase=name)
     return SchemeRun(states, tuple(spans), step.calls, sent["bytes_sent"], sent["bytes_recv"])
 
 

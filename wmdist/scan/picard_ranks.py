@@ -89,7 +89,7 @@ def picard_rank(ctx: Context, plan: SweepPlan) -> PicardRankRun:
         start = new_start
         if changes[-1] <= stop_below:
             break
-    b, c = ctx.ledger.totals(BOUNDARIES), ctx.ledger.totals(CONVERGENCE, kind="collective")
+    b, c = ctx.ledger.totals(phase=BOUNDARIES), ctx.ledger.totals(phase=CONVERGENCE, kind="collective")
     return PicardRankRun(tuple(sweeps), tuple(changes), tuple(spans), step.calls, b["bytes_sent"], b["bytes_recv"],
                          c["bytes_sent"])
 

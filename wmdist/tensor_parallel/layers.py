@@ -59,13 +59,13 @@ def offset(sizes: Sequence[int], rank: int) -> int:
 
 def all_reduce(tp: TPGroup, t: torch.Tensor, phase: str) -> torch.Tensor:
     """Sum `t` over the group (ring: reduce-scatter then all-gather); a new tensor of t's shape."""
-    return ring_all_reduce(tp.ctx, t, phase, tp.group)
+    return ring_all_reduce(tp.ctx, t, phase=phase, group=tp.group)
 
 
 def gather_features(tp: TPGroup, t: torch.Tensor, features: tuple[int, ...], phase: str) -> torch.Tensor:
     """(..., F_r) on every rank -> (..., F): concatenate the feature shards (an all-gather)."""
     lead, rows = t.shape[:-1], t[..., 0].numel()
-    flat = ring_all_gather(tp.ctx, t.contiguous().reshape(-1), [rows * f for f in features], phase, tp.group)
+    flat = ring_all_gather(tp.ctx, t.contiguous().reshape(-1), [rows * f for f in features], phase=phase, group=tp.group)
     return torch.cat([p.view(*lead, f) for p, f in zip(torch.split(flat, [rows * f for f in features]), features)],
                      dim=-1)
 
@@ -74,14 +74,14 @@ def gather_sequence(tp: TPGroup, t: torch.Tensor, tokens: tuple[int, ...], phase
     """(B, T_r, H) on every rank -> (B, T, H): concatenate the token shards (an all-gather)."""
     b, _, h = t.shape
     by_token = t.transpose(0, 1).contiguous().reshape(-1)                         # (T_r * B * H,) token-major
-    flat = ring_all_gather(tp.ctx, by_token, [n * b * h for n in tokens], phase, tp.group)
+    flat = ring_all_gather(tp.ctx, by_token, [n * b * h for n in tokens], phase=phase, group=tp.group)
     return flat.view(sum(tokens), b, h).transpose(0, 1).contiguous()              # (B, T, H)
 
 
 def reduce_scatter_sequence(tp: TPGroup, t: torch.Tensor, tokens: tuple[int, ...], phase: str) -> torch.Tensor:
     """(B, T, H) partial sums on every rank -> (B, T_r, H): the sum, only this rank's tokens (a reduce-scatter)."""
     b, _, h = t.shape
-    mine = ring_reduce_scatter(tp.ctx, t.transpose(0, 1).contiguous(), phase, tp.group,
+    mine = ring_reduce_scatter(tp.ctx, t.transpose(0, 1).contiguous(), phase=phase, group=tp.group,
                                sizes=[n * b * h for n in tokens])
     return mine.view(tokens[tp.rank], b, h).transpose(0, 1).contiguous()          # (B, T_r, H)
 
