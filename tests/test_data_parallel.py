@@ -44,7 +44,7 @@ def test_demos_reject_bad_world_sizes_before_starting_processes():
     with pytest.raises(ValueError, match="world_size"):
         dp_pitfalls.pitfalls_demo(0)
     with pytest.raises(ValueError, match="DDP"):
-        versus_ddp.train_demo(2, dp.TrainSpec(batchnorm=True))
+        versus_ddp.train_demo(2, spec=dp.TrainSpec(batchnorm=True))
 
 
 def test_train_demo_refuses_more_ranks_than_examples_before_starting(no_processes):
@@ -58,7 +58,7 @@ def test_uneven_split_is_weighted_by_examples():
     """N = 3 does not divide 16: our run weights by examples (the text's fix); the default spec's plain mean would be wrong."""
     assert versus_ddp.train_spec_for(4).weighting == "mean"
     assert versus_ddp.train_spec_for(3).weighting == "examples"
-    assert versus_ddp.train_spec_for(3, dp.TrainSpec(weighting="examples")).weighting == "examples"
+    assert versus_ddp.train_spec_for(3, spec=dp.TrainSpec(weighting="examples")).weighting == "examples"
     assert dp.TrainSpec().shard_sizes(3) == [6, 5, 5]
 
 
@@ -212,13 +212,13 @@ def test_ddp_bucket_payload_counted(train4):
 
 
 def test_adam_run_matches_too():
-    report = versus_ddp.train_demo(4, dp.TrainSpec(optimizer="adam", lr=0.01))
+    report = versus_ddp.train_demo(4, spec=dp.TrainSpec(optimizer="adam", lr=0.01))
     assert report.passed, report.failures
 
 
 def test_one_rank_is_bitwise_the_single_process():
     """With N = 1 the rank runs exactly the reference's operations: equality is bitwise here."""
-    report = versus_ddp.train_demo(1, dp.TrainSpec(steps=2))
+    report = versus_ddp.train_demo(1, spec=dp.TrainSpec(steps=2))
     assert report.passed and report.data.bitwise_equal
 
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as
 
 @pytest.mark.parametrize("n", range(1, 9))
 def test_every_demo_passes_at_every_world_size(n):
-    tokens = token_parallel.tokens_demo(n, TOKENS)
+    tokens = token_parallel.tokens_demo(n, spec=TOKENS)
     assert tokens.passed, tokens.failures
     # Gathering x moves C numbers per token, K/V 2D: the ledger sees exactly that ratio (4 here).
     cfg = TOKENS.model
@@ -39,13 +39,13 @@ def test_every_demo_passes_at_every_world_size(n):
     if n > 1:                                            # stale K/V: same bytes, another sample
         assert tokens.data.sample_error["stale kv"] > 0.01
 
-    steps = step_parallel.steps_demo(n, STEPS, eval_seconds=SLEEP)
+    steps = step_parallel.steps_demo(n, spec=STEPS, eval_seconds=SLEEP)
     assert steps.passed, steps.failures
     one = step_parallel.CASES[0]
     assert steps.data.cross_rank_overlap[one] == 0.0 and steps.data.concurrency[one] <= 1.0
     assert sum(steps.measured(quantity="hand-off messages", case=one)) == min(STEPS.steps, n) - 1
 
-    picard = picard_ranks.picard_demo(n, PICARD)
+    picard = picard_ranks.picard_demo(n, spec=PICARD)
     assert picard.passed, picard.failures
     result = picard.data.result
     assert result.rounds == PICARD.steps and result.errors[-1] == 0.0 and result.errors[0] > 0.1
@@ -53,7 +53,7 @@ def test_every_demo_passes_at_every_world_size(n):
 
 
 def test_windowed_picard_on_ranks_matches_one_process_and_saves_rounds():
-    report = picard_ranks.picard_demo(4, SamplingSpec(batch=1, steps=12), window=4, tol=1e-4)
+    report = picard_ranks.picard_demo(4, spec=SamplingSpec(batch=1, steps=12), window=4, tol=1e-4)
     assert report.passed, report.failures
     result = report.data.result
     assert result.rounds < 12 and report.data.critical_path == result.rounds     # window N: one slot per round
@@ -62,10 +62,10 @@ def test_windowed_picard_on_ranks_matches_one_process_and_saves_rounds():
 
 def test_one_step_runs_everywhere_and_stale_kv_is_left_out():
     one = SamplingSpec(batch=1, steps=1)                 # one step: no step before it to be stale
-    tokens = token_parallel.tokens_demo(2, one)
+    tokens = token_parallel.tokens_demo(2, spec=one)
     assert tokens.passed and tokens.params["gathers"] == ["kv", "x"]
-    assert step_parallel.steps_demo(1, one, eval_seconds=0.001).passed
-    assert picard_ranks.picard_demo(1, one).data.result.rounds == 1
+    assert step_parallel.steps_demo(1, spec=one, eval_seconds=0.001).passed
+    assert picard_ranks.picard_demo(1, spec=one).data.result.rounds == 1
 
 
 def test_the_chapter_is_registered():
@@ -81,16 +81,16 @@ def test_the_chapter_is_registered():
 # --- bad inputs: one clear line, before any process starts ----------------------------------
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: token_parallel.tokens_demo(5, SamplingSpec(model=DenoiserConfig(frames=1, height=2, width=2))),
+    (lambda: token_parallel.tokens_demo(5, spec=SamplingSpec(model=DenoiserConfig(frames=1, height=2, width=2))),
      "world_size must be at most 4 (each rank needs a token: the latent has 4 tokens), got 5"),
-    (lambda: token_parallel.tokens_demo(2, TOKENS, noise=torch.zeros(2, 60, 8)),
+    (lambda: token_parallel.tokens_demo(2, spec=TOKENS, noise=torch.zeros(2, 60, 8)),
      "noise must be a float32 tensor of shape (2, 64, 8)"),
     (lambda: token_parallel.tokens_demo(0), "world_size must be an integer >= 1, got 0"),
-    (lambda: step_parallel.steps_demo(9, STEPS), "world_size must be at most 8 (each rank needs a step"),
-    (lambda: step_parallel.steps_demo(2, STEPS, eval_seconds=-1.0), "eval_seconds must be a finite number"),
-    (lambda: picard_ranks.picard_demo(2, PICARD, iterations=0), "iterations must be an integer >= 1, got 0"),
-    (lambda: picard_ranks.picard_demo(2, PICARD, window=0), "window must be an integer >= 1, got 0"),
-    (lambda: picard_ranks.picard_demo(2, PICARD, tol=-1.0), "tol must be a finite number >= 0.0"),
+    (lambda: step_parallel.steps_demo(9, spec=STEPS), "world_size must be at most 8 (each rank needs a step"),
+    (lambda: step_parallel.steps_demo(2, spec=STEPS, eval_seconds=-1.0), "eval_seconds must be a finite number"),
+    (lambda: picard_ranks.picard_demo(2, spec=PICARD, iterations=0), "iterations must be an integer >= 1, got 0"),
+    (lambda: picard_ranks.picard_demo(2, spec=PICARD, window=0), "window must be an integer >= 1, got 0"),
+    (lambda: picard_ranks.picard_demo(2, spec=PICARD, tol=-1.0), "tol must be a finite number >= 0.0"),
     (lambda: SamplingSpec(steps=0), "steps must be an integer >= 1, got 0"),
     (lambda: SamplingSpec(batch=0), "batch must be an integer >= 1, got 0"),
     (lambda: SamplingSpec(model="big"), "model must be a DenoiserConfig"),
@@ -132,9 +132,9 @@ def test_step_split_and_batched_slots_by_simulation():
             for r, b in enumerate(blocks):
                 done[sample] = max(free[r], done[sample]) + b
                 free[r] = done[sample]
-        assert dcost.step_split_slots(k, n, m) == done[-1]
+        assert dcost.step_split_slots(k, n, samples=m) == done[-1]
         assert dcost.batched_slots(k, n, m) == math.ceil(m / n) * k
-    assert dcost.step_split_slots(8, 8, 1) == 8                 # one sample: no faster than one rank
+    assert dcost.step_split_slots(8, 8, samples=1) == 8         # one sample: no faster than one rank
 
 
 def test_picard_critical_path():
@@ -167,11 +167,11 @@ def test_exercise_outputs_stay_below_the_bound_its_tolerance_assumes():
 def test_figures_draw_from_results():
     cfg = TOKENS.model
     figs = [figures.gather_bytes_figure(2, cfg.tokens, cfg.dim, cfg.channels, list(range(1, 9)),
-                                        {2: {"kv": 8192, "x": 2048}}),
+                                        measured={2: {"kv": 8192, "x": 2048}}),
             figures.tradeoff_figure(tradeoff(SamplingSpec(batch=1, steps=6), [1, 2]))]
-    picard = picard_ranks.picard_demo(2, SamplingSpec(batch=1, steps=4))
+    picard = picard_ranks.picard_demo(2, spec=SamplingSpec(batch=1, steps=4))
     figs.append(figures.picard_figure(picard.data))
-    steps = step_parallel.steps_demo(2, SamplingSpec(batch=1, steps=2), eval_seconds=0.001)
+    steps = step_parallel.steps_demo(2, spec=SamplingSpec(batch=1, steps=2), eval_seconds=0.001)
     figs.append(figures.steps_figure(steps.data, 2))
     assert [len(f.axes) for f in figs] == [1, 2, 2, 3]
     assert "2 ranks busy" in figs[3].axes[0].get_title(loc="left")

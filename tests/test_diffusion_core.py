@@ -22,7 +22,7 @@ def model() -> Denoiser:
 
 
 def noise(batch: int = 2, seed: int = 0) -> torch.Tensor:               # (B, S, C)
-    return initial_noise(batch, CFG.tokens, CFG.channels, seed)
+    return initial_noise(batch, CFG.tokens, CFG.channels, seed=seed)
 
 
 def toy_velocity(calls: list[int]):
@@ -129,7 +129,7 @@ def test_picard_work_and_rounds_match_the_cost_formulas(steps, window, iteration
     ref = sample(v, x, steps, trajectory=True)
     calls.clear()
     result = picard_sample(v, x, steps, iterations, window=window, reference=ref)
-    assert result.evaluations == dcost.picard_evaluations(steps, iterations, window)
+    assert result.evaluations == dcost.picard_evaluations(steps, iterations, window=window)
     assert result.total_evaluations == len(calls)                          # the calls really made
     assert result.rounds == dcost.picard_rounds(steps, iterations)
     if iterations >= steps:
@@ -156,7 +156,7 @@ def test_kv_all_gather_bytes_are_the_other_shards_keys_and_values(model, world_s
     x, t = noise(2), 0.5
     shards = shard_tokens(x, world_size)
     assert [(s, s + p.shape[1]) for s, p in shards] == dcost.token_shard_bounds(CFG.tokens, world_size)
-    kv_bytes = [sum(a.nbytes for a in model.project_kv(p, t, s)) for s, p in shards]
+    kv_bytes = [sum(a.nbytes for a in model.project_kv(p, t, start=s)) for s, p in shards]
     for r in range(world_size):
         got = dcost.token_all_gather_bytes(2, CFG.tokens, 2 * CFG.dim, world_size, r)
         assert got["recv"] == sum(kv_bytes) - kv_bytes[r]

@@ -85,8 +85,8 @@ def test_ranks_really_draw_different_noise_but_take_one_update():
     a = torch.randn(5, generator=estimators.rank_generator(0, 0))
     b = torch.randn(5, generator=estimators.rank_generator(0, 1))
     assert not torch.equal(a, b)
-    assert torch.equal(torch.randn(5, generator=estimators.rank_generator(0, 0, "shared")),
-                       torch.randn(5, generator=estimators.rank_generator(0, 3, "shared")))
+    assert torch.equal(torch.randn(5, generator=estimators.rank_generator(0, 0, mode="shared")),
+                       torch.randn(5, generator=estimators.rank_generator(0, 3, mode="shared")))
 
 
 def test_different_noise_gives_a_different_trajectory():
@@ -124,7 +124,7 @@ def test_bad_arguments_are_rejected_before_starting(no_processes):
     with pytest.raises(ValueError, match="world_size"):
         demos.seeds_demo(1)
     with pytest.raises(ValueError, match="mode"):
-        estimators.rank_generator(0, 0, "same")
+        estimators.rank_generator(0, 0, mode="same")
     with pytest.raises(ValueError, match="draws_per_rank"):
         demos.estimators_demo(2, draws_per_rank=1)
     with pytest.raises(ValueError, match="rows_per_rank"):

@@ -127,18 +127,18 @@ def test_fit_needs_points_that_separate_alpha_from_beta():
 
 def test_measure_rejects_a_bad_plan_before_starting_processes():
     with pytest.raises(ValueError, match="world_sizes"):
-        measure_allreduce([1], [1024], 1)
+        measure_allreduce(world_sizes=[1], sizes_bytes=[1024], repeats=1)
     with pytest.raises(ValueError, match="sizes_bytes"):
-        measure_allreduce([2], [1023], 1)
+        measure_allreduce(world_sizes=[2], sizes_bytes=[1023], repeats=1)
     with pytest.raises(ValueError, match="repeats"):
-        measure_allreduce([2], [1024], 0)
+        measure_allreduce(world_sizes=[2], sizes_bytes=[1024], repeats=0)
 
 
 # --- one real measurement ----------------------------------------------------------------
 
 def test_real_measurement_gives_positive_times_and_exact_ledger_bytes():
     seen = []
-    ms = measure_allreduce([2], [64 * 1024], repeats=3, progress=lambda d, t, w: seen.append((d, t)))
+    ms = measure_allreduce(world_sizes=[2], sizes_bytes=[64 * 1024], repeats=3, progress=lambda d, t, w: seen.append((d, t)))
     (m,) = ms
     assert m.world_size == 2 and m.payload_bytes == 64 * 1024
     assert len(m.samples) == 3 and all(s > 0 for s in m.samples) and m.seconds in m.samples

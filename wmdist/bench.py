@@ -191,7 +191,7 @@ def bench_allreduce_fit(*, world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
                         repeats: int = DEFAULT_REPEATS) -> BenchResult:
     """Fit s(N) T(N) (a, b and the contention g) to ring all-reduces measured on this machine."""
     start = time.perf_counter()
-    ms = measure_allreduce(world_sizes, sizes_bytes, repeats)
+    ms = measure_allreduce(world_sizes=world_sizes, sizes_bytes=sizes_bytes, repeats=repeats)
     cores = os.cpu_count() or 1
     fit = fit_alpha_beta(ms, cores=cores)
     bytes_ok = all(m.bytes_sent[r] == costs.ring_allreduce_bytes(m.payload_bytes // 4, m.world_size, r)

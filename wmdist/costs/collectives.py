@@ -34,7 +34,7 @@ def ring_chunk_size(numel: int, world_size: int, index: int) -> int:
     return base + (1 if i < extra else 0)
 
 
-def ring_reduce_scatter_bytes(numel: int, world_size: int, rank: int, elem_size: int = 4) -> int:
+def ring_reduce_scatter_bytes(numel: int, world_size: int, rank: int, *, elem_size: int = 4) -> int:
     """Bytes rank `rank` sends in a ring reduce-scatter that leaves chunk r on rank r.
 
     In each of the N-1 rounds a rank forwards one partial chunk; over the
@@ -45,7 +45,7 @@ def ring_reduce_scatter_bytes(numel: int, world_size: int, rank: int, elem_size:
     return 0 if n == 1 else (numel - own) * elem_size
 
 
-def ring_all_gather_bytes(numel: int, world_size: int, rank: int, elem_size: int = 4) -> int:
+def ring_all_gather_bytes(numel: int, world_size: int, rank: int, *, elem_size: int = 4) -> int:
     """Bytes rank `rank` sends in a ring all-gather starting from chunk r on rank r.
 
     It forwards every chunk except the one its right neighbour owns:
@@ -56,14 +56,14 @@ def ring_all_gather_bytes(numel: int, world_size: int, rank: int, elem_size: int
     return 0 if n == 1 else (numel - right) * elem_size
 
 
-def ring_allreduce_bytes(numel: int, world_size: int, rank: int, elem_size: int = 4) -> int:
+def ring_allreduce_bytes(numel: int, world_size: int, rank: int, *, elem_size: int = 4) -> int:
     """Exact bytes one rank sends in a ring all-reduce (reduce-scatter + all-gather).
 
     Equals 2(N-1)G/N when N divides the length; otherwise the true chunk sizes
     decide, and ranks differ by at most a few elements.
     """
-    return (ring_reduce_scatter_bytes(numel, world_size, rank, elem_size)
-            + ring_all_gather_bytes(numel, world_size, rank, elem_size))
+    return (ring_reduce_scatter_bytes(numel, world_size, rank, elem_size=elem_size)
+            + ring_all_gather_bytes(numel, world_size, rank, elem_size=elem_size))
 
 
 def ring_allreduce_ideal_bytes(payload_bytes: float, world_size: int) -> float:

@@ -33,7 +33,7 @@ def token_shard_bounds(tokens: int, world_size: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def token_all_gather_bytes(batch: int, tokens: int, token_elems: int, world_size: int, rank: int,
+def token_all_gather_bytes(batch: int, tokens: int, token_elems: int, world_size: int, rank: int, *,
                            elem_size: int = 4, layers: int = 1) -> dict[str, int]:
     """Bytes rank `rank` sends and receives per solver step when each attention layer all-gathers by token.
 
@@ -59,12 +59,12 @@ def token_all_gather_bytes(batch: int, tokens: int, token_elems: int, world_size
             "recv": (tokens - sizes[rank]) * per_token}
 
 
-def token_all_gather_rounds(world_size: int, layers: int = 1) -> int:
+def token_all_gather_rounds(world_size: int, *, layers: int = 1) -> int:
     """Ring rounds per solver step: N-1 per attention layer (K and V travel together)."""
     return (require_int("world_size", world_size, 1) - 1) * require_int("layers", layers, 0)
 
 
-def boundary_transfer_bytes(batch: int, tokens: int, channels: int, elem_size: int = 4) -> int:
+def boundary_transfer_bytes(batch: int, tokens: int, channels: int, *, elem_size: int = 4) -> int:
     """Bytes of one hand-off between steps on different ranks: the whole state, B * S * C * elem_size.
 
     The next step reads every token of the state, so all of it moves, once,
@@ -95,7 +95,7 @@ def sequential_evaluations(steps: int) -> int:
     return require_int("steps", steps, 1)
 
 
-def picard_evaluations(steps: int, iterations: int, window: int | None = None) -> list[int]:
+def picard_evaluations(steps: int, iterations: int, *, window: int | None = None) -> list[int]:
     """Denoiser evaluations in each Picard iteration when only the guaranteed step settles per iteration.
 
     After iteration i, states 0..i are exact, and a velocity read from an
@@ -117,7 +117,7 @@ def picard_rounds(steps: int, iterations: int) -> int:
     return min(require_int("iterations", iterations, 1), require_int("steps", steps, 1))
 
 
-def step_split_slots(steps: int, world_size: int, samples: int = 1) -> int:
+def step_split_slots(steps: int, world_size: int, *, samples: int = 1) -> int:
     """Evaluation slots from the first step to the last sample when steps sit in contiguous blocks on ranks.
 
     Samples stream through the ranks like microbatches through pipeline
@@ -144,7 +144,7 @@ def cyclic_step_counts(lo: int, hi: int, world_size: int) -> list[int]:
     return [len(range(lo + (r - lo) % n, hi, n)) for r in range(n)]
 
 
-def picard_gather_bytes(lo: int, hi: int, world_size: int, rank: int, state_elems: int,
+def picard_gather_bytes(lo: int, hi: int, world_size: int, rank: int, state_elems: int, *,
                         elem_size: int = 4) -> dict[str, int]:
     """Bytes rank `rank` sends and receives to share one Picard round's velocities (steps lo..hi-1).
 

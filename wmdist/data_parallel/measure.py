@@ -49,7 +49,7 @@ def check_plan(world_sizes: Sequence[int], sizes_bytes: Sequence[int], repeats: 
     require_int("repeats", repeats, 1)
 
 
-def measure_allreduce(world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+def measure_allreduce(*, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
                       sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES,
                       repeats: int = DEFAULT_REPEATS,
                       progress: Callable[[int, int, str], None] | None = None) -> list[Measurement]:

@@ -74,7 +74,8 @@ class ScalingPanel(Panel):
     def measure(self, config: ScalingParams, progress: Any) -> Fit:
         """Time real ring all-reduces on local ranks and fit α, β and the contention g."""
         sizes = parse_world_sizes(self.measure_sizes.value)
-        measurements = measure_allreduce(sizes, self.measure_sizes_bytes, self.repeats.value, progress=progress)
+        measurements = measure_allreduce(world_sizes=sizes, sizes_bytes=self.measure_sizes_bytes,
+                                         repeats=self.repeats.value, progress=progress)
         cores = os.cpu_count() or 1
         fit = fit_alpha_beta(measurements, cores=cores)
         crowded = (f"; contention g = {fit.contention:.2f} for N > {cores} cores" if max(sizes) > cores else "")

@@ -48,7 +48,7 @@ class UnequalShards:
 UNEQUAL = ("mean", "examples", "tokens-local", "tokens")          # the order of unequal_spec's runs
 
 
-def unequal_spec(world_size: int, seed: int = 0) -> DPSpecs:
+def unequal_spec(world_size: int, *, seed: int = 0) -> DPSpecs:
     """Unequal shards (2N-1, ..., 3, 1) under both example weightings, then unequal valid-token counts under both."""
     n = _pitfall_world(world_size)
     by_examples = TrainSpec(steps=1, batch_size=n * n, sizes=descending_sizes(n), seed=seed)
@@ -91,9 +91,9 @@ UNEQUAL_DEMO = Experiment(name="dp-unequal", chapter="01", world_sizes=(2, 4), s
                           ranks=dp_runs, compare=compare_unequal)
 
 
-def unequal_demo(world_size: int, seed: int = 0) -> Report:
+def unequal_demo(world_size: int, *, seed: int = 0) -> Report:
     """Unequal shards (2N-1, ..., 3, 1) and unequal valid-token counts: naive means vs proper weights."""
-    return UNEQUAL_DEMO.run_spec(unequal_spec(world_size, seed))
+    return UNEQUAL_DEMO.run_spec(unequal_spec(world_size, seed=seed))
 
 
 def _slices(sizes: list[int]) -> list[slice]:
@@ -101,7 +101,7 @@ def _slices(sizes: list[int]) -> list[slice]:
     return [slice(e - s, e) for s, e in zip(sizes, ends)]
 
 
-def pitfalls_spec(world_size: int, seed: int = 0) -> DPSpecs:
+def pitfalls_spec(world_size: int, *, seed: int = 0) -> DPSpecs:
     """Three steps with local BatchNorm, then three with ranks > 0 starting from skewed momentum."""
     n = _pitfall_world(world_size)
     return DPSpecs(world_size=n, runs=(TrainSpec(steps=3, batchnorm=True, seed=seed),
@@ -138,9 +138,9 @@ PITFALLS_DEMO = Experiment(name="dp-pitfalls", chapter="01", world_sizes=(2, 4),
                            ranks=dp_runs, compare=compare_pitfalls)
 
 
-def pitfalls_demo(world_size: int, seed: int = 0) -> Report:
+def pitfalls_demo(world_size: int, *, seed: int = 0) -> Report:
     """Local BatchNorm, unsynchronized running statistics and skewed optimizer state, each failing."""
-    return PITFALLS_DEMO.run_spec(pitfalls_spec(world_size, seed))
+    return PITFALLS_DEMO.run_spec(pitfalls_spec(world_size, seed=seed))
 
 
 DEMOS = [UNEQUAL_DEMO, PITFALLS_DEMO]

@@ -21,7 +21,7 @@ from wmdist.report import Check, Report, close_check, counts_per_rank
 DEFAULT_NUMEL = 100_003   # prime: no world size divides it, so chunk sizes differ
 
 
-def rank_vector(rank: int, numel: int, seed: int = 0) -> torch.Tensor:
+def rank_vector(rank: int, numel: int, *, seed: int = 0) -> torch.Tensor:
     """The vector rank `rank` contributes; the reference draws it identically."""
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     return torch.randn(numel, generator=g)          # (numel,)
@@ -51,20 +51,20 @@ class RingRank:
 
 def ring_vs_builtin(ctx: Context, spec: RingSpec) -> RingRank:
     """Rank function: the same vector reduced by our ring and by gloo."""
-    x = rank_vector(ctx.rank, spec.numel, spec.seed)
+    x = rank_vector(ctx.rank, spec.numel, seed=spec.seed)
     ours = ring_all_reduce(ctx, x, phase="ring")
     theirs = all_reduce(ctx, x.clone(), phase="gloo")
     totals = ctx.ledger.totals()
     return RingRank(ours, theirs, totals["bytes_sent"], totals["rounds"])
 
 
-def reference_sum(world_size: int, numel: int, seed: int = 0) -> torch.Tensor:
+def reference_sum(world_size: int, numel: int, *, seed: int = 0) -> torch.Tensor:
     """Single-process sum in float64 (then rounded once), the closest thing to the true sum."""
-    total = sum(rank_vector(r, numel, seed).double() for r in range(world_size))
+    total = sum(rank_vector(r, numel, seed=seed).double() for r in range(world_size))
     return torch.as_tensor(total).float()
 
 
-def sum_bound(world_size: int, numel: int, seed: int = 0) -> torch.Tensor:
+def sum_bound(world_size: int, numel: int, *, seed: int = 0) -> torch.Tensor:
     """Elementwise bound on |float32 ring sum - true sum| between two orders of the N vectors: (numel,), float64.
 
     Each float32 addition rounds by at most 2^-24 times the partial sum it
@@ -74,7 +74,7 @@ def sum_bound(world_size: int, numel: int, seed: int = 0) -> torch.Tensor:
     twice that plus one: `costs.reordered_sum_bound(N, sum_r |x_r|, 1)`.
     World size 1 has nothing to add: the result is exact (bound 0).
     """
-    total = sum(rank_vector(r, numel, seed).double().abs() for r in range(world_size))
+    total = sum(rank_vector(r, numel, seed=seed).double().abs() for r in range(world_size))
     return costs.reordered_sum_bound(world_size, 1.0, extra_roundings=1 if world_size > 1 else 0) * total
 
 
@@ -82,7 +82,7 @@ def compare_ring(spec: RingSpec, results: list[RingRank]) -> Verdict:
     """Every rank's ring result against the float64 sum and gloo's, in units of the rounding bound; bytes and rounds
     against 2(N-1)G/N and 2(N-1)."""
     n, numel, seed = spec.world_size, spec.numel, spec.seed
-    expected, bound = reference_sum(n, numel, seed), sum_bound(n, numel, seed)
+    expected, bound = reference_sum(n, numel, seed=seed), sum_bound(n, numel, seed=seed)
     why = "float32 sums in a different order: at most (2(N-1)+1) 2^-24 sum_r |x_r| per element; in units of that bound"
     checks = [Check(f"ring == single-process sum (rank {r}, in units of the rounding bound)",
                     bound_ratio(out.ours, expected, bound), 1.0, why) for r, out in enumerate(results)]
@@ -101,7 +101,7 @@ RING_DEMO = Experiment(name="ring-allreduce", chapter="01", world_sizes=tuple(ra
                        title="Ring all-reduce vs gloo's all_reduce vs the single-process sum")
 
 
-def ring_allreduce_demo(world_size: int, numel: int = DEFAULT_NUMEL, seed: int = 0) -> Report:
+def ring_allreduce_demo(world_size: int, *, numel: int = DEFAULT_NUMEL, seed: int = 0) -> Report:
     """Run the comparison on `world_size` ranks and build its Report."""
     return RING_DEMO.run_spec(RingSpec(world_size=world_size, numel=numel, seed=seed))
 

@@ -31,7 +31,7 @@ TARGET_MEDIAN_REL_ERROR = 0.25   # the bench target: the fit explains the median
 CONTENTION_GRID = tuple(np.round(np.linspace(0.0, 2.0, 81), 3))   # candidate g values
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScalingParams:
     """Inputs of the scaling model. Times in seconds, sizes in bytes.
 
@@ -161,7 +161,7 @@ def _nonnegative_lstsq(X: np.ndarray, t: np.ndarray) -> np.ndarray:
     return coef
 
 
-def fit_alpha_beta(measurements: Sequence[Measurement], cores: int | None = None) -> Fit:
+def fit_alpha_beta(measurements: Sequence[Measurement], *, cores: int | None = None) -> Fit:
     """Fit a, b >= 0 (and g, when some point has more ranks than `cores`) to measured times.
 
     Rows are divided by the measured time, so the fit minimizes relative

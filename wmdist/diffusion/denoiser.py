@@ -36,7 +36,7 @@ from wmdist.costs.rounding import reordered_sum_bound
 from wmdist.costs.validate import require_int, require_real
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DenoiserConfig:
     """Sizes of the tiny denoiser; defaults: 4 frames of 4 x 4 latent tokens, 8 channels."""
     frames: int = 4      # T: latent frames of the clip
@@ -143,7 +143,7 @@ class Denoiser(nn.Module):
 
     # --- the split computation -----------------------------------------------------
 
-    def project_kv(self, x: torch.Tensor, t: float | torch.Tensor,
+    def project_kv(self, x: torch.Tensor, t: float | torch.Tensor, *,
                    start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of tokens [start, start + s): (B, H, s, D/H) each.
 
@@ -156,7 +156,7 @@ class Denoiser(nn.Module):
         return self._split_heads(F.linear(a, self.w_k)), self._split_heads(F.linear(a, self.w_v))
 
     def denoise_shard(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
-                      t: float | torch.Tensor, start: int = 0) -> torch.Tensor:
+                      t: float | torch.Tensor, *, start: int = 0) -> torch.Tensor:
         """Output for tokens [start, start + s) of x, given the K and V of ALL tokens: (B, s, C).
 
         Queries, the residual path, the MLP and the output layer use only the
@@ -211,9 +211,9 @@ def denoise_by_shards(model: Denoiser, x: torch.Tensor, t: float | torch.Tensor,
     needs only its own tokens and that K, V.
     """
     shards = shard_tokens(x, world_size)
-    keys, values = zip(*(model.project_kv(piece, t, start) for start, piece in shards))
+    keys, values = zip(*(model.project_kv(piece, t, start=start) for start, piece in shards))
     kv = (torch.cat(keys, dim=2), torch.cat(values, dim=2))              # (B, H, S, D/H) each: the all-gather
-    return torch.cat([model.denoise_shard(piece, kv, t, start) for start, piece in shards], dim=1)
+    return torch.cat([model.denoise_shard(piece, kv, t, start=start) for start, piece in shards], dim=1)
 
 
 def shard_tolerance(cfg: DenoiserConfig, output: torch.Tensor) -> float:

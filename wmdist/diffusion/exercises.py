@@ -22,20 +22,20 @@ OUTPUT_BOUND = 4.0    # max |velocity| for these inputs is about 2.8; tests/test
 def token_step_inputs(rank: int, world_size: int) -> tuple[Denoiser, torch.Tensor, int, float]:
     """Rank r: the denoiser, its token shard (B, s, C) of a seeded state, the shard's first token, and t."""
     model = Denoiser(DenoiserConfig())
-    x = initial_noise(EXERCISE_BATCH, model.cfg.tokens, model.cfg.channels, EXERCISE_SEED)   # (B, S, C)
+    x = initial_noise(EXERCISE_BATCH, model.cfg.tokens, model.cfg.channels, seed=EXERCISE_SEED)   # (B, S, C)
     start, stop = token_shard_bounds(model.cfg.tokens, world_size)[rank]
     return model, x[:, start:stop].clone(), start, EXERCISE_T
 
 
 def token_step_solution(ctx: Context, model: Denoiser, x: torch.Tensor, start: int, t: float) -> torch.Tensor:
     """This rank's velocity (B, s, C) for its tokens [start, start + s): first gather every token's K and V."""
-    k, v = model.project_kv(x, t, start)                           # (B, H, s, D/H) each: this shard's only
+    k, v = model.project_kv(x, t, start=start)                         # (B, H, s, D/H) each: this shard's only
     mine = torch.stack([k, v]).movedim(3, 0).contiguous()          # (s, 2, B, H, D/H): token-major
     per_token = mine[0].numel()
     sizes = [(stop - first) * per_token for first, stop in token_shard_bounds(model.cfg.tokens, ctx.world_size)]
     every = ring_all_gather(ctx, mine.reshape(-1), sizes, phase="K/V")          # (S * per_token,)
     k_all, v_all = every.view(-1, *mine.shape[1:]).movedim(0, 3).contiguous()   # (B, H, S, D/H) each
-    return model.denoise_shard(x, (k_all, v_all), t, start)
+    return model.denoise_shard(x, (k_all, v_all), t, start=start)
 
 
 TOKEN_STEP = Exercise(

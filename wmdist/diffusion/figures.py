@@ -16,7 +16,7 @@ from wmdist.diffusion.tradeoff import TradeoffRow
 from wmdist.ui import timelines_figure
 
 
-def gather_bytes_figure(batch: int, tokens: int, dim: int, channels: int, world_sizes: list[int],
+def gather_bytes_figure(batch: int, tokens: int, dim: int, channels: int, world_sizes: list[int], *,
                         measured: dict[int, dict[str, int]] | None = None) -> Figure:
     """Most bytes any rank sends per solver step, gathering K/V (2D per token) or x (C per token), against N.
 

@@ -69,7 +69,7 @@ class PicardRank:
 
 
 def picard_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, reference: torch.Tensor,
-                    iterations: int, window: int | None, tol: float | None) -> PicardRank:
+                    iterations: int, *, window: int | None, tol: float | None) -> PicardRank:
     """Rank function: Picard iteration with each round's evaluations spread over the ranks."""
     model, counts = Denoiser(spec.model), []
     result = picard_sample(model, noise, spec.steps, iterations, window=window, tol=tol, reference=reference,
@@ -122,7 +122,7 @@ class PicardSpec:
         object.__setattr__(self, "reference", reference_trajectory(self.sampling, self.noise))
 
 
-def picard_spec(world_size: int, sampling: SamplingSpec | None = None, iterations: int | None = None,
+def picard_spec(world_size: int, *, sampling: SamplingSpec | None = None, iterations: int | None = None,
                 window: int | None = None, tol: float | None = None, noise: torch.Tensor | None = None) -> PicardSpec:
     """The spec, by default with 16 steps (or N when there are more ranks) and K iterations (every step exact)."""
     sampling = sampling or SamplingSpec(steps=max(16, require_int("world_size", world_size, 1)))
@@ -133,7 +133,8 @@ def picard_spec(world_size: int, sampling: SamplingSpec | None = None, iteration
 
 def round_ranks(ctx: Context, spec: PicardSpec) -> PicardRank:
     """Rank function of diffusion-picard: `picard_on_ranks` on the spec."""
-    return picard_on_ranks(ctx, spec.sampling, spec.noise, spec.reference, spec.iterations, spec.window, spec.tol)
+    return picard_on_ranks(ctx, spec.sampling, spec.noise, spec.reference, spec.iterations, window=spec.window,
+                           tol=spec.tol)
 
 
 def compare_picard(spec: PicardSpec, results: list[PicardRank]) -> Verdict:
@@ -169,7 +170,7 @@ def compare_picard(spec: PicardSpec, results: list[PicardRank]) -> Verdict:
                              [dcost.picard_gather_bytes(*_schedule(result)[0], n, r, x_T.numel())["recv"]
                               for r in range(n)], step=1)
     if tol is None:
-        total = sum(dcost.picard_evaluations(k_total, iterations, window))
+        total = sum(dcost.picard_evaluations(k_total, iterations, window=window))
         exact += counts_per_rank("evaluations, all ranks together", [o.result.total_evaluations for o in outs],
                                  [total] * n)
         exact += counts_per_rank("rounds", [o.result.rounds for o in outs],
@@ -185,13 +186,14 @@ PICARD_DEMO = Experiment(name="diffusion-picard", chapter="08", world_sizes=(2, 
                          ranks=round_ranks, compare=compare_picard)
 
 
-def picard_demo(world_size: int, spec: SamplingSpec | None = None, iterations: int | None = None,
+def picard_demo(world_size: int, *, spec: SamplingSpec | None = None, iterations: int | None = None,
                 window: int | None = None, tol: float | None = None, noise: torch.Tensor | None = None) -> Report:
     """Picard over the steps on N ranks (default: every step, K rounds) against the sequential sampler.
 
     Default spec: 16 steps, or N when there are more ranks.
     """
-    return PICARD_DEMO.run_spec(picard_spec(world_size, spec, iterations, window, tol, noise))
+    return PICARD_DEMO.run_spec(picard_spec(world_size, sampling=spec, iterations=iterations, window=window, tol=tol,
+                                            noise=noise))
 
 
 def _schedule(result: PicardResult) -> list[tuple[int, int]]:

@@ -45,7 +45,7 @@ def euler_update(x: torch.Tensor, velocity: torch.Tensor, dt: float) -> torch.Te
     return x + dt * velocity
 
 
-def initial_noise(batch: int, tokens: int, channels: int, seed: int = 0) -> torch.Tensor:  # -> (B, S, C)
+def initial_noise(batch: int, tokens: int, channels: int, *, seed: int = 0) -> torch.Tensor:  # -> (B, S, C)
     """Seeded Gaussian noise x_T; sample b depends only on (seed, b), so a shard of samples is a slice."""
     b_total = require_int("batch", batch, 1)
     require_int("tokens", tokens, 1)
@@ -60,7 +60,7 @@ def _check_state(x: torch.Tensor) -> None:
         raise ValueError(f"x_T must be (B, tokens, channels) with B >= 1 samples, got shape {tuple(x.shape)}")
 
 
-def sample(model: Velocity, x_T: torch.Tensor, steps: int, trajectory: bool = False) -> torch.Tensor:
+def sample(model: Velocity, x_T: torch.Tensor, steps: int, *, trajectory: bool = False) -> torch.Tensor:
     """Run K Euler steps from x_T (B, S, C): the sample (B, S, C), or every state (K+1, B, S, C).
 
     The exact reference: each step waits for the one before, so K denoiser
@@ -101,7 +101,7 @@ class PicardResult:
         return len(self.evaluations)
 
 
-def picard_sample(model: Velocity, x_T: torch.Tensor, steps: int, iterations: int, window: int | None = None,
+def picard_sample(model: Velocity, x_T: torch.Tensor, steps: int, iterations: int, *, window: int | None = None,
                   tol: float | None = None, reference: torch.Tensor | None = None,
                   evaluate: RoundEvaluator | None = None) -> PicardResult:
     """Parallel-in-time sampling: Picard iteration over the K solver steps (ParaDiGMS-style).

@@ -18,7 +18,7 @@ from wmdist.diffusion.denoiser import Denoiser, DenoiserConfig
 from wmdist.diffusion.sampler import initial_noise, sample
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingSpec:
     """B samples of a video latent, drawn with K Euler steps of a seeded denoiser from seeded noise."""
     model: DenoiserConfig = field(default_factory=DenoiserConfig)
@@ -40,7 +40,7 @@ class SamplingSpec:
 
     def noise(self) -> torch.Tensor:                       # -> (B, S, C)
         """The initial noise x_T: sample b depends only on (seed, b)."""
-        return initial_noise(self.batch, self.model.tokens, self.model.channels, self.seed)
+        return initial_noise(self.batch, self.model.tokens, self.model.channels, seed=self.seed)
 
 
 def check_noise(noise: torch.Tensor | None, spec: SamplingSpec) -> torch.Tensor:

@@ -153,7 +153,7 @@ class StepsSpec:
         object.__setattr__(self, "noise", check_noise(None, replace(self.sampling, batch=n)))
 
 
-def steps_spec(world_size: int, sampling: SamplingSpec | None = None, eval_seconds: float = 0.02) -> StepsSpec:
+def steps_spec(world_size: int, *, sampling: SamplingSpec | None = None, eval_seconds: float = 0.02) -> StepsSpec:
     """The spec, by default with 8 steps or N when there are more ranks (each rank owns a step)."""
     sampling = sampling or SamplingSpec(steps=max(8, require_int("world_size", world_size, 1)))
     return StepsSpec(world_size=world_size, sampling=sampling, eval_seconds=eval_seconds)
@@ -193,8 +193,8 @@ def compare_steps(spec: StepsSpec, results: list[StepRanks]) -> Verdict:
     elapsed = {c: max(s.end for s in sp) for c, sp in timelines.items()}
     busy = {c: sum(s.duration for s in sp if s.kind == "compute") for c, sp in timelines.items()}
     concurrency = {c: busy[c] / elapsed[c] for c in CASES}
-    ideal = {CASES[0]: sampling.steps / dcost.step_split_slots(sampling.steps, n, 1),
-             CASES[1]: n * sampling.steps / dcost.step_split_slots(sampling.steps, n, n),
+    ideal = {CASES[0]: sampling.steps / dcost.step_split_slots(sampling.steps, n, samples=1),
+             CASES[1]: n * sampling.steps / dcost.step_split_slots(sampling.steps, n, samples=n),
              CASES[2]: n * sampling.steps / dcost.batched_slots(sampling.steps, n, n)}
     overlap = {c: _cross_overlap(sp) for c, sp in timelines.items()}
     checks.append(exact_check("1 sample, steps split: no two ranks ever compute at the same time",
@@ -230,12 +230,12 @@ STEPS_DEMO = Experiment(name="diffusion-steps", chapter="08", world_sizes=(2, 4)
                         ranks=cases_on_ranks, compare=compare_steps)
 
 
-def steps_demo(world_size: int, spec: SamplingSpec | None = None, eval_seconds: float = 0.02) -> Report:
+def steps_demo(world_size: int, *, spec: SamplingSpec | None = None, eval_seconds: float = 0.02) -> Report:
     """One sample with its steps split over N ranks, N samples streamed through the blocks, N samples batched.
 
     Default spec: 8 steps, or N when there are more ranks (each rank owns a step).
     """
-    return STEPS_DEMO.run_spec(steps_spec(world_size, spec, eval_seconds))
+    return STEPS_DEMO.run_spec(steps_spec(world_size, sampling=spec, eval_seconds=eval_seconds))
 
 
 DEMOS = [STEPS_DEMO]

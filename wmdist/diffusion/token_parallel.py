@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 
@@ -38,7 +39,8 @@ from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, referen
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, close_check, counts_per_rank, differ_check, exact_check
 
-GATHERS = ("kv", "x", "stale kv")
+Gather = Literal["kv", "x", "stale kv"]
+GATHERS: tuple[Gather, ...] = get_args(Gather)
 GATHER_LABELS = {"kv": "gather K/V", "x": "gather x", "stale kv": "stale K/V"}
 
 
@@ -67,7 +69,7 @@ class ShardRun:
     rounds: tuple[int, ...]
 
 
-def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, gather: str) -> ShardRun:
+def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, *, gather: Gather) -> ShardRun:
     """Rank function: sample with this rank's token shard, gathering what attention needs at every step.
 
     Returns this shard's states (K+1, B, s, C), velocities (K, B, s, C), and
@@ -85,7 +87,7 @@ def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor
         if gather == "x":
             kv = model.project_kv(gather_tokens(ctx, x, 1, bounds, phase), ts[k])
         else:
-            own = torch.stack(model.project_kv(x, ts[k], start))            # (2, B, H, s, D/H)
+            own = torch.stack(model.project_kv(x, ts[k], start=start))            # (2, B, H, s, D/H)
             if gather == "kv" or stale is None:
                 every = gather_tokens(ctx, own, 3, bounds, phase)           # (2, B, H, S, D/H)
                 stale = every
@@ -95,7 +97,7 @@ def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor
                 if k + 1 < spec.steps:                                      # fresh K/V for the next step
                     stale = gather_tokens(ctx, own, 3, bounds, phase)
             kv = (every[0], every[1])
-        v = model.denoise_shard(x, kv, ts[k], start)                        # (B, s, C)
+        v = model.denoise_shard(x, kv, ts[k], start=start)                      # (B, s, C)
         x = euler_update(x, v, ts[k + 1] - ts[k])
         states.append(x)
         velocities.append(v)
@@ -104,7 +106,7 @@ def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor
                     tuple(t["bytes_recv"] for t in per_step), tuple(t["rounds"] for t in per_step))
 
 
-def gathers_per_run(gather: str, steps: int) -> int:
+def gathers_per_run(gather: Gather, steps: int) -> int:
     """All-gathers one run makes: one per step, or for stale K/V one fewer (the last step's is never needed)."""
     return steps if gather != "stale kv" else max(1, steps - 1)
 
@@ -140,7 +142,7 @@ class TokensSpec:
     world_size: int
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     noise: torch.Tensor | None = None            # None: the sampling spec's own noise
-    modes: tuple[str, ...] = field(init=False)
+    modes: tuple[Gather, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         cfg = self.sampling.model
@@ -160,7 +162,7 @@ def tokens_on_ranks(ctx: Context, spec: TokensSpec) -> TokenRanks:
     runs = []
     for mode in spec.modes:
         ctx.ledger.reset()
-        runs.append(token_sharded_sampling(ctx, spec.sampling, spec.noise, mode))
+        runs.append(token_sharded_sampling(ctx, spec.sampling, spec.noise, gather=mode))
     return TokenRanks(tuple(runs))
 
 
@@ -218,7 +220,7 @@ TOKENS_DEMO = Experiment(name="diffusion-tokens", chapter="08", world_sizes=(2, 
                          spec=lambda n: TokensSpec(world_size=n), ranks=tokens_on_ranks, compare=compare_tokens)
 
 
-def tokens_demo(world_size: int, spec: SamplingSpec | None = None, noise: torch.Tensor | None = None) -> Report:
+def tokens_demo(world_size: int, *, spec: SamplingSpec | None = None, noise: torch.Tensor | None = None) -> Report:
     """Token-sharded sampling on N ranks, K/V or x gathered per step, against the single-device sampler."""
     return TOKENS_DEMO.run_spec(TokensSpec(world_size=world_size, sampling=spec or SamplingSpec(), noise=noise))
 

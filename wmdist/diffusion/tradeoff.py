@@ -38,7 +38,7 @@ class TradeoffRow:
 
 
 
-def tradeoff(spec: SamplingSpec, world_sizes: list[int], tol: float = 1e-4,
+def tradeoff(spec: SamplingSpec, world_sizes: list[int], *, tol: float = 1e-4,
              noise: torch.Tensor | None = None) -> list[TradeoffRow]:
     """Sequential, exact Picard and windowed Picard (window N, settling at `tol`) for each N."""
     sizes = [require_int("world_sizes", n, 1) for n in world_sizes]

@@ -25,7 +25,7 @@ from wmdist.comm import Context, ring_all_reduce
 from wmdist.costs import require_int
 from wmdist.exercises import Exercise
 from wmdist.experiment import Experiment, Verdict
-from wmdist.latents.estimators import (ESTIMATES, LOGIT, MU, SEED_MODES, SIGMA, TARGET, bernoulli_score_grads, cubic,
+from wmdist.latents.estimators import (ESTIMATES, LOGIT, MU, SEED_MODES, SIGMA, TARGET, SeedMode, bernoulli_score_grads, cubic,
                                        draw_normal, exact_values, pathwise_grads, rank_generator,
                                        score_function_grads, straight_through_expectation, straight_through_grads)
 from wmdist.report import Check, Report, counts_per_rank, exact_check
@@ -49,7 +49,7 @@ class EstimatorStats:
 @dataclass(frozen=True)
 class SeedStats:
     """One seeding mode: correlation of ranks 0 and 1, variances of one rank and of the rank average."""
-    mode: str
+    mode: SeedMode
     corr_rank0_rank1: float
     cov_rank0_rank1: float
     var_one_rank: float
@@ -65,7 +65,7 @@ class EstimatorSums:
     bytes_sent: int
 
 
-def estimator_sums(ctx: Context, draws: int, seed: int = 0) -> EstimatorSums:
+def estimator_sums(ctx: Context, draws: int, *, seed: int = 0) -> EstimatorSums:
     """Rank function: this rank's draws of every estimator; sums and sums of squares all-reduced."""
     gen = rank_generator(seed, ctx.rank)
     eps = torch.randn(draws, generator=gen, dtype=torch.float64)          # (M,)
@@ -92,7 +92,7 @@ class EstimatorsSpec:
 
 def estimators_rank(ctx: Context, spec: EstimatorsSpec) -> EstimatorSums:
     """Rank function: `estimator_sums` with the spec's draws."""
-    return estimator_sums(ctx, spec.draws_per_rank, spec.seed)
+    return estimator_sums(ctx, spec.draws_per_rank, seed=spec.seed)
 
 
 def compare_estimators(spec: EstimatorsSpec, results: list[EstimatorSums]) -> Verdict:
@@ -135,7 +135,7 @@ ESTIMATORS_DEMO = Experiment(name="latent-estimators", chapter="02", world_sizes
                              compare=compare_estimators)
 
 
-def estimators_demo(world_size: int, draws_per_rank: int = 20_000, seed: int = 0) -> Report:
+def estimators_demo(world_size: int, *, draws_per_rank: int = 20_000, seed: int = 0) -> Report:
     """Bias and variance of each estimator against the exact gradient, draws spread over ranks."""
     return ESTIMATORS_DEMO.run_spec(EstimatorsSpec(world_size=world_size, draws_per_rank=draws_per_rank, seed=seed))
 
@@ -145,15 +145,15 @@ def estimators_demo(world_size: int, draws_per_rank: int = 20_000, seed: int = 0
 @dataclass(frozen=True)
 class SeededEstimates:
     """One rank's `trials` pathwise estimates of dJ/dmu under one seeding mode, and their average over ranks."""
-    mode: str
+    mode: SeedMode
     mine: torch.Tensor          # (R,)
     average: torch.Tensor       # (R,) all-reduced mean over ranks
 
 
-def seeded_estimates(ctx: Context, mode: str, trials: int, draws: int, seed: int = 0) -> SeededEstimates:
+def seeded_estimates(ctx: Context, trials: int, draws: int, *, mode: SeedMode, seed: int = 0) -> SeededEstimates:
     """Rank function: `trials` pathwise estimates of dJ/dmu, each a mean of `draws` draws,
     from this rank's stream under `mode`; and their average over ranks (all-reduced)."""
-    eps = draw_normal(rank_generator(seed, ctx.rank, mode), (trials, draws), ctx.rank, mode)   # (R, m)
+    eps = draw_normal(rank_generator(seed, ctx.rank, mode=mode), (trials, draws), ctx.rank, mode=mode)   # (R, m)
     mine = pathwise_grads(MU, SIGMA, eps.reshape(-1))[:, 0].reshape(trials, draws).mean(1)     # (R,)
     return SeededEstimates(mode, mine, ring_all_reduce(ctx, mine, phase=f"average ({mode})") / ctx.world_size)
 
@@ -191,7 +191,8 @@ class SeedRuns:
 
 def seeds_rank(ctx: Context, spec: SeedsSpec) -> SeedRuns:
     """Rank function: `seeded_estimates` under every seeding mode in turn."""
-    return SeedRuns(tuple(seeded_estimates(ctx, mode, spec.trials, spec.draws, spec.seed) for mode in SEED_MODES))
+    return SeedRuns(tuple(seeded_estimates(ctx, spec.trials, spec.draws, mode=mode, seed=spec.seed)
+                          for mode in SEED_MODES))
 
 
 def compare_seeds(spec: SeedsSpec, results: list[SeedRuns]) -> Verdict:
@@ -240,7 +241,7 @@ SEEDS_DEMO = Experiment(name="latent-seeds", chapter="02", world_sizes=(2, 4),
                         spec=lambda n: SeedsSpec(world_size=n), ranks=seeds_rank, compare=compare_seeds)
 
 
-def seeds_demo(world_size: int, trials: int = 2_000, draws: int = 8, seed: int = 0) -> Report:
+def seeds_demo(world_size: int, *, trials: int = 2_000, draws: int = 8, seed: int = 0) -> Report:
     """Covariance between ranks' estimates, and the variance of their average, per seeding mode."""
     return SEEDS_DEMO.run_spec(SeedsSpec(world_size=world_size, trials=trials, draws=draws, seed=seed))
 

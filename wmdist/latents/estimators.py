@@ -12,15 +12,17 @@ draws over ranks and all-reduce the sums.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 
 MU, SIGMA = 1.0, 0.5            # z ~ N(MU, SIGMA^2)
 LOGIT, TARGET = 1.0, 0.3        # b ~ Bernoulli(sigmoid(LOGIT)), cost (b - TARGET)^2
-SEED_MODES = ("independent", "shared", "antithetic")
+SeedMode = Literal["independent", "shared", "antithetic"]
+SEED_MODES: tuple[SeedMode, ...] = get_args(SeedMode)
 
 
-def rank_generator(seed: int, rank: int, mode: str = "independent") -> torch.Generator:
+def rank_generator(seed: int, rank: int, *, mode: SeedMode = "independent") -> torch.Generator:
     """This rank's random stream: its own (independent), everyone's (shared), or its pair's (antithetic)."""
     if mode not in SEED_MODES:
         raise ValueError(f"mode must be one of {SEED_MODES}, got {mode!r}")
@@ -28,7 +30,7 @@ def rank_generator(seed: int, rank: int, mode: str = "independent") -> torch.Gen
     return torch.Generator().manual_seed(seed * 10_007 + stream)
 
 
-def draw_normal(gen: torch.Generator, shape: tuple[int, ...], rank: int, mode: str) -> torch.Tensor:
+def draw_normal(gen: torch.Generator, shape: tuple[int, ...], rank: int, *, mode: SeedMode) -> torch.Tensor:
     """Standard normal draws; in antithetic mode odd ranks negate their pair's draws.
 
     With an odd world size the last rank has no pair and keeps its own stream.
@@ -54,20 +56,20 @@ def gaussian_exact_grad(mu: float, sigma: float) -> tuple[float, float]:
     return 3 * mu ** 2 + 3 * sigma ** 2 - 2, 6 * mu * sigma
 
 
-def bernoulli_cost(b: torch.Tensor, target: float = TARGET) -> torch.Tensor:
+def bernoulli_cost(b: torch.Tensor, *, target: float = TARGET) -> torch.Tensor:
     return (b - target) ** 2
 
 
-def bernoulli_exact_grad(logit: float, target: float = TARGET) -> float:
+def bernoulli_exact_grad(logit: float, *, target: float = TARGET) -> float:
     """dJ/dlogit by enumerating both outcomes: J = p g(1) + (1 - p) g(0), p = sigmoid(logit)."""
     w = torch.tensor(logit, dtype=torch.float64, requires_grad=True)
     p = torch.sigmoid(w)
     one, zero = torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)
-    (p * bernoulli_cost(one, target) + (1 - p) * bernoulli_cost(zero, target)).backward()
+    (p * bernoulli_cost(one, target=target) + (1 - p) * bernoulli_cost(zero, target=target)).backward()
     return float(w.grad)
 
 
-def straight_through_expectation(logit: float, target: float = TARGET) -> float:
+def straight_through_expectation(logit: float, *, target: float = TARGET) -> float:
     """What straight-through averages to: E[g'(b)] p(1-p) = 2(p - t) p(1-p), since g' is affine."""
     p = 1 / (1 + math.exp(-logit))
     return 2 * (p - target) * p * (1 - p)
@@ -129,7 +131,7 @@ ESTIMATES = ("pathwise d/dmu", "pathwise d/dsigma", "score d/dmu", "score d/dsig
              "Bernoulli score", "straight-through", "f(z)")
 
 
-def exact_values(mu: float = MU, sigma: float = SIGMA, logit: float = LOGIT) -> tuple[float, ...]:
+def exact_values(*, mu: float = MU, sigma: float = SIGMA, logit: float = LOGIT) -> tuple[float, ...]:
     """The exact expectation of each column of ESTIMATES."""
     gm, gs = gaussian_exact_grad(mu, sigma)
     gb = bernoulli_exact_grad(logit)

@@ -21,7 +21,7 @@ from wmdist import costs
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.costs import require_int
 from wmdist.experiment import Experiment, Verdict
-from wmdist.latents.estimators import rank_generator
+from wmdist.latents.estimators import SeedMode, rank_generator
 from wmdist.models import WorldModelConfig, flat_params, make_batch, shard_batch
 from wmdist.report import Report, close_check, counts_per_rank, exact_check
 
@@ -65,12 +65,12 @@ class NoisyDPRun:
     bytes_sent: int
 
 
-def noisy_dp_train(ctx: Context, steps: int, rows_per_rank: int, seed: int = 0, lr: float = 0.1,
-                   mode: str = "independent") -> NoisyDPRun:
+def noisy_dp_train(ctx: Context, steps: int, rows_per_rank: int, *, seed: int = 0, lr: float = 0.1,
+                   mode: SeedMode = "independent") -> NoisyDPRun:
     """Rank function: SGD on this rank's shard with its own latent noise; gradients ring-all-reduced."""
     model, batch = _setup(seed, rows_per_rank * ctx.world_size)
     shard = shard_batch(batch, [rows_per_rank] * ctx.world_size, ctx.rank)
-    gen = rank_generator(seed, ctx.rank, mode)
+    gen = rank_generator(seed, ctx.rank, mode=mode)
     for _ in range(steps):
         eps = torch.randn(rows_per_rank, 4, model.latent_dim, generator=gen)         # (b, T, Z)
         grads = torch.autograd.grad(model.loss(shard, eps), list(model.parameters()))
@@ -79,11 +79,11 @@ def noisy_dp_train(ctx: Context, steps: int, rows_per_rank: int, seed: int = 0, 
     return NoisyDPRun(flat_params(model), ctx.ledger.totals()["bytes_sent"])
 
 
-def noisy_single_process(world_size: int, steps: int, rows_per_rank: int, seed: int = 0, lr: float = 0.1,
-                 mode: str = "independent") -> torch.Tensor:
+def noisy_single_process(world_size: int, steps: int, rows_per_rank: int, *, seed: int = 0, lr: float = 0.1,
+                         mode: SeedMode = "independent") -> torch.Tensor:
     """One process, the whole batch, every rank's noise drawn from every rank's stream, in rank order."""
     model, batch = _setup(seed, rows_per_rank * world_size)
-    gens = [rank_generator(seed, r, mode) for r in range(world_size)]
+    gens = [rank_generator(seed, r, mode=mode) for r in range(world_size)]
     for _ in range(steps):
         eps = torch.cat([torch.randn(rows_per_rank, 4, model.latent_dim, generator=g) for g in gens])  # (B, T, Z)
         grads = torch.autograd.grad(model.loss(batch, eps), list(model.parameters()))
@@ -107,13 +107,13 @@ class LatentDPSpec:
 
 def latent_dp_rank(ctx: Context, spec: LatentDPSpec) -> NoisyDPRun:
     """Rank function: `noisy_dp_train` with the spec's sizes, each rank on its own noise stream."""
-    return noisy_dp_train(ctx, spec.steps, spec.rows_per_rank, spec.seed)
+    return noisy_dp_train(ctx, spec.steps, spec.rows_per_rank, seed=spec.seed)
 
 
 def compare_latent_dp(spec: LatentDPSpec, results: list[NoisyDPRun]) -> Verdict:
     """Parameters bitwise equal over ranks, close to one process drawing every rank's noise; bytes vs the ring."""
     n, steps = spec.world_size, spec.steps
-    expected = noisy_single_process(n, steps, spec.rows_per_rank, spec.seed)
+    expected = noisy_single_process(n, steps, spec.rows_per_rank, seed=spec.seed)
     numel = expected.numel()
     checks = [exact_check("parameters identical on every rank", [r.params for r in results],
                           [results[0].params] * n, "every rank applies the same all-reduced gradient"),
@@ -132,7 +132,7 @@ LATENT_DP_DEMO = Experiment(name="latent-dp", chapter="02", world_sizes=(1, 2, 4
                             compare=compare_latent_dp)
 
 
-def dp_latents_demo(world_size: int, steps: int = 3, rows_per_rank: int = 2, seed: int = 0) -> Report:
+def dp_latents_demo(world_size: int, *, steps: int = 3, rows_per_rank: int = 2, seed: int = 0) -> Report:
     """Independent latent streams per rank, identical parameters after every all-reduced step."""
     return LATENT_DP_DEMO.run_spec(LatentDPSpec(world_size=world_size, steps=steps, rows_per_rank=rows_per_rank,
                                                 seed=seed))
