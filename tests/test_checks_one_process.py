@@ -31,7 +31,7 @@ def _scan_report(monkeypatch, move):
     real = one_process.associative_scan
 
     def moved(A, b, h0, tally=None):
-        out = real(A, b, h0, tally).clone()
+        out = real(A, b, h0, tally=tally).clone()
         out[0, -1, 0] += move(_hillis_steele_tolerance(A, b, h0))
         return out
     monkeypatch.setattr(one_process, "associative_scan", moved)

@@ -112,7 +112,7 @@ def _abs_loop(case) -> float:
 def test_scan_affine_tolerance_is_two_gammas_times_the_absolute_loop(diagonal):
     from wmdist.scan.affine_demos import tolerance
     from wmdist.scan.affine_ranks import AffineCase
-    case = AffineCase.random(2, 37, 4, diagonal, seed=3)
+    case = AffineCase.random(2, 37, 4, diagonal=diagonal, seed=3)
     c = 2 if diagonal else 4 + 1                      # roundings per compose/apply on a path
     depth = (10 - 1) + (4 - 1) + 9                    # N = 4: chunks 10, 9, 9, 9; fold, pass down, replay
     gamma = [c * d * U32 / (1 - c * d * U32) for d in (depth, 37)]

@@ -30,8 +30,8 @@ def test_demos_are_registered_for_chapter_07():
 
     demos = registry()
     assert [d.name for d in DEMOS] == list(DEMO_NAMES) and all(demos[d.name] == d for d in DEMOS)
-    assert {d.chapter for d in DEMOS} == {"07"} and all(isinstance(d, Experiment) is (d.name != "scan-one-process")
-                                                       for d in DEMOS)     # one process: a hand-written Demo
+    assert {d.chapter for d in DEMOS} == {"07"} and all(isinstance(d, Experiment) for d in DEMOS)
+    assert [d.name for d in DEMOS if d.local is not None] == ["scan-one-process"]   # runs here, starts no rank
     assert [n for n in range(1, 9) if demos["scan-cell"].refuses(n)] == [1]      # the only demo that needs 2
     assert exercises()["incoming state"] is EXERCISES[0]
 
@@ -53,7 +53,7 @@ def test_demos_are_registered_for_chapter_07():
     (lambda: cell_demos.cell_demo(2, steps=0), "steps must be an integer >= 1"),
     (lambda: picard_ranks.picard_demo(4, steps=3), "chunks must be <= steps"),
     (lambda: picard_ranks.picard_demo(2, stop_below=-1.0), "stop_below must be a finite number >= 0.0"),
-    (lambda: picard_ranks.run_picard(2, *cell_demos.episodes(4, 6), max_sweeps=0), "max_sweeps must be"),
+    (lambda: picard_ranks.run_picard(2, *cell_demos.episodes(batch=4, steps=6), max_sweeps=0), "max_sweeps must be"),
     (lambda: boundaries.run_boundaries(2, GRUCell.seeded(16, 8), torch.zeros(2, 6, 8), torch.zeros(2, 3)),
      "state size mismatch: the cell takes n=16, m=8; got h0 with n=3"),
     (lambda: boundaries.run_boundaries(2, GRUCell.seeded(16, 8), torch.zeros(2, 6, 5), torch.zeros(2, 16)),
@@ -120,9 +120,9 @@ def test_affine_bytes_do_not_depend_on_t_but_grow_with_n():
     report = _report("scan-bytes", 4)
     assert report.passed and set(affine_demos.spread_over_steps(report).values()) == {0}
     sweep = report.data
-    dense = {r.state_size: r.total for r in sweep.select("gathered", False, "state_size")}
-    diag = {r.state_size: r.total for r in sweep.select("gathered", True, "state_size")}
-    hand = {r.state_size: r.total for r in sweep.select("handoff", False, "state_size")}
+    dense = {r.state_size: r.total for r in sweep.select("gathered", diagonal=False, over="state_size")}
+    diag = {r.state_size: r.total for r in sweep.select("gathered", diagonal=True, over="state_size")}
+    hand = {r.state_size: r.total for r in sweep.select("handoff", diagonal=False, over="state_size")}
     # Measured: all ranks together send N (N-1) B (n^2 + n) * 4 bytes for dense summaries, N (N-1) B 2n * 4
     # for diagonal, and (N-1) B n * 4 for the hand-off (dense or not).
     assert dense[16] == 4 * 3 * 2 * (16 * 16 + 16) * 4 and diag[16] == 4 * 3 * 2 * 32 * 4 and hand[16] == 3 * 2 * 16 * 4

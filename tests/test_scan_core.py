@@ -29,7 +29,8 @@ def _assert_within(x, y, depth_x, depth_y, A, b, h0, diagonal):
     a schedule of depth D chains D of them. So the bound scales with the
     depths (T for the loop, ~log2 T for the scan), n, and the magnitudes.
     """
-    factor = costs.reassociation_bound(depth_x, depth_y, b.shape[-1], diagonal, ROUNDOFF[x.dtype])
+    factor = costs.reassociation_bound(depth_x, depth_y, b.shape[-1], diagonal=diagonal,
+                                       unit_roundoff=ROUNDOFF[x.dtype])
     gap = (x.double() - y.double()).abs()
     bound = factor * _abs_states(A, b, h0)
     assert (gap <= bound).all(), f"max gap {gap.max():.3g} vs bound there {bound.flatten()[gap.argmax()]:.3g}"
@@ -43,11 +44,11 @@ CASES = [(1, 1), (5, 1), (7, 7), (12, 4), (13, 4), (13, 5), (37, 6)]   # (T, N):
 @pytest.mark.parametrize("n", [1, 4, 16])
 @pytest.mark.parametrize("steps, chunks", CASES)
 def test_every_grouping_equals_the_loop(steps, chunks, n, diagonal, dtype):
-    A, b, h0 = affine.random_system(3, steps, n, diagonal, radius=0.95, seed=steps * 100 + n, dtype=dtype)
+    A, b, h0 = affine.random_system(3, steps, n, diagonal=diagonal, radius=0.95, seed=steps * 100 + n, dtype=dtype)
     ref = affine.sequential(A, b, h0)
     d_seq = costs.sequential_ops(steps).depth
-    gathered = affine.chunked(A, b, h0, chunks, "gathered")
-    handoff = affine.chunked(A, b, h0, chunks, "handoff")
+    gathered = affine.chunked(A, b, h0, chunks, combine="gathered")
+    handoff = affine.chunked(A, b, h0, chunks, combine="handoff")
     assert torch.equal(gathered, handoff)                    # the same applies in the same order
     first = costs.time_chunk_sizes(steps, chunks)[0]
     assert torch.equal(handoff[:, :first], ref[:, :first])   # chunk 0 replays the loop's own operations
@@ -61,7 +62,7 @@ def test_every_grouping_equals_the_loop(steps, chunks, n, diagonal, dtype):
 @pytest.mark.parametrize("diagonal", [True, False])
 def test_a_wrong_order_is_caught(diagonal):
     # The tolerance is not vacuous: composing in the wrong order (A1 A2) breaks it by orders of magnitude.
-    A, b, h0 = affine.random_system(2, 12, 4, diagonal, seed=3, dtype=torch.float32)
+    A, b, h0 = affine.random_system(2, 12, 4, diagonal=diagonal, seed=3, dtype=torch.float32)
     pieces = affine.split_chunks(A, b, 4)
     backwards = [affine.chunk_summary(Ac.flip(1), bc.flip(1)) for Ac, bc in pieces]   # folds last step first
     incoming = affine.incoming_by_handoff(backwards, h0)
@@ -72,7 +73,7 @@ def test_a_wrong_order_is_caught(diagonal):
 
 def test_compose_means_first_then_second():
     for diagonal in (True, False):
-        A, b, h = affine.random_system(2, 2, 5, diagonal, seed=7)
+        A, b, h = affine.random_system(2, 2, 5, diagonal=diagonal, seed=7)
         first, second = (A[:, 0], b[:, 0]), (A[:, 1], b[:, 1])
         two_steps = affine.apply_map(second, affine.apply_map(first, h))
         torch.testing.assert_close(affine.apply_map(affine.compose(first, second), h), two_steps,
@@ -82,22 +83,22 @@ def test_compose_means_first_then_second():
 @pytest.mark.parametrize("steps", [1, 2, 3, 5, 8, 13, 16, 37, 64])
 @pytest.mark.parametrize("diagonal", [True, False])
 def test_counts_equal_the_formulas(steps, diagonal):
-    A, b, h0 = affine.random_system(2, steps, 3, diagonal, seed=steps)
+    A, b, h0 = affine.random_system(2, steps, 3, diagonal=diagonal, seed=steps)
     tally = affine.Tally()
-    affine.associative_scan(A, b, h0, tally)
+    affine.associative_scan(A, b, h0, tally=tally)
     hs = costs.hillis_steele_ops(steps)
     assert (tally.composes, tally.applies, tally.calls) == (hs.composes, hs.applies, hs.depth)
     tally = affine.Tally()
-    affine.sequential(A, b, h0, tally)
+    affine.sequential(A, b, h0, tally=tally)
     assert (tally.composes, tally.applies, tally.calls) == (0, steps, costs.sequential_ops(steps).depth)
     tally = affine.Tally()
-    affine.chunk_summary(A, b, tally)
+    affine.chunk_summary(A, b, tally=tally)
     assert tally.composes == costs.fold_ops(steps).composes == steps - 1
     for chunks in {1, min(steps, 3), steps}:
         for combine in costs.COMBINES:
             tally = affine.Tally()
-            affine.chunked(A, b, h0, chunks, combine, tally)
-            ops = costs.chunked_ops(steps, chunks, combine)
+            affine.chunked(A, b, h0, chunks, combine=combine, tally=tally)
+            ops = costs.chunked_ops(steps, chunks, combine=combine)
             assert (tally.composes, tally.applies) == (ops.composes, ops.applies)
 
 
@@ -133,21 +134,21 @@ def test_chunked_depth(steps, chunks):
     sizes = costs.time_chunk_sizes(steps, chunks)
     expected = steps if chunks == 1 else (sizes[0] - 1) + (chunks - 1) + sizes[-1]
     for combine in costs.COMBINES:
-        ops = costs.chunked_ops(steps, chunks, combine)
+        ops = costs.chunked_ops(steps, chunks, combine=combine)
         assert ops.depth == expected and ops.composes == steps - chunks
-    assert costs.chunked_ops(steps, chunks, "handoff").applies == steps + chunks - 1
-    assert costs.chunked_ops(steps, chunks, "gathered").applies == steps + chunks * (chunks - 1) // 2
+    assert costs.chunked_ops(steps, chunks, combine="handoff").applies == steps + chunks - 1
+    assert costs.chunked_ops(steps, chunks, combine="gathered").applies == steps + chunks * (chunks - 1) // 2
 
 
 @pytest.mark.parametrize("diagonal", [True, False])
 def test_summary_bytes_are_what_a_rank_holds_and_do_not_grow_with_t(diagonal):
     n, batch, world = 5, 3, 4
-    A, b, _ = affine.random_system(batch, 40, n, diagonal, dtype=torch.float32)
+    A, b, _ = affine.random_system(batch, 40, n, diagonal=diagonal, dtype=torch.float32)
     for length in (1, 7, 40):
         sA, sb = affine.chunk_summary(A[:, :length], b[:, :length])
-        assert sA.numel() + sb.numel() == costs.summary_elements(n, batch, diagonal)
+        assert sA.numel() + sb.numel() == costs.summary_elements(n, batch, diagonal=diagonal)
     per_summary = batch * ((n if diagonal else n * n) + n) * 4
-    gather = costs.allgather_summary_bytes(n, batch, world, diagonal)
+    gather = costs.allgather_summary_bytes(n, batch, world, diagonal=diagonal)
     assert gather == {"bytes_sent": (world - 1) * per_summary, "bytes_recv": (world - 1) * per_summary,
                       "messages": world - 1}
     state = batch * n * 4
@@ -161,16 +162,17 @@ def test_summary_bytes_are_what_a_rank_holds_and_do_not_grow_with_t(diagonal):
     (lambda: costs.time_chunk_sizes(3, 4), "chunks must be <= steps"),
     (lambda: costs.time_chunk_sizes(0, 1), "steps must be an integer >= 1"),
     (lambda: costs.time_chunk_sizes(5, 0), "chunks must be an integer >= 1"),
-    (lambda: affine.chunked(*affine.random_system(1, 3, 2, True), chunks=4), "chunks must be <= steps"),
+    (lambda: affine.chunked(*affine.random_system(1, 3, 2, diagonal=True), chunks=4), "chunks must be <= steps"),
     (lambda: affine.sequential(torch.zeros(1, 3, 4, 4), torch.zeros(1, 3, 3), torch.zeros(1, 3)), "A must be"),
     (lambda: affine.sequential(torch.zeros(1, 3, 4), torch.zeros(1, 3, 4), torch.zeros(1, 3)), "h0 must be"),
     (lambda: affine.sequential(torch.zeros(1, 0, 4), torch.zeros(1, 0, 4), torch.zeros(1, 4)), "T (b.shape[1])"),
     (lambda: affine.sequential(torch.zeros(1, 2, 4, 4, 4), torch.zeros(1, 2, 4), torch.zeros(1, 4)), "A must have"),
     (lambda: affine.sequential(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4, dtype=torch.float64), torch.zeros(1, 4)),
      "share one dtype"),
-    (lambda: affine.chunked(*affine.random_system(1, 3, 2, True), chunks=2, combine="ring"), "combine must be"),
+    (lambda: affine.chunked(*affine.random_system(1, 3, 2, diagonal=True), chunks=2, combine="ring"),
+     "combine must be"),
     (lambda: costs.chunked_rank_ops(8, 2, 2), "rank must be an integer from 0 to 1"),
-    (lambda: costs.reassociation_bound(10 ** 9, 1, 16, False, FLOAT32_ROUNDOFF), "too deep"),
+    (lambda: costs.reassociation_bound(10 ** 9, 1, 16, diagonal=False, unit_roundoff=FLOAT32_ROUNDOFF), "too deep"),
 ])
 def test_bad_inputs_are_refused_clearly(call, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -211,7 +213,7 @@ def test_picard_is_exact_after_n_sweeps_bitwise(steps, chunks):
     exact = cell.rollout(gru, x, h0)
     ends = [sum(costs.time_chunk_sizes(steps, chunks)[:k + 1]) for k in range(chunks)]
     for sweeps in range(1, chunks + 1):
-        res = cell.picard(gru, x, h0, chunks, sweeps)
+        res = cell.picard(gru, x, h0, chunks, sweeps=sweeps)
         # After sweep k (k = sweeps - 1) the first k+1 chunks start from the true state bit for bit and
         # call the cell on the same tensors in the same order as rollout: bitwise equal.
         assert torch.equal(res.states[:, :ends[sweeps - 1]], exact[:, :ends[sweeps - 1]])

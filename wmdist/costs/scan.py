@@ -15,11 +15,13 @@ the number of parallel steps with unlimited workers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from wmdist.costs.collectives import ring_all_gather_bytes, ring_chunk_sizes
 from wmdist.costs.validate import require_bool, require_choice, require_int, require_real
 
-COMBINES = ("gathered", "handoff")
+Combine = Literal["gathered", "handoff"]   # how a rank learns the state entering its chunk (affine_ranks)
+COMBINES: tuple[Combine, ...] = get_args(Combine)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def _incoming_ready(sizes: list[int]) -> list[int]:
     return ready
 
 
-def chunked_rank_ops(steps: int, chunks: int, rank: int, combine: str = "handoff") -> OpCount:
+def chunked_rank_ops(steps: int, chunks: int, rank: int, *, combine: Combine = "handoff") -> OpCount:
     """What rank `rank` does in the chunked scheme: fold its chunk, combine, replay its chunk.
 
     Every rank composes its L_r maps into one summary (L_r - 1 composes). To
@@ -150,7 +152,7 @@ def chunked_rank_ops(steps: int, chunks: int, rank: int, combine: str = "handoff
                    depth=_incoming_ready(sizes)[r] + sizes[r])
 
 
-def chunked_ops(steps: int, chunks: int, combine: str = "handoff") -> OpCount:
+def chunked_ops(steps: int, chunks: int, *, combine: Combine = "handoff") -> OpCount:
     """The chunked scheme summed over ranks; depth is the slowest rank's.
 
     Composes T - N, applies T + N - 1 (handoff) or T + N(N-1)/2 (gathered: each
@@ -158,7 +160,7 @@ def chunked_ops(steps: int, chunks: int, combine: str = "handoff") -> OpCount:
     (L_0 - 1) + (N - 1) + L_{N-1}: fold the longest chunk, pass the state down
     N - 1 chunks, replay the last one. With N = 1 it is the sequential T.
     """
-    per_rank = [chunked_rank_ops(steps, chunks, r, combine) for r in range(chunks)]
+    per_rank = [chunked_rank_ops(steps, chunks, r, combine=combine) for r in range(chunks)]
     return OpCount(composes=sum(o.composes for o in per_rank), applies=sum(o.applies for o in per_rank),
                    depth=max(o.depth for o in per_rank))
 
@@ -177,14 +179,14 @@ def picard_depth(steps: int, chunks: int, sweeps: int) -> int:
     return require_int("sweeps", sweeps, 1) * max(time_chunk_sizes(steps, chunks))
 
 
-def summary_elements(state_size: int, batch: int, diagonal: bool) -> int:
+def summary_elements(state_size: int, batch: int, *, diagonal: bool) -> int:
     """Elements of one chunk summary (A, b) for a batch: B(n^2 + n) dense, B(2n) diagonal."""
     n = require_int("state_size", state_size, 1)
     b = require_int("batch", batch, 1)
     return b * ((n if require_bool("diagonal", diagonal) else n * n) + n)
 
 
-def allgather_summary_bytes(state_size: int, batch: int, world_size: int, diagonal: bool,
+def allgather_summary_bytes(state_size: int, batch: int, world_size: int, *, diagonal: bool,
                             elem_size: int = 4) -> dict[str, int]:
     """Wire bytes per rank of a ring all-gather of the N chunk summaries, and its messages.
 
@@ -194,13 +196,14 @@ def allgather_summary_bytes(state_size: int, batch: int, world_size: int, diagon
     with N, with B, and quadratically with n for dense A. A built-in
     dist.all_gather records its local payloads instead: one summary in, N out.
     """
-    s = summary_elements(state_size, batch, diagonal)
+    s = summary_elements(state_size, batch, diagonal=diagonal)
     n = require_int("world_size", world_size, 1)
-    sent = ring_all_gather_bytes(n * s, n, 0, require_int("elem_size", elem_size, 1))
+    sent = ring_all_gather_bytes(n * s, n, 0, elem_size=require_int("elem_size", elem_size, 1))
     return {"bytes_sent": sent, "bytes_recv": sent, "messages": n - 1}
 
 
-def handoff_bytes(state_size: int, batch: int, world_size: int, rank: int, elem_size: int = 4) -> dict[str, int]:
+def handoff_bytes(state_size: int, batch: int, world_size: int, rank: int, *,
+                  elem_size: int = 4) -> dict[str, int]:
     """Bytes rank `rank` sends and receives in the sequential hand-off of boundary states.
 
     Rank r receives the state entering its chunk from rank r-1 and sends the
@@ -221,7 +224,7 @@ def handoff_hops(world_size: int) -> int:
     return require_int("world_size", world_size, 1) - 1
 
 
-def reassociation_bound(depth_a: int, depth_b: int, state_size: int, diagonal: bool,
+def reassociation_bound(depth_a: int, depth_b: int, state_size: int, *, diagonal: bool,
                         unit_roundoff: float) -> float:
     """Relative bound on |x_a - x_b| between two groupings of the same affine scan.
 

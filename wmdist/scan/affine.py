@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wmdist.costs.scan import COMBINES, time_chunk_sizes
+from wmdist.costs.scan import COMBINES, Combine, time_chunk_sizes
 from wmdist.costs.validate import require_choice, require_int, require_real
 
 Map = tuple[torch.Tensor, torch.Tensor]   # (A, b): A (..., n, n) dense or (..., n) diagonal; b (..., n)
@@ -39,7 +39,7 @@ class Tally:
     applies: int = 0
     calls: int = 0
 
-    def record(self, composes: int = 0, applies: int = 0) -> None:
+    def record(self, *, composes: int = 0, applies: int = 0) -> None:
         """Note one call that performed `composes` composes and `applies` applies."""
         self.composes, self.applies, self.calls = self.composes + composes, self.applies + applies, self.calls + 1
 
@@ -52,8 +52,8 @@ def _is_diagonal(A: torch.Tensor, b: torch.Tensor) -> bool:
     raise ValueError(f"A must have b's dims (diagonal) or one more (dense); got A {tuple(A.shape)}, b {tuple(b.shape)}")
 
 
-def check_system(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None, *, finite_h0: bool = True) -> bool:
-    """Validate shapes (B, T, n, n) or (B, T, n), (B, T, n), (B, n) and finite values; return True for diagonal A.
+def check_system(A: torch.Tensor, b: torch.Tensor, *, h0: torch.Tensor | None = None, finite_h0: bool = True) -> bool:
+    """Validate shapes (B, T, n, n) or (B, T, n), (B, T, n), h0 (B, n) if given, finite values; True for diagonal A.
 
     Non-finite inputs are refused rather than scanned: with an inf in A the
     loop gives +-inf where a regrouped scan meets inf * 0 = NaN (a composed
@@ -82,7 +82,7 @@ def check_system(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = Non
     return diagonal
 
 
-def compose(first: Map, second: Map, tally: Tally | None = None) -> Map:
+def compose(first: Map, second: Map, *, tally: Tally | None = None) -> Map:
     """The map "apply `first`, then `second`": (A2 A1, A2 b1 + b2); dims before the map broadcast.
 
     Dim 0 is the batch; any dims between it and the map (e.g. T) are that
@@ -98,7 +98,7 @@ def compose(first: Map, second: Map, tally: Tally | None = None) -> Map:
     return A, b
 
 
-def apply_map(m: Map, h: torch.Tensor, tally: Tally | None = None) -> torch.Tensor:
+def apply_map(m: Map, h: torch.Tensor, *, tally: Tally | None = None) -> torch.Tensor:
     """A h + b: one map applied to a state (B, n); dims between batch and state broadcast."""
     A, b = m
     out = A * h + b if _is_diagonal(A, b) else (A @ h.unsqueeze(-1)).squeeze(-1) + b
@@ -107,37 +107,37 @@ def apply_map(m: Map, h: torch.Tensor, tally: Tally | None = None) -> torch.Tens
     return out
 
 
-def sequential(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, tally: Tally | None = None) -> torch.Tensor:
+def sequential(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, *, tally: Tally | None = None) -> torch.Tensor:
     """The reference loop: every state h_1 .. h_T, one step after another (T dependent applies)."""
-    check_system(A, b, h0)
+    check_system(A, b, h0=h0)
     return _loop(A, b, h0, tally)
 
 
 def _loop(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, tally: Tally | None) -> torch.Tensor:
     states, h = [], h0
     for t in range(b.shape[1]):
-        h = apply_map((A[:, t], b[:, t]), h, tally)            # (B, n)
+        h = apply_map((A[:, t], b[:, t]), h, tally=tally)          # (B, n)
         states.append(h)
     return torch.stack(states, dim=1)                          # (B, T, n)
 
 
-def apply_incoming(A: torch.Tensor, b: torch.Tensor, h_in: torch.Tensor,
+def apply_incoming(A: torch.Tensor, b: torch.Tensor, h_in: torch.Tensor, *,
                    tally: Tally | None = None) -> torch.Tensor:
     """A chunk's states (B, L, n) given the state entering it, h_in (B, n).
 
     The same operations in the same order as `sequential`: given the true
     incoming state bit for bit, the chunk's states equal the reference's bit for bit.
     """
-    check_system(A, b, h_in, finite_h0=False)                  # h_in was computed: it may have overflowed
+    check_system(A, b, h0=h_in, finite_h0=False)                  # h_in was computed: it may have overflowed
     return _loop(A, b, h_in, tally)
 
 
-def chunk_summary(A: torch.Tensor, b: torch.Tensor, tally: Tally | None = None) -> Map:
+def chunk_summary(A: torch.Tensor, b: torch.Tensor, *, tally: Tally | None = None) -> Map:
     """A chunk's L steps composed into one map (A (B, n, n) or (B, n), b (B, n)): L-1 composes."""
     check_system(A, b)
     summary = (A[:, 0].clone(), b[:, 0].clone())
     for t in range(1, b.shape[1]):
-        summary = compose(summary, (A[:, t], b[:, t]), tally)
+        summary = compose(summary, (A[:, t], b[:, t]), tally=tally)
     return summary
 
 
@@ -148,7 +148,7 @@ def split_chunks(A: torch.Tensor, b: torch.Tensor, chunks: int) -> list[Map]:
     return list(zip(torch.split(A, sizes, dim=1), torch.split(b, sizes, dim=1)))
 
 
-def incoming_for_rank(summaries: list[Map], h0: torch.Tensor, rank: int,
+def incoming_for_rank(summaries: list[Map], h0: torch.Tensor, rank: int, *,
                       tally: Tally | None = None) -> torch.Tensor:
     """The state entering chunk `rank`, from the all-gathered list: summaries 0 .. rank-1 applied to h0.
 
@@ -158,21 +158,23 @@ def incoming_for_rank(summaries: list[Map], h0: torch.Tensor, rank: int,
     require_int("rank", rank, 0, len(summaries) - 1)
     h = h0
     for summary in summaries[:rank]:
-        h = apply_map(summary, h, tally)
+        h = apply_map(summary, h, tally=tally)
     return h
 
 
-def incoming_from_gathered(summaries: list[Map], h0: torch.Tensor, tally: Tally | None = None) -> list[torch.Tensor]:
+def incoming_from_gathered(summaries: list[Map], h0: torch.Tensor, *,
+                           tally: Tally | None = None) -> list[torch.Tensor]:
     """Every chunk's incoming state as each rank computes it from the all-gathered summaries."""
-    return [incoming_for_rank(summaries, h0, r, tally) for r in range(len(summaries))]
+    return [incoming_for_rank(summaries, h0, r, tally=tally) for r in range(len(summaries))]
 
 
-def handoff(summary: Map, h_in: torch.Tensor, tally: Tally | None = None) -> torch.Tensor:
+def handoff(summary: Map, h_in: torch.Tensor, *, tally: Tally | None = None) -> torch.Tensor:
     """What rank r does on receiving the state entering its chunk: the state leaving it, to send on."""
-    return apply_map(summary, h_in, tally)
+    return apply_map(summary, h_in, tally=tally)
 
 
-def incoming_by_handoff(summaries: list[Map], h0: torch.Tensor, tally: Tally | None = None) -> list[torch.Tensor]:
+def incoming_by_handoff(summaries: list[Map], h0: torch.Tensor, *,
+                        tally: Tally | None = None) -> list[torch.Tensor]:
     """Every chunk's incoming state by the hand-off chain rank 0 -> 1 -> ... -> N-1 (N-1 hops).
 
     Bit for bit the same as incoming_from_gathered: the same applies in the
@@ -181,27 +183,28 @@ def incoming_by_handoff(summaries: list[Map], h0: torch.Tensor, tally: Tally | N
     """
     incoming = [h0]
     for summary in summaries[:-1]:
-        incoming.append(handoff(summary, incoming[-1], tally))
+        incoming.append(handoff(summary, incoming[-1], tally=tally))
     return incoming
 
 
-def chunked(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, chunks: int, combine: str = "handoff",
+def chunked(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, chunks: int, *, combine: Combine = "handoff",
             tally: Tally | None = None) -> torch.Tensor:
     """All states (B, T, n) the way N ranks get them: summarise chunks, combine, replay each chunk.
 
     Equal to `sequential` up to rounding: a summary regroups the products
     (wmdist.costs.scan.reassociation_bound says by how much).
     """
-    check_system(A, b, h0)
+    check_system(A, b, h0=h0)
     require_choice("combine", combine, COMBINES)
     pieces = split_chunks(A, b, chunks)
-    summaries = [chunk_summary(Ac, bc, tally) for Ac, bc in pieces]
+    summaries = [chunk_summary(Ac, bc, tally=tally) for Ac, bc in pieces]
     combine_fn = incoming_from_gathered if combine == "gathered" else incoming_by_handoff
-    incoming = combine_fn(summaries, h0, tally)
-    return torch.cat([apply_incoming(Ac, bc, h, tally) for (Ac, bc), h in zip(pieces, incoming)], dim=1)
+    incoming = combine_fn(summaries, h0, tally=tally)
+    return torch.cat([apply_incoming(Ac, bc, h, tally=tally) for (Ac, bc), h in zip(pieces, incoming)], dim=1)
 
 
-def associative_scan(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, tally: Tally | None = None) -> torch.Tensor:
+def associative_scan(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, *,
+                     tally: Tally | None = None) -> torch.Tensor:
     """All states (B, T, n) by a Hillis-Steele inclusive scan of the maps, then one apply to h0 each.
 
     Hillis-Steele rather than Blelloch: in one process each level is a single
@@ -212,14 +215,14 @@ def associative_scan(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor, tally: 
     torch_associative_scan runs the work-efficient one for comparison.
     Level d composes every prefix with the prefix 2^d steps earlier.
     """
-    check_system(A, b, h0)
+    check_system(A, b, h0=h0)
     steps, pa, pb = b.shape[1], A, b                           # prefix maps (B, T, n, n) / (B, T, n), (B, T, n)
     shift = 1
     while shift < steps:
-        na, nb = compose((pa[:, :-shift], pb[:, :-shift]), (pa[:, shift:], pb[:, shift:]), tally)
+        na, nb = compose((pa[:, :-shift], pb[:, :-shift]), (pa[:, shift:], pb[:, shift:]), tally=tally)
         pa, pb = torch.cat([pa[:, :shift], na], dim=1), torch.cat([pb[:, :shift], nb], dim=1)
         shift *= 2
-    return apply_map((pa, pb), h0.unsqueeze(1), tally)        # (B, T, n)
+    return apply_map((pa, pb), h0.unsqueeze(1), tally=tally)      # (B, T, n)
 
 
 def torch_associative_scan(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
@@ -232,12 +235,12 @@ def torch_associative_scan(A: torch.Tensor, b: torch.Tensor, h0: torch.Tensor) -
     """
     from torch._higher_order_ops.associative_scan import associative_scan as scan_op
 
-    check_system(A, b, h0)
+    check_system(A, b, h0=h0)
     pa, pb = scan_op(compose, (A, b), dim=1, combine_mode="generic")
     return apply_map((pa, pb), h0.unsqueeze(1))
 
 
-def random_system(batch: int, steps: int, state_size: int, diagonal: bool, radius: float = 0.9, seed: int = 0,
+def random_system(batch: int, steps: int, state_size: int, *, diagonal: bool, radius: float = 0.9, seed: int = 0,
                   dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Seeded A (every row's absolute sum <= radius < 1), b and h0 uniform in [-1, 1].
 
@@ -259,7 +262,7 @@ def random_system(batch: int, steps: int, state_size: int, diagonal: bool, radiu
     return A.to(dtype), b.to(dtype), h0.to(dtype)
 
 
-def time_scans(steps: tuple[int, ...] = (16, 64, 256, 1024), state_size: int = 8, batch: int = 4,
+def time_scans(*, steps: tuple[int, ...] = (16, 64, 256, 1024), state_size: int = 8, batch: int = 4,
                diagonal: bool = True, repeats: int = 3) -> list[dict[str, float]]:
     """Wall seconds (best of `repeats`) of the loop, the Hillis-Steele scan and torch's scan at each T.
 
@@ -268,7 +271,7 @@ def time_scans(steps: tuple[int, ...] = (16, 64, 256, 1024), state_size: int = 8
     """
     rows = []
     for t in steps:
-        A, b, h0 = random_system(batch, t, state_size, diagonal, seed=t, dtype=torch.float32)
+        A, b, h0 = random_system(batch, t, state_size, diagonal=diagonal, seed=t, dtype=torch.float32)
         row: dict[str, float] = {"steps": t}
         for name, fn in (("sequential_s", sequential), ("hillis_steele_s", associative_scan),
                          ("torch_scan_s", torch_associative_scan)):

@@ -13,12 +13,14 @@ affine_ranks.scan_rank on the spec's ScanSpec.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from wmdist.compare import ROUNDOFF
 from wmdist.costs.scan import (
     COMBINES,
+    Combine,
     allgather_summary_bytes,
     chunked_ops,
     chunked_rank_ops,
@@ -26,7 +28,7 @@ from wmdist.costs.scan import (
     reassociation_bound,
     sequential_ops,
 )
-from wmdist.costs.validate import require_int
+from wmdist.costs.validate import require_choice, require_int
 from wmdist.comm import Context
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, close_check, counts_per_rank, exact_check
@@ -43,14 +45,14 @@ def tolerance(case: AffineCase, world_size: int) -> float:
     run on |A|, |b|, |h0| in float64) bounds every term's magnitude.
     """
     depth = chunked_ops(case.steps, world_size).depth
-    factor = reassociation_bound(depth, sequential_ops(case.steps).depth, case.state_size, case.diagonal,
-                                 ROUNDOFF[case.b.dtype])
+    factor = reassociation_bound(depth, sequential_ops(case.steps).depth, case.state_size, diagonal=case.diagonal,
+                                 unit_roundoff=ROUNDOFF[case.b.dtype])
     magnitude = sequential(case.A.double().abs(), case.b.double().abs(), case.h0.double().abs()).max()
     return factor * float(magnitude)
 
 
 def agreement_checks(cases: tuple[AffineCase, ...], outcomes: list[ScanRank], world_size: int) -> list[Check]:
-    """Per case: the ranks' all-gathered states against the loop (to `tolerance`), hand-off against all-gather (exact)."""
+    """Per case: the ranks' all-gathered states vs the loop (to `tolerance`), hand-off vs all-gather (exact)."""
     why = "a summary regroups the products: reassociation_bound(chunked depth, T) * max|h|_abs"
     checks: list[Check] = []
     for i, case in enumerate(cases):
@@ -63,15 +65,16 @@ def agreement_checks(cases: tuple[AffineCase, ...], outcomes: list[ScanRank], wo
     return checks
 
 
-def predicted_traffic(case: AffineCase, world_size: int, combine: str, rank: int) -> dict[str, int]:
+def predicted_traffic(case: AffineCase, world_size: int, combine: Combine, rank: int) -> dict[str, int]:
     """bytes_sent, bytes_recv, messages the formulas give one rank for one case and combine."""
+    require_choice("combine", combine, COMBINES)
     elem = case.b.element_size()
     if combine == "gathered":
-        return allgather_summary_bytes(case.state_size, case.batch, world_size, case.diagonal, elem)
-    return handoff_bytes(case.state_size, case.batch, world_size, rank, elem)
+        return allgather_summary_bytes(case.state_size, case.batch, world_size, diagonal=case.diagonal, elem_size=elem)
+    return handoff_bytes(case.state_size, case.batch, world_size, rank, elem_size=elem)
 
 
-def traffic_counts(outcomes: list[ScanRank], cases: tuple[AffineCase, ...], world_size: int,
+def traffic_counts(outcomes: list[ScanRank], cases: tuple[AffineCase, ...], world_size: int, *,
                    ops: bool) -> list[Count]:
     """Per case and combine: measured bytes and messages (and, with `ops`, composes/applies) vs the formulas."""
     rows = []
@@ -84,7 +87,7 @@ def traffic_counts(outcomes: list[ScanRank], cases: tuple[AffineCase, ...], worl
                                   ("messages", "messages")):
                 rows += counts_per_rank(quantity, [getattr(g, key) for g in got], [w[key] for w in want], case=label)
             if ops:
-                formula = [chunked_rank_ops(case.steps, world_size, r, combine) for r in range(world_size)]
+                formula = [chunked_rank_ops(case.steps, world_size, r, combine=combine) for r in range(world_size)]
                 rows += counts_per_rank("composes", [g.composes for g in got], [f.composes for f in formula],
                                         case=label)
                 rows += counts_per_rank("applies", [g.applies for g in got], [f.applies for f in formula],
@@ -92,10 +95,10 @@ def traffic_counts(outcomes: list[ScanRank], cases: tuple[AffineCase, ...], worl
     return rows
 
 
-def affine_cases(steps: int = 37, batch: int = 2, state_sizes: tuple[int, ...] = (1, 4, 16), seed: int = 0,
+def affine_cases(*, steps: int = 37, batch: int = 2, state_sizes: tuple[int, ...] = (1, 4, 16), seed: int = 0,
                  dtype: torch.dtype = torch.float32) -> list[AffineCase]:
     """Diagonal and dense systems at each state size (seeded, contracting)."""
-    return [AffineCase.random(batch, steps, n, diagonal, seed=seed + 10 * n + diagonal, dtype=dtype)
+    return [AffineCase.random(batch, steps, n, diagonal=diagonal, seed=seed + 10 * n + diagonal, dtype=dtype)
             for diagonal in (True, False) for n in state_sizes]
 
 
@@ -110,7 +113,8 @@ class AffineSpec:
     scan: ScanSpec = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        cases = affine_cases(require_int("steps", self.steps, 1), self.batch, self.state_sizes, self.seed)
+        cases = affine_cases(steps=require_int("steps", self.steps, 1), batch=self.batch,
+                             state_sizes=self.state_sizes, seed=self.seed)
         object.__setattr__(self, "scan", ScanSpec(world_size=self.world_size, cases=tuple(cases)))
 
 
@@ -132,7 +136,7 @@ AFFINE_DEMO = Experiment(name="scan-affine", chapter="07", world_sizes=(1, 2, 4,
                          spec=lambda n: AffineSpec(world_size=n), ranks=chunked_ranks, compare=compare_affine)
 
 
-def affine_demo(world_size: int, steps: int = 37, batch: int = 2, state_sizes: tuple[int, ...] = (1, 4, 16),
+def affine_demo(world_size: int, *, steps: int = 37, batch: int = 2, state_sizes: tuple[int, ...] = (1, 4, 16),
                 seed: int = 0) -> Report:
     """The time axis split over N ranks, both combines, against the loop in one process (float32)."""
     return AFFINE_DEMO.run_spec(AffineSpec(world_size=world_size, steps=steps, batch=batch,
@@ -145,12 +149,16 @@ class BytesRow:
     steps: int
     state_size: int
     diagonal: bool
-    combine: str
+    combine: Combine
     sent_per_rank: tuple[int, ...]
 
     @property
     def total(self) -> int:
         return sum(self.sent_per_rank)
+
+
+Sweep = Literal["steps", "state_size"]     # what a ByteSweep row list runs over
+SWEEPS: tuple[Sweep, ...] = ("steps", "state_size")
 
 
 @dataclass(frozen=True)
@@ -162,9 +170,10 @@ class ByteSweep:
     fixed_steps: int          # T in the sweep over n
     rows: tuple[BytesRow, ...]
 
-    def select(self, combine: str, diagonal: bool, over: str) -> list[BytesRow]:
+    def select(self, combine: Combine, *, diagonal: bool, over: Sweep) -> list[BytesRow]:
         """Rows of one combine and A structure, sweeping `over` = "steps" or "state_size" (the other fixed)."""
-        if over == "steps":
+        require_choice("combine", combine, COMBINES)
+        if require_choice("over", over, SWEEPS) == "steps":
             keep = [r for r in self.rows if r.state_size == self.fixed_state_size]
         else:
             keep = [r for r in self.rows if r.steps == self.fixed_steps]
@@ -189,7 +198,8 @@ class BytesSpec:
             require_int("steps", t, 1)
         configs = sorted({(t, self.fixed_state_size) for t in self.steps}
                          | {(self.fixed_steps, s) for s in self.state_sizes})
-        cases = tuple(AffineCase.random(self.batch, t, s, diagonal, seed=self.seed + t + s, dtype=torch.float32)
+        cases = tuple(AffineCase.random(self.batch, t, s, diagonal=diagonal, seed=self.seed + t + s,
+                                        dtype=torch.float32)
                       for t, s in configs for diagonal in (True, False))
         object.__setattr__(self, "scan", ScanSpec(world_size=self.world_size, cases=cases))
 
@@ -215,8 +225,9 @@ BYTES_DEMO = Experiment(name="scan-bytes", chapter="07", world_sizes=(4,),
                         spec=lambda n: BytesSpec(world_size=n), ranks=chunked_ranks, compare=compare_bytes)
 
 
-def bytes_demo(world_size: int, steps: tuple[int, ...] = (8, 64, 512), state_sizes: tuple[int, ...] = (1, 2, 4, 8, 16),
-               batch: int = 2, fixed_state_size: int = 4, fixed_steps: int = 64, seed: int = 0) -> Report:
+def bytes_demo(world_size: int, *, steps: tuple[int, ...] = (8, 64, 512),
+               state_sizes: tuple[int, ...] = (1, 2, 4, 8, 16), batch: int = 2, fixed_state_size: int = 4,
+               fixed_steps: int = 64, seed: int = 0) -> Report:
     """Sweep T at n = fixed_state_size and n at T = fixed_steps, diagonal and dense: bytes vs formulas."""
     return BYTES_DEMO.run_spec(BytesSpec(world_size=world_size, steps=tuple(steps), state_sizes=tuple(state_sizes),
                                          batch=batch, fixed_state_size=fixed_state_size, fixed_steps=fixed_steps,
@@ -229,7 +240,7 @@ def spread_over_steps(report: Report) -> dict[str, int]:
     out = {}
     for combine in COMBINES:
         for diagonal in (True, False):
-            totals = [r.total for r in data.select(combine, diagonal, "steps")]
+            totals = [r.total for r in data.select(combine, diagonal=diagonal, over="steps")]
             out[f"{'diagonal' if diagonal else 'dense'}, {combine}"] = max(totals) - min(totals)
     return out
 

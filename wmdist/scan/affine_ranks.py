@@ -26,7 +26,7 @@ import torch
 
 from wmdist.comm import Context, recv, ring_all_gather, send
 from wmdist.costs.rounding import FLOAT64_ROUNDOFF
-from wmdist.costs.scan import COMBINES, reassociation_bound, time_chunk_sizes
+from wmdist.costs.scan import COMBINES, Combine, reassociation_bound, time_chunk_sizes
 from wmdist.costs.validate import require_choice, require_int
 from wmdist.exercises import Exercise
 from wmdist.runtime import run
@@ -51,7 +51,7 @@ class AffineCase:
     h0: torch.Tensor
 
     def __post_init__(self) -> None:
-        check_system(self.A, self.b, self.h0)
+        check_system(self.A, self.b, h0=self.h0)
 
     @property
     def steps(self) -> int:
@@ -70,10 +70,10 @@ class AffineCase:
         return self.A.dim() == 3
 
     @classmethod
-    def random(cls, batch: int, steps: int, state_size: int, diagonal: bool, seed: int = 0,
+    def random(cls, batch: int, steps: int, state_size: int, *, diagonal: bool, seed: int = 0,
                dtype: torch.dtype = torch.float32) -> AffineCase:
         """A seeded contracting system (affine.random_system), labelled by its shape."""
-        A, b, h0 = random_system(batch, steps, state_size, diagonal, seed=seed, dtype=dtype)
+        A, b, h0 = random_system(batch, steps, state_size, diagonal=diagonal, seed=seed, dtype=dtype)
         kind = "diagonal" if diagonal else "dense"
         return cls(f"{kind} n={state_size} T={steps}", A, b, h0)
 
@@ -105,22 +105,22 @@ def _unflatten(flat: torch.Tensor, like: Map) -> Map:
     return flat[:a_numel].view_as(like[0]), flat[a_numel:].view_as(like[1])
 
 
-def incoming_gathered(ctx: Context, summary: Map, h0: torch.Tensor, phase: str,
+def incoming_gathered(ctx: Context, summary: Map, h0: torch.Tensor, *, phase: str,
                       tally: Tally | None = None) -> torch.Tensor:
     """The state entering this rank's chunk, from a ring all-gather of every rank's summary."""
     flat = _flatten(summary)
     gathered = ring_all_gather(ctx, flat, [flat.numel()] * ctx.world_size, phase=phase)   # (N * s,)
     summaries = [_unflatten(piece, summary) for piece in gathered.split(flat.numel())]
-    return incoming_for_rank(summaries, h0, ctx.rank, tally)
+    return incoming_for_rank(summaries, h0, ctx.rank, tally=tally)
 
 
-def incoming_handoff(ctx: Context, summary: Map, h0: torch.Tensor, phase: str,
+def incoming_handoff(ctx: Context, summary: Map, h0: torch.Tensor, *, phase: str,
                      tally: Tally | None = None) -> torch.Tensor:
     """The state entering this rank's chunk, received from rank r - 1; the state leaving it goes on to r + 1."""
     r, n = ctx.rank, ctx.world_size
     h_in = h0 if r == 0 else recv(ctx, torch.empty_like(h0), r - 1, phase=phase)          # (B, n)
     if r < n - 1:
-        send(ctx, handoff(summary, h_in, tally), r + 1, phase=phase)
+        send(ctx, handoff(summary, h_in, tally=tally), r + 1, phase=phase)
     return h_in
 
 
@@ -129,10 +129,10 @@ class ScanSpec:
     """Systems and combines for N ranks, validated on construction (before any process starts)."""
     world_size: int
     cases: tuple[AffineCase, ...]
-    combines: tuple[str, ...] = COMBINES
+    combines: tuple[Combine, ...] = COMBINES
 
     def __post_init__(self) -> None:
-        validate(self.world_size, list(self.cases), self.combines)
+        validate(self.world_size, list(self.cases), combines=self.combines)
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,10 @@ def scan_rank(ctx: Context, spec: ScanSpec) -> ScanRank:
         for combine in spec.combines:
             phase, tally = f"case {i} {combine}", Tally()
             A, b = chunk_of(case.A, case.b, ctx.rank, ctx.world_size)
-            summary = chunk_summary(A, b, tally)
+            summary = chunk_summary(A, b, tally=tally)
             incoming = incoming_gathered if combine == "gathered" else incoming_handoff
-            h_in = incoming(ctx, summary, case.h0, phase, tally)
-            states = apply_incoming(A, b, h_in, tally)                                   # (B, L_r, n)
+            h_in = incoming(ctx, summary, case.h0, phase=phase, tally=tally)
+            states = apply_incoming(A, b, h_in, tally=tally)                                # (B, L_r, n)
             sent = ctx.ledger.totals(phase=phase)
             row.append(RankOutcome(states, tally.composes, tally.applies, sent["bytes_sent"], sent["bytes_recv"],
                                    sent["messages"]))
@@ -160,7 +160,7 @@ def scan_rank(ctx: Context, spec: ScanSpec) -> ScanRank:
     return ScanRank(tuple(out))
 
 
-def validate(world_size: int, cases: Sequence[AffineCase], combines: tuple[str, ...] = COMBINES) -> int:
+def validate(world_size: int, cases: Sequence[AffineCase], *, combines: tuple[Combine, ...] = COMBINES) -> int:
     """Refuse a bad world size, an empty case list or a case with fewer steps than ranks, before any process starts."""
     n = require_int("world_size", world_size, 1)
     if not cases:
@@ -176,7 +176,8 @@ def validate(world_size: int, cases: Sequence[AffineCase], combines: tuple[str, 
     return n
 
 
-def scan_cases(world_size: int, cases: Sequence[AffineCase], combines: tuple[str, ...] = COMBINES) -> list[ScanRank]:
+def scan_cases(world_size: int, cases: Sequence[AffineCase], *,
+               combines: tuple[Combine, ...] = COMBINES) -> list[ScanRank]:
     """Run every case with every combine on N ranks: result[rank].outcomes[case][combine]."""
     spec = ScanSpec(world_size=world_size, cases=tuple(cases), combines=tuple(combines))
     return run(scan_rank, spec.world_size, spec)
@@ -217,7 +218,8 @@ def _exercise_tolerance() -> float:
     every state and every |.|-recurrence term stays below 1 / (1 - 0.9) = 10;
     any grouping of depth <= T rounds each term at most (n + 1) T times.
     """
-    return 10 * reassociation_bound(EXERCISE_STEPS, EXERCISE_STEPS, EXERCISE_STATE, False, FLOAT64_ROUNDOFF)
+    return 10 * reassociation_bound(EXERCISE_STEPS, EXERCISE_STEPS, EXERCISE_STATE, diagonal=False,
+                                    unit_roundoff=FLOAT64_ROUNDOFF)
 
 
 INCOMING_STATE = Exercise(

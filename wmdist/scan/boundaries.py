@@ -25,17 +25,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
 from wmdist.comm import Context, barrier, recv, send
 from wmdist.costs.scan import time_chunk_sizes
-from wmdist.costs.validate import require_int, require_real
+from wmdist.costs.validate import require_choice, require_int, require_real
 from wmdist.runtime import run
 from wmdist.scan.cell import GRUCell, rollout
 from wmdist.spans import Span
 
-SCHEMES = ("from zero", "hand-off", "episodes")
+Scheme = Literal["from zero", "hand-off", "episodes"]   # the three ways this file splits the cell's work
+SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
 
 
 class CountingStep:
@@ -51,7 +53,7 @@ class CountingStep:
         return self.cell(h, x)
 
 
-def check_inputs(cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, world_size: int, step_seconds: float,
+def check_inputs(cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, world_size: int, *, step_seconds: float,
                  min_world_size: int = 1) -> int:
     """One clear ValueError for a bad world size, shape or state size, before any process starts."""
     n = require_int("world_size", world_size, min_world_size)
@@ -82,7 +84,8 @@ class CellInputs:
     min_world_size: int = 1
 
     def __post_init__(self) -> None:
-        check_inputs(self.cell, self.x, self.h0, self.world_size, self.step_seconds, self.min_world_size)
+        check_inputs(self.cell, self.x, self.h0, self.world_size, step_seconds=self.step_seconds,
+                     min_world_size=self.min_world_size)
 
 
 def time_chunk(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
@@ -136,9 +139,9 @@ class BoundaryRank:
     hand_off: SchemeRun
     episodes: SchemeRun
 
-    def __getitem__(self, name: str) -> SchemeRun:
+    def __getitem__(self, name: Scheme) -> SchemeRun:
         """The run of scheme `name` (one of SCHEMES)."""
-        return (self.from_zero, self.hand_off, self.episodes)[SCHEMES.index(name)]
+        return (self.from_zero, self.hand_off, self.episodes)[SCHEMES.index(require_choice("scheme", name, SCHEMES))]
 
 
 def boundaries_rank(ctx: Context, inputs: CellInputs) -> BoundaryRank:
@@ -153,23 +156,23 @@ def relative(spans: list[Span]) -> list[Span]:
     return [Span(s.row, s.start - t0, s.end - t0, s.kind, s.label) for s in spans]
 
 
-def run_boundaries(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor,
+def run_boundaries(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, *,
                    step_seconds: float = 0.0) -> list[BoundaryRank]:
     """Validate, then run the three schemes on N ranks: result[rank][scheme]."""
     inputs = CellInputs(world_size=world_size, cell=cell, x=x, h0=h0, step_seconds=step_seconds)
     return run(boundaries_rank, inputs.world_size, inputs)
 
 
-def stitch(results: list[BoundaryRank], name: str) -> torch.Tensor:
+def stitch(results: list[BoundaryRank], name: Scheme) -> torch.Tensor:
     """The whole (B, T, n) trajectory of one scheme: chunks joined along time, episodes along the batch."""
     return torch.cat([r[name].states for r in results], dim=0 if name == "episodes" else 1)
 
 
-def timeline(results: list[BoundaryRank], name: str) -> list[Span]:
+def timeline(results: list[BoundaryRank], name: Scheme) -> list[Span]:
     """Every rank's spans of one scheme, from 0 at its first span."""
     return relative([s for r in results for s in r[name].spans])
 
 
-def waits(results: list[BoundaryRank], name: str = "hand-off") -> list[float]:
+def waits(results: list[BoundaryRank], *, name: Scheme = "hand-off") -> list[float]:
     """Seconds each rank spent waiting for its boundary state in one scheme."""
     return [sum((s.duration for s in r[name].spans if s.kind == "idle"), 0.0) for r in results]

@@ -26,7 +26,10 @@ from wmdist.scan.cell import GRUCell, reordering_bound
 
 
 def step_jacobians(cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    """dh_t / dh_(t-1) at every step of a trajectory, float64: (B, T, n, n) from x (B, T, m), h0 (B, n), states (B, T, n)."""
+    """dh_t / dh_(t-1) at every step of a trajectory, float64: (B, T, n, n).
+
+    From x (B, T, m), h0 (B, n) and the trajectory's states (B, T, n).
+    """
     prev = torch.cat([h0.unsqueeze(1), states[:, :-1]], dim=1)              # (B, T, n): the state each step reads
 
     def one(h: torch.Tensor, xt: torch.Tensor) -> torch.Tensor:             # (n,), (m,) -> (n,)

@@ -42,7 +42,7 @@ class GRUCell:
             raise ValueError(f"bias must be (3, n) = {(3, n)}, got {tuple(self.bias.shape)}")
 
     @classmethod
-    def seeded(cls, state_size: int, input_size: int, seed: int = 0, scale: float = 1.0,
+    def seeded(cls, state_size: int, input_size: int, *, seed: int = 0, scale: float = 1.0,
                dtype: torch.dtype = torch.float64) -> GRUCell:
         """A cell with weights ~ N(0, scale^2 / (n + m)) and biases ~ N(0, 0.1^2) from `seed`."""
         n = require_int("state_size", state_size, 1)
@@ -83,7 +83,7 @@ def lipschitz_bound(cell: GRUCell) -> float:
     return max(1.0, norm[2] * (1 + norm[1] / 4)) + norm[0] / 2
 
 
-def reordering_bound(cell: GRUCell, steps: int, x_max: float, unit_roundoff: float, ulps: float = 4.0) -> float:
+def reordering_bound(cell: GRUCell, steps: int, x_max: float, unit_roundoff: float, *, ulps: float = 4.0) -> float:
     """A bound on |difference| between two rollouts (|h0| <= 1) whose matrix products sum in other orders.
 
     Why batch-split rollouts are not bit-identical: the CPU's matrix kernel
@@ -168,7 +168,7 @@ class PicardResult:
     work: int                 # cell evaluations over all sweeps, per sequence
 
 
-def picard(cell: Step, x: torch.Tensor, h0: torch.Tensor, chunks: int, sweeps: int | None = None) -> PicardResult:
+def picard(cell: Step, x: torch.Tensor, h0: torch.Tensor, chunks: int, *, sweeps: int | None = None) -> PicardResult:
     """Fixed-point (Picard) sweeps over the chunk boundary states; exact after `chunks` sweeps.
 
     Sweep 0 starts chunk 0 from h0 and every other chunk from zeros (which is

@@ -25,7 +25,7 @@ from wmdist.scan.cell import GRUCell, rollout, step_errors
 from wmdist.spans import Span
 
 
-def episodes(batch: int = 8, steps: int = 37, state_size: int = 16, input_size: int = 8, seed: int = 0,
+def episodes(*, batch: int = 8, steps: int = 37, state_size: int = 16, input_size: int = 8, seed: int = 0,
              dtype: torch.dtype = torch.float32) -> tuple[GRUCell, torch.Tensor, torch.Tensor]:
     """A seeded cell, inputs x (B, T, m) ~ N(0, 1) and initial states h0 (B, n) uniform in [-1, 1]."""
     cell = GRUCell.seeded(state_size, input_size, seed=seed + 1, dtype=dtype)
@@ -59,7 +59,7 @@ class CellSpec:
     inputs: CellInputs = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        cell, x, h0 = episodes(self.batch, self.steps, seed=self.seed)
+        cell, x, h0 = episodes(batch=self.batch, steps=self.steps, seed=self.seed)
         object.__setattr__(self, "inputs", CellInputs(world_size=self.world_size, cell=cell, x=x, h0=h0,
                                                       step_seconds=self.step_seconds, min_world_size=2))
 
@@ -88,7 +88,7 @@ def compare_cell(spec: CellSpec, results: list[BoundaryRank]) -> Verdict:
     counts: list[Count] = []
     per_rank_calls = {"from zero": sizes, "hand-off": sizes, "episodes": [x.shape[1]] * n}
     elem = h0.element_size()
-    traffic = [handoff_bytes(cell.state_size, x.shape[0], n, r, elem) for r in range(n)]
+    traffic = [handoff_bytes(cell.state_size, x.shape[0], n, r, elem_size=elem) for r in range(n)]
     for name in SCHEMES:
         counts += counts_per_rank("cell calls", [r[name].calls for r in results], per_rank_calls[name], case=name)
         sent = [t["bytes_sent"] for t in traffic] if name == "hand-off" else [0] * n
@@ -108,7 +108,8 @@ CELL_DEMO = Experiment(name="scan-cell", chapter="07", world_sizes=(2, 4, 8),
                        spec=lambda n: CellSpec(world_size=n), ranks=cell_ranks, compare=compare_cell)
 
 
-def cell_demo(world_size: int, steps: int = 37, batch: int = 8, step_seconds: float = 1e-4, seed: int = 0) -> Report:
+def cell_demo(world_size: int, *, steps: int = 37, batch: int = 8, step_seconds: float = 1e-4,
+              seed: int = 0) -> Report:
     """Chunks from zero (wrong), boundary hand-off (exact, sequential), episodes split (exact, parallel)."""
     return CELL_DEMO.run_spec(CellSpec(world_size=world_size, steps=steps, batch=batch, step_seconds=step_seconds,
                                        seed=seed))

@@ -40,9 +40,9 @@ def bytes_figure(sweep: ByteSweep) -> Figure:
               ("handoff", False, "hand-off, any A (one state per hop)")]
     for combine, diagonal, label in series:
         color, style = STYLE[(combine, diagonal)]
-        by_t = sweep.select(combine, diagonal, "steps")
+        by_t = sweep.select(combine, diagonal=diagonal, over="steps")
         left.plot([r.steps for r in by_t], [r.total for r in by_t], style, color=color, label=label)
-        by_n = sweep.select(combine, diagonal, "state_size")
+        by_n = sweep.select(combine, diagonal=diagonal, over="state_size")
         right.plot([r.state_size for r in by_n], [r.total for r in by_n], style, color=color, label=label)
     left.set(xscale="log", yscale="log", xlabel="time steps T", ylabel="bytes sent, all ranks together",
              title=f"vs T (n = {sweep.fixed_state_size}, N = {sweep.world_size}): flat")
@@ -52,7 +52,7 @@ def bytes_figure(sweep: ByteSweep) -> Figure:
     return fig
 
 
-def ops_figure(steps: Sequence[int] = (4, 16, 64, 256, 1024, 4096), workers_at: int = 1024,
+def ops_figure(*, steps: Sequence[int] = (4, 16, 64, 256, 1024, 4096), workers_at: int = 1024,
                times: Sequence[ScanTimes] = ()) -> Figure:
     """Work and depth of the loop and the scans vs T; parallel steps vs workers; measured times if given."""
     if times:

@@ -94,7 +94,7 @@ def picard_rank(ctx: Context, plan: SweepPlan) -> PicardRankRun:
                          c["bytes_sent"])
 
 
-def run_picard(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, max_sweeps: int | None = None,
+def run_picard(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, *, max_sweeps: int | None = None,
                stop_below: float = 0.0, step_seconds: float = 0.0) -> list[PicardRankRun]:
     """Validate, then sweep on N ranks (at most `max_sweeps`, default N: enough for exactness)."""
     inputs = CellInputs(world_size=world_size, cell=cell, x=x, h0=h0, step_seconds=step_seconds)
@@ -145,7 +145,7 @@ class PicardSpec:
     plan: SweepPlan = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        gru, x, h0 = episodes(self.batch, self.steps, seed=self.seed)
+        gru, x, h0 = episodes(batch=self.batch, steps=self.steps, seed=self.seed)
         inputs = CellInputs(world_size=self.world_size, cell=gru, x=x, h0=h0, step_seconds=self.step_seconds)
         object.__setattr__(self, "plan", SweepPlan(inputs=inputs, max_sweeps=self.world_size,
                                                    stop_below=self.stop_below))
@@ -174,7 +174,7 @@ def compare_picard(spec: PicardSpec, results: list[PicardRankRun]) -> Verdict:
         checks.append(exact_check("after the last sweep (at most N) == loop", states[-1], exact,
                                   "every chunk started from the true state, bit for bit"))
     sizes = time_chunk_sizes(x.shape[1], n)
-    hop = [handoff_bytes(gru.state_size, x.shape[0], n, r, h0.element_size()) for r in range(n)]
+    hop = [handoff_bytes(gru.state_size, x.shape[0], n, r, elem_size=h0.element_size()) for r in range(n)]
     exact_counts = counts_per_rank("sweeps", [len(r.sweep_states) for r in results], [k] * n)
     exact_counts += counts_per_rank("cell calls", [r.calls for r in results], [k * s for s in sizes])
     exact_counts += counts_per_rank("boundary bytes sent", [r.boundary_sent for r in results],
@@ -198,7 +198,7 @@ PICARD_DEMO = Experiment(name="scan-picard", chapter="07", world_sizes=(1, 2, 4,
                          spec=lambda n: PicardSpec(world_size=n), ranks=sweep_ranks, compare=compare_picard)
 
 
-def picard_demo(world_size: int, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
+def picard_demo(world_size: int, *, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
                 step_seconds: float = 1e-4, seed: int = 0) -> Report:
     """Picard sweeps on N ranks against the single-process sweeps and the loop; exact when stop_below = 0."""
     return PICARD_DEMO.run_spec(PicardSpec(world_size=world_size, steps=steps, batch=batch, stop_below=stop_below,
