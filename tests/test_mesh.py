@@ -66,8 +66,9 @@ def test_per_axis_formulas_agree_with_each_chapters_own():
         rows = microbatch_rows(s, c["dp"])
         layers = stage_layers(s, c["pp"])
         # tp: chapter 04's Megatron schedule per block and microbatch
-        tp = sum(tpcosts.schedule_bytes(tpcosts.block_schedule(tpcosts.BlockShape(b, s.tokens, s.width, s.heads,
-                                                                                    s.hidden), s.tp, "tp"), c["tp"])
+        tp = sum(tpcosts.schedule_bytes(tpcosts.block_schedule(tpcosts.BlockShape(batch=b, seq=s.tokens, width=s.width,
+                                                                                    heads=s.heads, hidden=s.hidden),
+                                                             s.tp, layout="tp"), c["tp"])
                  for b in rows) * layers
         assert per_rank[r]["tp"].bytes_sent == tp
         # cp: chapter 06's ring, forward N-1 sends and backward 2(N-1), per block and microbatch, plus the grad sum

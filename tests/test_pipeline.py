@@ -49,16 +49,16 @@ def test_stage_chain_is_the_model_bitwise():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "{}-P{}-M{}-v{}".format(*c))
 def test_message_plan_matches_the_formulas(case):
-    schedule = make_schedule(*case)
-    p, m, v = case[1:]
+    name, p, m, v = case
+    schedule = make_schedule(name, p, m, chunks=v)
     counts = [plan.transfer_counts(schedule, r) for r in range(p)]
     for kind in ("activation", "gradient"):
         sends = sum(c[f"{kind} sends"] for c in counts)
-        assert sends == sum(c[f"{kind} receives"] for c in counts) == pcosts.boundary_transfers(p, m, v)
+        assert sends == sum(c[f"{kind} receives"] for c in counts) == pcosts.boundary_transfers(p, m, chunks=v)
     for r in range(p):                      # each receiver's posting order is its sender's sending order
         for src, expected in plan.incoming(schedule, r).items():
             assert expected == [msg for dst, msg in plan.outgoing(schedule, src) if dst == r]
-        assert plan.peak_held(schedule, r) == pcosts.peak_activations_in_flight(*case, rank=r)
+        assert plan.peak_held(schedule, r) == pcosts.peak_activations_in_flight(name, p, m, chunks=v, rank=r)
     assert sum(plan.transfer_counts(schedule, r, forward_only=True)["gradient sends"] for r in range(p)) == 0
 
 
@@ -72,9 +72,9 @@ def test_microbatches_are_whole_trajectories_in_order():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: demos.forward_demo(9), "8 blocks"),                                       # P larger than the blocks
-    (lambda: demos.train_demo(4, [("1f1b", 0, 1)]), "microbatches must be an integer >= 1"),
-    (lambda: demos.train_demo(2, [("interleaved", 3, 2)]), "microbatches=3, stages=2"),
-    (lambda: demos.train_demo(4, [("interleaved", 8, 3)]), "12 .*stages but the model has only 8 blocks"),
+    (lambda: demos.train_demo(4, plans=[("1f1b", 0, 1)]), "microbatches must be an integer >= 1"),
+    (lambda: demos.train_demo(2, plans=[("interleaved", 3, 2)]), "microbatches=3, stages=2"),
+    (lambda: demos.train_demo(4, plans=[("interleaved", 8, 3)]), "12 .*stages but the model has only 8 blocks"),
     (lambda: run_pipeline(3, make_schedule("gpipe", 4, 8), plan.PipeWork()), r"world_size \(3\) must equal .* P \(4\)"),
     (lambda: run_pipeline(2, make_schedule("gpipe", 2, 9), plan.PipeWork()), r"microbatches \(9\) must not exceed"),
     (lambda: demos.forward_demo(2, work=plan.PipeWork()), "forward_only=True"),
@@ -148,7 +148,7 @@ def test_unequal_stages_level_off_above_zero():
     assert all(f > view.curve.limit for f in view.curve.idle)     # approaches from above, never reaches 0
     forward = [Fraction(w) for w in cfg.stage_work]               # the closed form the curve uses is exact
     for m, f in zip(view.curve.microbatches, view.curve.idle):
-        sim = simulate(make_schedule("gpipe", 4, m), forward, [2 * x for x in forward])
+        sim = simulate(make_schedule("gpipe", 4, m), forward=forward, backward=[2 * x for x in forward])
         assert f == pytest.approx(float(sim.idle_fraction), abs=1e-12)
 
 

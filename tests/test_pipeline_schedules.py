@@ -41,7 +41,7 @@ def _ids(case):
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_every_stage_runs_every_microbatch_once_forward_before_backward(case):
     name, p, m, v = case
-    schedule = make_schedule(name, p, m, v)
+    schedule = make_schedule(name, p, m, chunks=v)
     assert len(schedule.ranks) == p
     for rank, actions in enumerate(schedule.ranks):
         assert len(actions) == 2 * m * v
@@ -57,8 +57,8 @@ def test_every_stage_runs_every_microbatch_once_forward_before_backward(case):
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_simulation_finishes_and_peak_activations_match_the_formula(case):
     name, p, m, v = case
-    result = simulate(make_schedule(name, p, m, v))
-    assert result.peak_in_flight == tuple(pcosts.peak_activations_in_flight(name, p, m, v, rank=r)
+    result = simulate(make_schedule(name, p, m, chunks=v))
+    assert result.peak_in_flight == tuple(pcosts.peak_activations_in_flight(name, p, m, chunks=v, rank=r)
                                           for r in range(p))
     if name == "gpipe":
         assert result.peak_in_flight[0] == m
@@ -83,7 +83,7 @@ def test_activations_are_held_from_forward_start_to_backward_end():
 def test_balanced_idle_fraction_is_exactly_the_formula(name, forward, backward):
     for p in (1, 2, 3, 4, 6):
         for m in (1, 2, 3, 5, 8, 16):
-            result = simulate(make_schedule(name, p, m), forward, backward)
+            result = simulate(make_schedule(name, p, m), forward=forward, backward=backward)
             assert result.makespan == (m + p - 1) * (forward + backward)
             assert result.idle_fraction == Fraction(p - 1, m + p - 1)
             assert float(result.idle_fraction) == costs.bubble_fraction(p, m)   # both correctly rounded
@@ -109,10 +109,10 @@ def test_interleaving_divides_the_bubble_over_ideal_by_v(forward, backward):
     # Equal times per virtual stage: the simulator gives bubble/ideal = (P-1)/(v*M) exactly (Megatron's
     # figure), i.e. a whole-schedule idle fraction (P-1)/(v*M + P-1), and exactly 1/v of plain 1F1B's.
     for p, m, v in [(2, 4, 2), (4, 8, 2), (4, 8, 4), (4, 16, 2), (3, 9, 3), (4, 4, 2), (2, 2, 3), (1, 3, 2)]:
-        inter = simulate(interleaved_one_f_one_b(p, m, v), forward, backward)
-        plain = simulate(one_f_one_b(p, m), forward, backward)
+        inter = simulate(interleaved_one_f_one_b(p, m, v), forward=forward, backward=backward)
+        plain = simulate(one_f_one_b(p, m), forward=forward, backward=backward)
         assert inter.bubble_over_ideal == Fraction(p - 1, v * m)
-        assert float(inter.bubble_over_ideal) == pcosts.bubble_over_ideal(p, m, v)
+        assert float(inter.bubble_over_ideal) == pcosts.bubble_over_ideal(p, m, chunks=v)
         assert inter.idle_fraction == Fraction(p - 1, v * m + p - 1)
         assert inter.bubble_over_ideal * v == plain.bubble_over_ideal
         assert inter.peak_in_flight[0] == min((v + 1) * p - 1, m * v) >= plain.peak_in_flight[0]
@@ -127,12 +127,13 @@ def test_interleaved_with_one_chunk_is_1f1b_with_a_deeper_warmup():
 def test_imbalance_makes_the_slowest_stage_set_the_pace():
     forward, backward = [1, 3, 1, 2], [2, 5, 2, 3]                      # stage 1 is the slow one
     for m in (1, 4, 8):
-        result = simulate(gpipe(4, m), forward, backward)
+        result = simulate(gpipe(4, m), forward=forward, backward=backward)
         expected = pcosts.fill_drain_time(forward, m) + pcosts.fill_drain_time(backward, m)
         assert result.makespan == expected                               # integers: the float sum is exact
         assert result.busy == tuple(m * (f + b) for f, b in zip(forward, backward))
         # one microbatch runs the stages one after another whatever their times: idle 3/4 either way
-        for idle in (result.idle_fraction, simulate(one_f_one_b(4, m), forward, backward).idle_fraction):
+        plain = simulate(one_f_one_b(4, m), forward=forward, backward=backward)
+        for idle in (result.idle_fraction, plain.idle_fraction):
             assert idle == Fraction(3, 4) if m == 1 else idle > Fraction(3, m + 3)
     assert pcosts.fill_drain_time([2, 2, 2], 5) == (5 + 3 - 1) * 2       # balanced: (M+P-1) t
 
@@ -152,7 +153,7 @@ def test_an_order_that_cannot_finish_is_named():
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_tokens_and_json_round_trip(case):
-    schedule = make_schedule(*case)
+    schedule = make_schedule(*case[:3], chunks=case[3])
     for rank, actions in enumerate(schedule.ranks):
         for a in actions:
             assert parse_token(format_token(a, with_stage=True)) == a
@@ -175,7 +176,7 @@ def test_torch_orders_recorded_literally():
     assert make_schedule("gpipe", 2, 4).tokens() == (("F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3"),) * 2
     assert make_schedule("1f1b", 2, 4).tokens() == (("F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"),
                                                     ("F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"))
-    assert make_schedule("interleaved", 2, 4, 2).tokens() == tuple(tuple(line.split()) for line in (
+    assert make_schedule("interleaved", 2, 4, chunks=2).tokens() == tuple(tuple(line.split()) for line in (
         "s0F0 s0F1 s2F0 s2F1 s0F2 s2B0 s0F3 s2B1 s2F2 s0B0 s2F3 s0B1 s2B2 s2B3 s0B2 s0B3",
         "s1F0 s1F1 s3F0 s3B0 s3F1 s3B1 s1F2 s1B0 s1F3 s1B1 s3F2 s3B2 s3F3 s3B3 s1B2 s1B3"))
 
@@ -183,12 +184,12 @@ def test_torch_orders_recorded_literally():
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_boundary_transfers_counted_from_the_schedule(case):
     name, p, m, v = case
-    schedule = make_schedule(name, p, m, v)
+    schedule = make_schedule(name, p, m, chunks=v)
     crossing = Counter(a.kind for actions in schedule.ranks for a in actions
                        if (a.kind == FORWARD and a.stage > 0 and (a.stage - 1) % p != a.stage % p)
                        or (a.kind == BACKWARD and a.stage < p * v - 1 and (a.stage + 1) % p != a.stage % p))
-    assert crossing[FORWARD] == crossing[BACKWARD] == pcosts.boundary_transfers(p, m, v)
-    assert pcosts.boundary_bytes(p, m, 2048, v) == crossing[FORWARD] * 2048
+    assert crossing[FORWARD] == crossing[BACKWARD] == pcosts.boundary_transfers(p, m, chunks=v)
+    assert pcosts.boundary_bytes(p, m, 2048, chunks=v) == crossing[FORWARD] * 2048
 
 
 def test_gantt_text_and_spans():
@@ -198,7 +199,7 @@ def test_gantt_text_and_spans():
     assert gantt_text(schedule, result) == ("rank 0 | F0 F1 .. .. .. B0 -- B1 --\n"
                                             "rank 1 | .. F0 F1 B0 -- B1 -- .. ..")
     for case in CASES[::5]:
-        schedule = make_schedule(*case)
+        schedule = make_schedule(*case[:3], chunks=case[3])
         result = simulate(schedule)
         lines = gantt_text(schedule, result).splitlines()
         assert len(lines) == case[1]
@@ -218,10 +219,10 @@ def test_gantt_text_and_spans():
     (lambda: make_schedule("zigzag", 2, 4), "name must be one of"),
     (lambda: make_schedule("gpipe", 0, 4), "stages must be an integer >= 1"),
     (lambda: make_schedule("1f1b", 2, 0), "microbatches must be an integer >= 1"),
-    (lambda: make_schedule("interleaved", 2, 4, 0), "chunks must be an integer >= 1"),
+    (lambda: make_schedule("interleaved", 2, 4, chunks=0), "chunks must be an integer >= 1"),
     (lambda: make_schedule("1f1b", 2, True), "microbatches must be an integer"),
-    (lambda: make_schedule("gpipe", 2, 4, 2), "chunks must be 1 for the gpipe schedule"),
-    (lambda: make_schedule("interleaved", 2, 3, 2), "microbatches=3, stages=2"),
+    (lambda: make_schedule("gpipe", 2, 4, chunks=2), "chunks must be 1 for the gpipe schedule"),
+    (lambda: make_schedule("interleaved", 2, 3, chunks=2), "microbatches=3, stages=2"),
     (lambda: interleaved_one_f_one_b(4, 2, 2), "microbatches=2, stages=4"),
     (lambda: parse_token("X3"), "token must look like"),
     (lambda: parse_token("s1F"), "token must look like"),
@@ -239,8 +240,8 @@ def test_gantt_text_and_spans():
     (lambda: simulate(gpipe(2, 2), backward=[1, 2, 3]), "backward must be a number or one number per virtual"),
     (lambda: pcosts.peak_activations_in_flight("gpipe", 2, 4, rank=2), "rank must be an integer from 0 to 1"),
     (lambda: pcosts.peak_activations_in_flight("1f1b", 2, 4, chunks=2), "chunks must be 1"),
-    (lambda: pcosts.peak_activations_in_flight("interleaved", 2, 3, 2), "microbatches=3, stages=2"),
-    (lambda: pcosts.bubble_over_ideal(2, 4, 0), "chunks must be an integer >= 1"),
+    (lambda: pcosts.peak_activations_in_flight("interleaved", 2, 3, chunks=2), "microbatches=3, stages=2"),
+    (lambda: pcosts.bubble_over_ideal(2, 4, chunks=0), "chunks must be an integer >= 1"),
     (lambda: pcosts.ratio_from_fraction(1.0), "fraction must be below 1"),
     (lambda: pcosts.fraction_from_ratio(-0.5), "ratio must be a finite number >= 0"),
     (lambda: pcosts.boundary_bytes(2, 4, -1), "tensor_bytes must be an integer >= 0"),
@@ -291,7 +292,7 @@ def test_cli_prints_the_bubble_in_both_conventions_without_gantt(capsys):
 def test_the_measured_bubble_is_the_closed_form_the_cli_prints_beside_it():
     for name, p, m, v in [(n, p, m, 1) for n in ("gpipe", "1f1b") for p in range(1, 7) for m in range(1, 11)] + \
                          [("interleaved", p, k * p, v) for p in range(1, 5) for k in (1, 2, 3) for v in (2, 3, 4)]:
-        result = simulate(make_schedule(name, p, m, v))
+        result = simulate(make_schedule(name, p, m, chunks=v))
         assert (result.idle_fraction, result.bubble_over_ideal) == (Fraction(p - 1, v * m + p - 1),
                                                                     Fraction(p - 1, v * m)), (name, p, m, v)
 
@@ -321,11 +322,11 @@ def test_cli_refuses_sizes_beyond_its_stated_limits_in_one_line(capsys, argv, me
 
 
 def test_make_schedule_accepts_its_limits_and_refuses_one_past_them():
-    assert check_size(256, 64, 1) == (256, 64, 1) and check_size(1, 1024, 16) == (1, 1024, 16)
+    assert check_size(256, 64, chunks=1) == (256, 64, 1) and check_size(1, 1024, chunks=16) == (1, 1024, 16)
     for args, message in [((257, 1, 1), "stages must be an integer from 1 to 256, got 257"),
                           ((1, 1025, 1), "microbatches must be an integer from 1 to 1024, got 1025"),
                           ((1, 1, 17), "chunks must be an integer from 1 to 16, got 17"),
                           ((256, 65, 1), "at most 16384"), ((0, 1, 1), "stages must be an integer >= 1, got 0"),
                           ((True, 1, 1), "stages must be an integer >= 1, got True")]:
         with pytest.raises(ValueError, match=re.escape(message)):
-            make_schedule("gpipe", *args)
+            make_schedule("gpipe", *args[:2], chunks=args[2])

@@ -17,7 +17,7 @@ from wmdist.pipeline.schedules import make_schedule
 
 
 def test_measured_idle_fraction_at_p4_m8_is_the_formula_within_noise():
-    report = measure.bubble_demo(4, 8)
+    report = measure.bubble_demo(4, microbatches=8)
     run = report.data
     assert report.passed, report.failures
     assert abs(run.median_idle - pcosts.bubble_fraction(4, 8)) <= measure.ALLOWANCE          # 3/11 = 0.273
@@ -48,7 +48,8 @@ def test_measure_refuses_bad_plans_before_starting_processes():
     with pytest.raises(ValueError, match="imbalance needs two stages"):
         measure.imbalance_demo(1)
     with pytest.raises(ValueError, match="v = 1 schedules only|v = 1"):
-        measure.measure_bubble(make_schedule("interleaved", 2, 2, 2), PipeWork(forward_only=True, slot_seconds=0.01))
+        measure.measure_bubble(make_schedule("interleaved", 2, 2, chunks=2),
+                               PipeWork(forward_only=True, slot_seconds=0.01))
 
 
 # torch's own orders, recorded by running its schedules (forward_one_chunk / backward_one_chunk wrapped on
@@ -63,7 +64,7 @@ TORCH_ORDERS = {
 
 @pytest.mark.parametrize("name", list(TORCH_ORDERS))
 def test_torch_pipelining_runs_the_same_order_and_gives_the_same_numbers(name):
-    c = versus_torch.compare(2, name, 4, 2 if name == "interleaved" else 1)
+    c = versus_torch.compare(2, name, 4, chunks=2 if name == "interleaved" else 1)
     assert c.theirs == tuple(tuple(line.split()) for line in TORCH_ORDERS[name])          # what torch ran
     assert c.ours == c.theirs                                                             # what we ran
     assert c.loss_error == 0.0 and c.grad_error == 0.0        # same stages, same loss, same order: same bits

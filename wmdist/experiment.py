@@ -27,7 +27,7 @@ and say so with another field in its place (exactly one of the three is given):
 One runner (`Experiment.run`, `Experiment.run_spec`) does what every demo used to write out by
 hand: build the spec, time `runtime.run(ranks, spec.world_size, spec)`, compare, and make the
 Report under the experiment's name. A chapter keeps its public demo functions
-(`bubble_demo(world_size, microbatches)`) as small wrappers that build a spec with their options
+(`bubble_demo(world_size, microbatches=...)`) as small wrappers that build a spec with their options
 and call `run_spec`.
 """
 from __future__ import annotations

@@ -10,10 +10,12 @@ the tests hold the two to exact equality where these assumptions hold.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 from wmdist.costs.validate import require_choice, require_int, require_positive, require_real
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+ScheduleName = Literal["gpipe", "1f1b", "interleaved"]    # the schedules the course builds and runs
+SCHEDULES: tuple[str, ...] = get_args(ScheduleName)
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
@@ -31,7 +33,7 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-def bubble_over_ideal(stages: int, microbatches: int, chunks: int = 1) -> float:
+def bubble_over_ideal(stages: int, microbatches: int, *, chunks: int = 1) -> float:
     """Bubble time over ideal compute time, (P-1)/M, and (P-1)/(v*M) for interleaving (Megatron-LM, 2021).
 
     This is the other convention: the denominator is the time the pipeline
@@ -64,7 +66,7 @@ def ratio_from_fraction(fraction: float) -> float:
     return f / (1 - f)
 
 
-def peak_activations_in_flight(schedule: str, stages: int, microbatches: int, chunks: int = 1,
+def peak_activations_in_flight(schedule: ScheduleName, stages: int, microbatches: int, *, chunks: int = 1,
                                rank: int = 0) -> int:
     """Most microbatch activation sets rank `rank` holds at once: GPipe M, 1F1B min(P-rank, M), interleaved below.
 
@@ -100,7 +102,7 @@ def peak_activations_in_flight(schedule: str, stages: int, microbatches: int, ch
     return min((v - 1) * p + 2 * (p - 1 - r) + 1, m * v)
 
 
-def boundary_transfers(stages: int, microbatches: int, chunks: int = 1) -> int:
+def boundary_transfers(stages: int, microbatches: int, *, chunks: int = 1) -> int:
     """Point-to-point transfers between ranks in one direction per step: M(P-1), or M(Pv-1) interleaved.
 
     Each microbatch crosses every boundary between consecutive (virtual)
@@ -115,7 +117,7 @@ def boundary_transfers(stages: int, microbatches: int, chunks: int = 1) -> int:
     return m * (p * v - 1) if p > 1 else 0
 
 
-def boundary_bytes(stages: int, microbatches: int, tensor_bytes: int, chunks: int = 1) -> int:
+def boundary_bytes(stages: int, microbatches: int, tensor_bytes: int, *, chunks: int = 1) -> int:
     """Bytes sent in one direction per step when each boundary tensor (one microbatch) is `tensor_bytes` bytes.
 
     e.g. a microbatch of 4 x 128 float32 activations is 2048 bytes; P = 4,
@@ -124,7 +126,7 @@ def boundary_bytes(stages: int, microbatches: int, tensor_bytes: int, chunks: in
     of equal size at every cut (true when stages are copies of one block).
     """
     b = require_int("tensor_bytes", tensor_bytes, 0)
-    return boundary_transfers(stages, microbatches, chunks) * b
+    return boundary_transfers(stages, microbatches, chunks=chunks) * b
 
 
 def fill_drain_time(stage_times: Sequence[float], microbatches: int) -> float:

@@ -28,14 +28,19 @@ layout: the first n % N ranks hold one more) are counted exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from wmdist.costs.collectives import ring_allreduce_bytes, ring_chunk_sizes
 from wmdist.costs.validate import require_bool, require_choice, require_int
 
-OPS = ("all-reduce", "reduce-scatter", "all-gather")
-BLOCK_LAYOUTS = ("tp", "sp", "sp-regather")
-MLP_LAYOUTS = ("column -> row", "column+gather -> row", "column+gather -> column+gather", "row -> row")
-MEMORY_LAYOUTS = ("single", "tp", "sp", "sp-regather", "cp")
+Op = Literal["all-reduce", "reduce-scatter", "all-gather"]
+BlockLayout = Literal["tp", "sp", "sp-regather"]                       # how a TP block splits its activations
+MLPLayout = Literal["column -> row", "column+gather -> row", "column+gather -> column+gather", "row -> row"]
+MemoryLayout = Literal["single", "tp", "sp", "sp-regather", "cp"]       # block_saved_elements' cases
+OPS: tuple[str, ...] = get_args(Op)
+BLOCK_LAYOUTS: tuple[str, ...] = get_args(BlockLayout)
+MLP_LAYOUTS: tuple[str, ...] = get_args(MLPLayout)
+MEMORY_LAYOUTS: tuple[str, ...] = get_args(MemoryLayout)
 LN_STATS = 4          # per token: mean and 1/std saved by each of the block's two LayerNorms
 
 
@@ -49,7 +54,7 @@ class Collective:
     """One ring collective as every rank runs it: where, which way, which op, and each rank's chunk (elements)."""
     site: str
     direction: str                # "forward", "backward", or "after backward"
-    op: str                       # one of OPS
+    op: Op                        # one of OPS
     sizes: tuple[int, ...]        # chunk r's element count; ring all-reduce chunks follow tensor_split
 
     def __post_init__(self) -> None:
@@ -66,7 +71,7 @@ class Collective:
     def numel(self) -> int:
         return sum(self.sizes)
 
-    def bytes_sent(self, rank: int, elem_size: int = 4) -> int:
+    def bytes_sent(self, rank: int, *, elem_size: int = 4) -> int:
         """Exact bytes rank `rank` sends: a ring reduce-scatter forwards every chunk but its own, an
         all-gather every chunk but its right neighbour's, an all-reduce does both."""
         n = len(self.sizes)
@@ -74,7 +79,7 @@ class Collective:
         if n == 1:
             return 0
         if self.op == "all-reduce":
-            return ring_allreduce_bytes(self.numel, n, rank, elem_size)
+            return ring_allreduce_bytes(self.numel, n, rank, elem_size=elem_size)
         skipped = self.sizes[rank] if self.op == "reduce-scatter" else self.sizes[(rank + 1) % n]
         return (self.numel - skipped) * elem_size
 
@@ -85,7 +90,7 @@ class Collective:
         return (2 if self.op == "all-reduce" else 1) * (n - 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BlockShape:
     """The sizes that decide a transformer block's traffic and memory: b, s, h, heads, MLP hidden width."""
     batch: int
@@ -104,7 +109,7 @@ class BlockShape:
     def head_dim(self) -> int:
         return self.width // self.heads
 
-    def check_world(self, world_size: int, sequence: bool = False) -> None:
+    def check_world(self, world_size: int, *, sequence: bool = False) -> None:
         """Refuse a world size that would leave a rank without a head (or, split along it, a token)."""
         require_int("world_size", world_size, 1)
         if world_size > self.heads:
@@ -129,7 +134,7 @@ def _feature_chunks(shape: BlockShape, features: int, n: int) -> tuple[int, ...]
     return tuple(shape.batch * shape.seq * f for f in shard_sizes(features, n))
 
 
-def block_schedule(shape: BlockShape, world_size: int, layout: str) -> list[Collective]:
+def block_schedule(shape: BlockShape, world_size: int, *, layout: BlockLayout) -> list[Collective]:
     """Every collective of one forward and backward of one block (attention then MLP), in the order run.
 
     "tp": 4 all-reduces of b*s*h. "sp": 4 all-gathers and 4 reduce-scatters of
@@ -161,7 +166,7 @@ def block_schedule(shape: BlockShape, world_size: int, layout: str) -> list[Coll
     return out
 
 
-def mlp_schedule(shape: BlockShape, world_size: int, layout: str) -> list[Collective]:
+def mlp_schedule(shape: BlockShape, world_size: int, *, layout: MLPLayout) -> list[Collective]:
     """The collectives of one forward and backward of the MLP alone, for each way of splitting its two linears.
 
     Same MLP, same N, same result; only the shard layout differs, and with it
@@ -187,9 +192,9 @@ def mlp_schedule(shape: BlockShape, world_size: int, layout: str) -> list[Collec
             c("mlp.fc2", "backward", "all-gather", hidden_cols), c("mlp.fc1", "backward", "all-gather", width_cols)]
 
 
-def schedule_bytes(schedule: list[Collective], rank: int, elem_size: int = 4) -> int:
+def schedule_bytes(schedule: list[Collective], rank: int, *, elem_size: int = 4) -> int:
     """Bytes `rank` sends over a whole schedule."""
-    return sum(col.bytes_sent(rank, elem_size) for col in schedule)
+    return sum(col.bytes_sent(rank, elem_size=elem_size) for col in schedule)
 
 
 def op_counts(schedule: list[Collective]) -> dict[str, int]:
@@ -201,7 +206,7 @@ def op_counts(schedule: list[Collective]) -> dict[str, int]:
     return out
 
 
-def megatron_layer_bytes(b: int, s: int, h: int, world_size: int, sequence_parallel: bool,
+def megatron_layer_bytes(b: int, s: int, h: int, world_size: int, *, sequence_parallel: bool,
                          elem_size: int = 4) -> float:
     """The papers' per-rank volume per layer per step: 4 all-reduces of G = b*s*h*elem bytes, 2(N-1)G/N
     each; or, with SP, 4 reduce-scatters and 4 all-gathers of (N-1)G/N each: the same total."""
@@ -213,7 +218,7 @@ def megatron_layer_bytes(b: int, s: int, h: int, world_size: int, sequence_paral
     return (4 + 4) * per if require_bool("sequence_parallel", sequence_parallel) else 4 * 2 * per
 
 
-def megatron_group_bytes(b: int, s: int, h: int, world_size: int, elem_size: int = 4) -> int:
+def megatron_group_bytes(b: int, s: int, h: int, world_size: int, *, elem_size: int = 4) -> int:
     """Bytes all N ranks send together per layer per step, with or without SP: 8(N-1)G, G = b*s*h*elem.
 
     A ring reduce-scatter or all-gather moves (N-1)G in all, however the
@@ -225,7 +230,7 @@ def megatron_group_bytes(b: int, s: int, h: int, world_size: int, elem_size: int
     return 8 * (require_int("world_size", world_size, 1) - 1) * b * s * h * elem_size
 
 
-def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False) -> float:
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, t: int = 1, sequence_parallel: bool = False) -> float:
     """Activation bytes of one transformer layer per rank, as in Korthikanti et al. 2022 (section 4).
 
     No parallelism: sbh(34 + 5as/h). Tensor parallel over t ranks: sbh(10 + 24/t + 5as/(ht)), since the
@@ -259,7 +264,7 @@ def block_params(shape: BlockShape) -> int:
     return 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
 
 
-def block_saved_elements(shape: BlockShape, world_size: int, rank: int, layout: str) -> int:
+def block_saved_elements(shape: BlockShape, world_size: int, rank: int, *, layout: MemoryLayout) -> int:
     """Elements (float32) autograd keeps for backward on `rank`, for one forward of our Block.
 
     Counted by distinct storage, parameters left out. Per token the block keeps

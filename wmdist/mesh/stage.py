@@ -39,20 +39,20 @@ def full_model(spec: MeshSpec) -> TransformerWorldModel:
 def attention(shard: BlockShard, x: torch.Tensor, tp: TPGroup, cp: Context, seq_len: int) -> torch.Tensor:
     """Causal attention over this rank's heads: (b, c, H) -> (b, c, H), the whole context seen through the cp ring."""
     if cp.world_size == 1:
-        return shard.attention(x, tp, None, False)
-    qkv = column_linear(x, shard.p("attn.qkv.weight"), shard.p("attn.qkv.bias"), tp, ColumnSpec("attn.qkv"))
+        return shard.attention(x, tp, None, regather=False)
+    qkv = column_linear(x, shard.p("attn.qkv.weight"), shard.p("attn.qkv.bias"), tp, ColumnSpec(site="attn.qkv"))
     b, c, _ = qkv.shape
     d = shard.cfg.head_dim
     q, k, v = qkv.view(b, c, 3, shard.heads, d).permute(2, 0, 3, 1, 4)                   # (b, h_r, c, D) each
     y = ring_attention(cp, q, k, v, seq_len, "contiguous", True, block_size=c)           # (b, h_r, c, D)
     return row_linear(y.transpose(1, 2).reshape(b, c, shard.heads * d), shard.p("attn.out.weight"),
-                      shard.p("attn.out.bias"), tp, RowSpec("attn.out"))
+                      shard.p("attn.out.bias"), tp, RowSpec(site="attn.out"))
 
 
 def block_forward(shard: BlockShard, x: torch.Tensor, tp: TPGroup, cp: Context, seq_len: int) -> torch.Tensor:
     """x + attn(LN(x)), then + mlp(LN(.)), on this rank's heads, units and tokens: (b, c, H) -> (b, c, H)."""
     x = x + attention(shard, shard.ln1(x), tp, cp, seq_len)
-    return x + shard.mlp(shard.ln2(x), tp, None, False)
+    return x + shard.mlp(shard.ln2(x), tp, None, regather=False)
 
 
 class MeshStage(nn.Module):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
+from wmdist.costs.pipeline import ScheduleName
 from wmdist.costs.validate import require_bool, require_choice, require_int
 from wmdist.knobs import knob
 from wmdist.pipeline.plan import slow_stage_work
@@ -26,10 +27,10 @@ SCHEDULE_OPTIONS = (("GPipe", "gpipe"), ("1F1B", "1f1b"), ("interleaved 1F1B", "
 CURVE_MAX_M = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BubbleConfig:
     """What the panel's controls set: schedule, P, M, v, and balanced or unequal stages."""
-    schedule: str = knob("gpipe", "schedule", options=SCHEDULE_OPTIONS)
+    schedule: ScheduleName = knob("gpipe", "schedule", options=SCHEDULE_OPTIONS)
     stages: int = knob(4, "P: stages (ranks)", low=1, high=8)
     microbatches: int = knob(8, "M: microbatches", low=1, high=CURVE_MAX_M)
     chunks: int = knob(1, "v: chunks per rank", low=1, high=4)
@@ -41,7 +42,7 @@ class BubbleConfig:
         require_int("microbatches", self.microbatches, 1)
         require_int("chunks", self.chunks, 1)
         require_bool("unequal", self.unequal)
-        make_schedule(self.schedule, self.stages, self.microbatches, self.chunks)   # raises on an invalid combination
+        make_schedule(self.schedule, self.stages, self.microbatches, chunks=self.chunks)   # raises on a bad combination
 
     @property
     def stage_work(self) -> tuple[float, ...]:
@@ -99,7 +100,7 @@ def curve_points(config: BubbleConfig) -> tuple[int, ...]:
     return tuple(sorted(points | {config.microbatches}))
 
 
-def bubble_curve(config: BubbleConfig, cache: dict | None = None) -> BubbleCurve:
+def bubble_curve(config: BubbleConfig, *, cache: dict | None = None) -> BubbleCurve:
     """Idle fractions over curve_points(config): closed forms where they are exact, else the simulator.
 
     Balanced stages: f = r/(1+r) with r = (P-1)/(vM), exactly what the
@@ -115,7 +116,7 @@ def bubble_curve(config: BubbleConfig, cache: dict | None = None) -> BubbleCurve
     memo = {} if cache is None else cache
     for m in ms:
         if not config.unequal:
-            r = pcosts.bubble_over_ideal(p, m, v)
+            r = pcosts.bubble_over_ideal(p, m, chunks=v)
             f = pcosts.fraction_from_ratio(r)
         elif config.schedule == "gpipe":
             makespan = pcosts.fill_drain_time(forward, m) + pcosts.fill_drain_time(backward, m)
@@ -124,7 +125,7 @@ def bubble_curve(config: BubbleConfig, cache: dict | None = None) -> BubbleCurve
         else:
             key = (config.schedule, p, m, v, config.stage_work)
             if key not in memo:
-                sim = simulate(make_schedule(config.schedule, p, m, v), forward, backward)
+                sim = simulate(make_schedule(config.schedule, p, m, chunks=v), forward=forward, backward=backward)
                 memo[key] = (float(sim.idle_fraction), float(sim.bubble_over_ideal))
             f, r = memo[key]
         idle.append(f)
@@ -133,14 +134,14 @@ def bubble_curve(config: BubbleConfig, cache: dict | None = None) -> BubbleCurve
     return BubbleCurve(ms, tuple(idle), tuple(ratio), tuple(formula), limit_idle(config))
 
 
-def bubble_view(config: BubbleConfig, cache: dict | None = None) -> BubbleView:
+def bubble_view(config: BubbleConfig, *, cache: dict | None = None) -> BubbleView:
     """The panel's model: simulate the selected schedule and compute both conventions, peaks and the curve."""
     p, m, v = config.stages, config.microbatches, config.chunks
-    schedule = make_schedule(config.schedule, p, m, v)
+    schedule = make_schedule(config.schedule, p, m, chunks=v)
     forward, backward = _times(config)
-    sim = simulate(schedule, forward, backward)
-    ratio = pcosts.bubble_over_ideal(p, m, v)
+    sim = simulate(schedule, forward=forward, backward=backward)
+    ratio = pcosts.bubble_over_ideal(p, m, chunks=v)
     return BubbleView(config, schedule, sim, float(sim.idle_fraction), float(sim.bubble_over_ideal),
                       pcosts.fraction_from_ratio(ratio), ratio, sim.peak_in_flight,
-                      tuple(pcosts.peak_activations_in_flight(config.schedule, p, m, v, rank=r) for r in range(p)),
-                      pcosts.boundary_transfers(p, m, v), bubble_curve(config, cache))
+                      tuple(pcosts.peak_activations_in_flight(config.schedule, p, m, chunks=v, rank=r) for r in range(p)),
+                      pcosts.boundary_transfers(p, m, chunks=v), bubble_curve(config, cache=cache))

@@ -67,8 +67,8 @@ def build(args: argparse.Namespace) -> Schedule:
     """The Schedule the arguments describe (ValueError naming the flag on bad input)."""
     chunks = args.chunks if args.chunks is not None else (2 if args.name == "interleaved" else 1)
     try:
-        check_size(args.stages, args.microbatches, chunks)
-        return make_schedule(args.name, args.stages, args.microbatches, chunks)
+        check_size(args.stages, args.microbatches, chunks=chunks)
+        return make_schedule(args.name, args.stages, args.microbatches, chunks=chunks)
     except ValueError as err:
         field = str(err).split(" ", 1)[0]
         raise ValueError(f"{FLAGS[field]}: {err}" if field in FLAGS else str(err)) from None

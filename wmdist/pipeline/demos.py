@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from wmdist.comm import Context
 from wmdist.costs import pipeline as pcosts
+from wmdist.costs.pipeline import ScheduleName
 from wmdist.costs.validate import require_int
 from wmdist.experiment import Experiment, Verdict
 from wmdist.pipeline.executor import StageRun, pipeline_rank
@@ -41,9 +42,9 @@ from wmdist.transformer import TransformerConfig
 WIDTH = TransformerConfig().width      # H: every boundary tensor is one microbatch of (b, T, H) float32
 
 
-def plan(world_size: int, name: str, microbatches: int, chunks: int, work: PipeWork) -> Schedule:
+def plan(world_size: int, name: ScheduleName, microbatches: int, chunks: int, work: PipeWork) -> Schedule:
     """Build and check everything a run needs; a bad input is one ValueError here, before any process starts."""
-    schedule = make_schedule(check_name(name), world_size, microbatches, chunks)
+    schedule = make_schedule(check_name(name), world_size, microbatches, chunks=chunks)
     require_world(world_size, schedule)
     work.check(schedule)
     return schedule
@@ -85,10 +86,12 @@ def boundary_counts(schedule: Schedule, runs: list[StageRun], work: PipeWork, ca
     for kind, letter in kinds:
         for quantity in (f"{kind} sends", f"{kind} receives"):
             out += counts_per_rank(quantity, [r.transfers[quantity] for r in runs],
-                                   [transfer_counts(schedule, r, only)[quantity] for r in ranks], case=case)
+                                   [transfer_counts(schedule, r, forward_only=only)[quantity] for r in ranks],
+                                   case=case)
     for kind, letter in kinds:
-        sent = [nbytes(m for dst, m in outgoing(schedule, r, only) if dst != r and m[0] == letter) for r in ranks]
-        got = [nbytes(m for msgs in incoming(schedule, r, only).values() for m in msgs if m[0] == letter)
+        sent = [nbytes(m for dst, m in outgoing(schedule, r, forward_only=only) if dst != r and m[0] == letter)
+                for r in ranks]
+        got = [nbytes(m for msgs in incoming(schedule, r, forward_only=only).values() for m in msgs if m[0] == letter)
                for r in ranks]
         out += counts_per_rank(f"{kind} bytes sent", [r.bytes[f"{kind} bytes sent"] for r in runs], sent, case=case)
         out += counts_per_rank(f"{kind} bytes received", [r.bytes[f"{kind} bytes received"] for r in runs], got,
@@ -106,7 +109,7 @@ class ForwardResult:
     output_error: float       # max |pipeline output - single device|
 
 
-def forward_spec(world_size: int, microbatches: int = 8, work: PipeWork | None = None) -> Plans:
+def forward_spec(world_size: int, *, microbatches: int = 8, work: PipeWork | None = None) -> Plans:
     """GPipe's forwards of M microbatches on P = `world_size` stages, checked (the batch defaults to 2M)."""
     require_int("microbatches", microbatches, 1, MAX_MICROBATCHES)      # named before the batch it sizes
     work = work or PipeWork(batch_size=2 * microbatches, forward_only=True)
@@ -142,9 +145,9 @@ FORWARD_DEMO = Experiment(name="pp-forward", chapter="05", world_sizes=(1, 2, 4)
                           ranks=plans_rank, compare=compare_forward)
 
 
-def forward_demo(world_size: int, microbatches: int = 8, work: PipeWork | None = None) -> Report:
+def forward_demo(world_size: int, *, microbatches: int = 8, work: PipeWork | None = None) -> Report:
     """GPipe's forward on `world_size` stages: outputs equal one process; M(P-1) activation transfers, counted."""
-    return FORWARD_DEMO.run_spec(forward_spec(world_size, microbatches, work))
+    return FORWARD_DEMO.run_spec(forward_spec(world_size, microbatches=microbatches, work=work))
 
 
 @dataclass(frozen=True)
@@ -165,17 +168,17 @@ def backward_orders(schedule: Schedule) -> list[list[int]]:
             for s in range(schedule.virtual_stages)]
 
 
-def train_plans(world_size: int) -> list[tuple[str, int, int]]:
+def train_plans(world_size: int) -> list[tuple[ScheduleName, int, int]]:
     """(schedule, M, v) the training demo runs on N ranks: M = 2N; v = 2 where 8 blocks allow 2N stages."""
     m = 2 * world_size
     return [("gpipe", m, 1), ("1f1b", m, 1), ("interleaved", m, 2 if 2 * world_size <= PipeWork().layers else 1)]
 
 
-def train_spec(world_size: int, plans: list[tuple[str, int, int]] | None = None) -> Plans:
+def train_spec(world_size: int, *, plans: list[tuple[ScheduleName, int, int]] | None = None) -> Plans:
     """One training step per (schedule, M, v), batch 2M, on `world_size` ranks, checked (default: train_plans)."""
     cases = []
     for name, m, v in plans or train_plans(world_size):
-        make_schedule(check_name(name), world_size, m, v)       # P, M and v named first, then the batch
+        make_schedule(check_name(name), world_size, m, chunks=v)       # P, M and v named first, then the batch
         work = PipeWork(batch_size=2 * m)
         cases.append((plan(world_size, name, m, v, work), work))
     return Plans(world_size=world_size, cases=tuple(cases))
@@ -210,7 +213,7 @@ def compare_train(plans: Plans, results: list[StageRuns]) -> Verdict:
                         "the same operations in the same order: bitwise")]
         exact += boundary_counts(schedule, runs, work, name)
         exact += counts_per_rank("activation sets held (peak)", [r.peak_held for r in runs],
-                                 [pcosts.peak_activations_in_flight(name, P, m, schedule.chunks, rank=r)
+                                 [pcosts.peak_activations_in_flight(name, P, m, chunks=schedule.chunks, rank=r)
                                   for r in range(P)], case=name)
         data.append(TrainResult(name, m, schedule.chunks, max_abs_error(loss, ref.loss),
                                 max_abs_error([grads[k] for k in names], [ref.grads[k] for k in names]), gtol,
@@ -224,9 +227,9 @@ TRAIN_DEMO = Experiment(name="pp-train", chapter="05", world_sizes=(1, 2, 4), sp
                         ranks=plans_rank, compare=compare_train)
 
 
-def train_demo(world_size: int, plans: list[tuple[str, int, int]] | None = None) -> Report:
+def train_demo(world_size: int, *, plans: list[tuple[ScheduleName, int, int]] | None = None) -> Report:
     """One training step under each schedule: loss and every gradient vs one process, transfers and peaks counted."""
-    return TRAIN_DEMO.run_spec(train_spec(world_size, plans))
+    return TRAIN_DEMO.run_spec(train_spec(world_size, plans=plans))
 
 
 DEMOS = [FORWARD_DEMO, TRAIN_DEMO]

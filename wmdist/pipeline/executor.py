@@ -120,7 +120,7 @@ class _Step:
             time.sleep(seconds * (2 if a.kind == BACKWARD else 1))
         self.spans.append(Span(self.ctx.rank, start, time.monotonic(),
                                "forward" if a.kind == FORWARD else "backward",
-                               format_token(a, self.schedule.chunks > 1)))
+                               format_token(a, with_stage=self.schedule.chunks > 1)))
 
     def forward(self, a: Action) -> None:
         s, m, mb = a.stage, a.microbatch, self.micro[a.microbatch]
@@ -167,8 +167,8 @@ def pipeline_rank(ctx: Context, schedule: Schedule, work: PipeWork) -> StageRun:
         model.zero_grad(set_to_none=True)
         barrier(ctx, phase="pp/line up")
         ctx.ledger.reset()                                # keep one step's transfers
-        step = _Step(ctx, schedule, work, stages, micro, Mailbox(ctx, incoming(schedule, ctx.rank, work.forward_only),
-                                                                 shapes))
+        expected = incoming(schedule, ctx.rank, forward_only=work.forward_only)
+        step = _Step(ctx, schedule, work, stages, micro, Mailbox(ctx, expected, shapes))
         for a in actions:
             (step.forward if a.kind == FORWARD else step.backward)(a)
         for pending in step.sends:
@@ -178,7 +178,7 @@ def pipeline_rank(ctx: Context, schedule: Schedule, work: PipeWork) -> StageRun:
     loss = sum((step.losses[m] for m in range(schedule.microbatches)), torch.zeros(())).detach() if last else None
     outputs = torch.cat([step.outputs[m] for m in range(schedule.microbatches)]) if last and work.forward_only else None
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return StageRun(ctx.rank, tuple(format_token(a, True) for a in actions), tuple(timelines), loss, outputs, grads,
+    return StageRun(ctx.rank, tuple(format_token(a, with_stage=True) for a in actions), tuple(timelines), loss, outputs, grads,
                     step.peak, *_ledger_counts(ctx))
 
 

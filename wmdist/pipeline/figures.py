@@ -26,7 +26,7 @@ TOKEN = 8                              # points: 11 px on screen
 CHAR_PX = 0.6 * TOKEN * DPI / 72       # width of one token character (DejaVu Sans F, B and digits), in pixels
 
 
-def slot_axes(ax: plt.Axes, view: BubbleView, end: float | None = None) -> None:
+def slot_axes(ax: plt.Axes, view: BubbleView, *, end: float | None = None) -> None:
     """The ideal slot diagram: one row per rank, forwards green, backwards purple, gaps are the bubble.
 
     A bar carries its token (F3, B0, F3.1) when the token fits inside it on screen.
@@ -41,7 +41,7 @@ def slot_axes(ax: plt.Axes, view: BubbleView, end: float | None = None) -> None:
             ax.broken_barh(bars, (rank - 0.4, 0.8), facecolors=color, edgecolor="k", linewidth=0.3)
         if len(timings) <= MAX_LABELLED:
             for t in timings:
-                token = format_token(t.action, with_stage)
+                token = format_token(t.action, with_stage=with_stage)
                 if float(t.end - t.start) * px_per_slot >= CHAR_PX * len(token) + 1:
                     ax.text(float(t.start + t.end) / 2, rank, token, ha="center", va="center", fontsize=TOKEN,
                             color="white")
@@ -109,7 +109,7 @@ def draw_measured(fig: Figure, view: BubbleView, measured: MeasuredBubble | None
     ideal.set_axis_on()
     spans = in_slots(measured.median_timeline, measured.work.slot_seconds)
     end = max(float(view.sim.makespan), max(s.end for s in spans))
-    slot_axes(ideal, view, end)
+    slot_axes(ideal, view, end=end)
     ideal.set_xlabel("")
     timeline_figure(spans, ax=low, unit="s")
     low.get_legend().remove()                            # the same two colours as the ideal diagram's legend

@@ -55,7 +55,7 @@ def ideal_timeline(schedule: Schedule, work: PipeWork) -> tuple[Span, ...]:
     slot = Fraction(work.slot_seconds).limit_denominator(10**6)
     times = [Fraction(w).limit_denominator(1000) * slot for w in work.work(schedule.virtual_stages)]
     if not work.forward_only:
-        return tuple(spans(schedule, simulate(schedule, times, [2 * t for t in times])))
+        return tuple(spans(schedule, simulate(schedule, forward=times, backward=[2 * t for t in times])))
     if schedule.chunks > 1:
         raise ValueError("forward-only timing covers v = 1 schedules (the text's basic forward pipeline)")
     end: dict[tuple[int, int], Fraction] = {}
@@ -94,7 +94,7 @@ def measured(plans: Plans, results: list[StageRuns]) -> list[MeasuredBubble]:
     return out
 
 
-def measure_bubble(schedule: Schedule, work: PipeWork, progress: OnProgress | None = None) -> MeasuredBubble:
+def measure_bubble(schedule: Schedule, work: PipeWork, *, progress: OnProgress | None = None) -> MeasuredBubble:
     """Run `work.repeats` timed steps of `schedule` on P local ranks (one call each, for progress)."""
     check_timed(schedule, work)
     one_step = dataclasses.replace(work, repeats=1)
@@ -128,7 +128,7 @@ def off_by_one_gap(stages: int, microbatches: int) -> float:
     return (stages - 1) / ((microbatches + stages - 1) * (microbatches + stages))
 
 
-def bubble_spec(world_size: int, microbatches: int | None = None) -> Plans:
+def bubble_spec(world_size: int, *, microbatches: int | None = None) -> Plans:
     """The balanced forward pipeline on P = `world_size` ranks at M (default 2P), and at M = SMALL_M for P > 1.
 
     At M = 2P the formula and the off-by-one (P-1)/(M+P) differ by less than
@@ -171,12 +171,12 @@ BUBBLE_DEMO = Experiment(name="pp-bubble", chapter="05", world_sizes=(1, 2, 4), 
                          ranks=plans_rank, compare=compare_bubble)
 
 
-def bubble_demo(world_size: int, microbatches: int | None = None) -> Report:
+def bubble_demo(world_size: int, *, microbatches: int | None = None) -> Report:
     """The text's balanced forward pipeline, timed: measured idle fraction vs (P-1)/(M+P-1), M = 2P by default."""
-    return BUBBLE_DEMO.run_spec(bubble_spec(world_size, microbatches))
+    return BUBBLE_DEMO.run_spec(bubble_spec(world_size, microbatches=microbatches))
 
 
-def imbalance_spec(world_size: int, microbatches: tuple[int, ...] = (4, 16, 32)) -> Plans:
+def imbalance_spec(world_size: int, *, microbatches: tuple[int, ...] = (4, 16, 32)) -> Plans:
     """Forwards only on P = `world_size` >= 2 ranks, stage 1 twice as slow, one case per M."""
     if world_size < 2:
         raise ValueError(f"world_size must be >= 2: imbalance needs two stages, got {world_size}")
@@ -214,9 +214,9 @@ IMBALANCE_DEMO = Experiment(name="pp-imbalance", chapter="05", world_sizes=(2, 4
                             ranks=plans_rank, compare=compare_imbalance)
 
 
-def imbalance_demo(world_size: int, microbatches: tuple[int, ...] = (4, 16, 32)) -> Report:
+def imbalance_demo(world_size: int, *, microbatches: tuple[int, ...] = (4, 16, 32)) -> Report:
     """Stage 1 does twice the work: the idle fraction levels off at 1 - mean/max, whatever M (forwards only)."""
-    return IMBALANCE_DEMO.run_spec(imbalance_spec(world_size, microbatches))
+    return IMBALANCE_DEMO.run_spec(imbalance_spec(world_size, microbatches=microbatches))
 
 
 DEMOS = [BUBBLE_DEMO, IMBALANCE_DEMO]

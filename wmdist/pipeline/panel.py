@@ -65,7 +65,7 @@ class BubblePanel(Panel):
                 View("activations in flight", lambda fig, c, r: draw_held(fig, r))]
 
     def compute(self, config: BubbleConfig) -> BubbleView:
-        return bubble_view(config, self.curves)
+        return bubble_view(config, cache=self.curves)
 
     def describe(self, config: BubbleConfig, v: BubbleView) -> str:
         p, m, c = config.stages, config.microbatches, config.chunks

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wmdist.costs.validate import require_bool, require_choice, require_int, require_positive, require_real
+from wmdist.costs.pipeline import SCHEDULES, ScheduleName
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Schedule
 
 ACTIVATION, GRADIENT = "activation", "gradient"
@@ -57,7 +58,7 @@ def owner(schedule: Schedule, stage: int) -> int:
     return stage % schedule.stages
 
 
-def outgoing(schedule: Schedule, rank: int, forward_only: bool = False) -> list[tuple[int, Message]]:
+def outgoing(schedule: Schedule, rank: int, *, forward_only: bool = False) -> list[tuple[int, Message]]:
     """(destination rank, message) for every tensor `rank` sends, in the order its actions send them.
 
     A forward of stage s < last sends its output to stage s+1; a backward of
@@ -75,22 +76,22 @@ def outgoing(schedule: Schedule, rank: int, forward_only: bool = False) -> list[
     return out
 
 
-def incoming(schedule: Schedule, rank: int, forward_only: bool = False) -> dict[int, list[Message]]:
+def incoming(schedule: Schedule, rank: int, *, forward_only: bool = False) -> dict[int, list[Message]]:
     """For each other rank, the messages it sends to `rank`, in its sending order (the order to post receives)."""
     by_source: dict[int, list[Message]] = {}
     for src in range(schedule.stages):
         if src == rank:
             continue
-        msgs = [m for dst, m in outgoing(schedule, src, forward_only) if dst == rank]
+        msgs = [m for dst, m in outgoing(schedule, src, forward_only=forward_only) if dst == rank]
         if msgs:
             by_source[src] = msgs
     return by_source
 
 
-def transfer_counts(schedule: Schedule, rank: int, forward_only: bool = False) -> dict[str, int]:
+def transfer_counts(schedule: Schedule, rank: int, *, forward_only: bool = False) -> dict[str, int]:
     """Messages `rank` sends and receives across ranks, by direction: the counts its ledger must show."""
-    sent = [m for dst, m in outgoing(schedule, rank, forward_only) if dst != rank]
-    received = [m for msgs in incoming(schedule, rank, forward_only).values() for m in msgs]
+    sent = [m for dst, m in outgoing(schedule, rank, forward_only=forward_only) if dst != rank]
+    received = [m for msgs in incoming(schedule, rank, forward_only=forward_only).values() for m in msgs]
     return {f"{ACTIVATION} sends": sum(m[0] == FORWARD for m in sent),
             f"{ACTIVATION} receives": sum(m[0] == FORWARD for m in received),
             f"{GRADIENT} sends": sum(m[0] == BACKWARD for m in sent),
@@ -106,7 +107,7 @@ def peak_held(schedule: Schedule, rank: int) -> int:
     return peak
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PipeWork:
     """What each pipeline step computes, and how long each action is made to take.
 
@@ -155,7 +156,7 @@ class PipeWork:
         self.work(schedule.virtual_stages)
 
 
-def slow_stage_work(virtual_stages: int, factor: float = 2.0, stage: int = 1) -> tuple[float, ...]:
+def slow_stage_work(virtual_stages: int, *, factor: float = 2.0, stage: int = 1) -> tuple[float, ...]:
     """Deliberately unequal stages: every stage does 1.0 except `stage` (default the second), which does `factor`."""
     n = require_int("virtual_stages", virtual_stages, 1)
     require_positive("factor", factor)
@@ -171,6 +172,6 @@ def require_world(world_size: int, schedule: Schedule) -> None:
                          f"each rank runs one stage (v={schedule.chunks} virtual stages)")
 
 
-def check_name(name: str) -> str:
-    """A schedule name the executor knows."""
-    return require_choice("schedule", name, ("gpipe", "1f1b", "interleaved"))
+def check_name(name: str) -> ScheduleName:
+    """A schedule name the executor knows, or a ValueError naming the choices."""
+    return require_choice("schedule", name, SCHEDULES)

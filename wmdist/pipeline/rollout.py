@@ -102,7 +102,7 @@ class RolloutResult:
     per_transition_gap: float                       # max |T small steps - one step|, parameters
 
 
-def rollout_spec(world_size: int, environments: int | None = None, horizon: int = 8) -> RolloutSpec:
+def rollout_spec(world_size: int, *, environments: int | None = None, horizon: int = 8) -> RolloutSpec:
     """E = `environments` trajectories (default 2M) of `horizon` steps on a 1F1B pipeline of P = N ranks, checked."""
     m = 2 * require_int("world_size", world_size, 1)                   # microbatches: M = 2P
     require_int("horizon", horizon, 1, 64)
@@ -155,9 +155,9 @@ ROLLOUT_DEMO = Experiment(name="pp-rollout", chapter="05", world_sizes=(1, 2, 4)
                           ranks=rollout_rank, compare=compare_rollout)
 
 
-def rollout_demo(world_size: int, environments: int | None = None, horizon: int = 8) -> Report:
+def rollout_demo(world_size: int, *, environments: int | None = None, horizon: int = 8) -> Report:
     """One optimizer step over E whole trajectories on a 1F1B pipeline of P = N ranks; two mistakes shown."""
-    return ROLLOUT_DEMO.run_spec(rollout_spec(world_size, environments, horizon))
+    return ROLLOUT_DEMO.run_spec(rollout_spec(world_size, environments=environments, horizon=horizon))
 
 
 DEMOS = [ROLLOUT_DEMO]

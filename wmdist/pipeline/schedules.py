@@ -21,12 +21,13 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from wmdist.costs.pipeline import SCHEDULES
+from wmdist.costs.pipeline import SCHEDULES, ScheduleName
 from wmdist.costs.validate import require_choice, require_int
 
 FORWARD, BACKWARD = "F", "B"
+Kind = Literal["F", "B"]                # an action's kind: FORWARD or BACKWARD
 # make_schedule's bounds (the CLI's -P, -M and -v), stated once: a schedule lists 2*P*M*v actions, and the
 # ideal-time simulation of the largest one allowed takes about a second on one core.
 MAX_STAGES, MAX_MICROBATCHES, MAX_CHUNKS, MAX_SLOTS = 256, 1024, 16, 16384     # MAX_SLOTS bounds P*M*v
@@ -36,7 +37,7 @@ _TOKEN = re.compile(r"(?:s(\d+))?([FB])(\d+)")
 @dataclass(frozen=True)
 class Action:
     """One unit of compute: the forward or backward of one microbatch on one (virtual) stage."""
-    kind: str          # FORWARD ("F") or BACKWARD ("B")
+    kind: Kind         # FORWARD ("F") or BACKWARD ("B")
     microbatch: int    # 0 .. M-1
     stage: int         # virtual stage 0 .. P*v-1; equals the rank in plain schedules
 
@@ -49,13 +50,13 @@ class Action:
         return format_token(self, with_stage=True)
 
 
-def format_token(action: Action, with_stage: bool = False) -> str:
+def format_token(action: Action, *, with_stage: bool = False) -> str:
     """Write `action` as "F3" / "B3", or with its virtual stage as "s2F3" (stage 2, forward of microbatch 3)."""
     prefix = f"s{action.stage}" if with_stage else ""
     return f"{prefix}{action.kind}{action.microbatch}"
 
 
-def parse_token(token: str, stage: int | None = None) -> Action:
+def parse_token(token: str, *, stage: int | None = None) -> Action:
     """Read a token back into an Action; a token without an "s<k>" prefix takes `stage` (a plain schedule's rank).
 
     e.g. parse_token("s2F3") -> Action("F", 3, 2); parse_token("B0", stage=1) -> Action("B", 0, 1).
@@ -126,7 +127,7 @@ class Schedule:
     def tokens(self) -> tuple[tuple[str, ...], ...]:
         """Each rank's actions as tokens; the stage prefix appears only when v > 1 (a rank owns several)."""
         with_stage = self.chunks > 1
-        return tuple(tuple(format_token(a, with_stage) for a in actions) for actions in self.ranks)
+        return tuple(tuple(format_token(a, with_stage=with_stage) for a in actions) for actions in self.ranks)
 
 
 def _plain(name: str, stages: int, microbatches: int, orders: Iterable[Iterable[tuple[str, int]]]) -> Schedule:
@@ -206,7 +207,7 @@ def interleaved_one_f_one_b(stages: int, microbatches: int, chunks: int) -> Sche
     return Schedule("interleaved", p, m, v, tuple(ranks))
 
 
-def check_size(stages: int, microbatches: int, chunks: int = 1) -> tuple[int, int, int]:
+def check_size(stages: int, microbatches: int, *, chunks: int = 1) -> tuple[int, int, int]:
     """(P, M, v) if each lies in 1..MAX_STAGES / MAX_MICROBATCHES / MAX_CHUNKS and P*M*v <= MAX_SLOTS, else ValueError.
 
     Refused before anything is built, so a mistyped 1000000 answers at once
@@ -224,14 +225,14 @@ def check_size(stages: int, microbatches: int, chunks: int = 1) -> tuple[int, in
     return p, m, v
 
 
-def make_schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
+def make_schedule(name: ScheduleName, stages: int, microbatches: int, *, chunks: int = 1) -> Schedule:
     """Build the schedule called `name` ("gpipe", "1f1b" or "interleaved") for P ranks, M microbatches, v chunks.
 
     Sizes are bounded by check_size (P <= 256, M <= 1024, v <= 16, P*M*v <= 16384); the schedule
     functions themselves (gpipe, one_f_one_b, ...) take any size.
     """
     require_choice("name", name, SCHEDULES)
-    p, m, v = check_size(stages, microbatches, chunks)
+    p, m, v = check_size(stages, microbatches, chunks=chunks)
     if name == "interleaved":
         return interleaved_one_f_one_b(p, m, v)
     if v != 1:

@@ -79,7 +79,7 @@ def _needs(action: Action, last_stage: int) -> list[tuple[str, int, int]]:
     return [(FORWARD, s, m)] + ([(BACKWARD, s + 1, m)] if s < last_stage else [])
 
 
-def simulate(schedule: Schedule, forward: Real | Sequence[Real] = 1,
+def simulate(schedule: Schedule, *, forward: Real | Sequence[Real] = 1,
              backward: Real | Sequence[Real] = 2) -> SimResult:
     """Run `schedule` in ideal time; `forward` / `backward` are slot durations (one value, or one per virtual stage).
 
@@ -158,10 +158,10 @@ def spans(schedule: Schedule, result: SimResult) -> list[Span]:
     """The run as wmdist.spans.Span rows (kind "forward" / "backward", label the token), for timeline plots."""
     with_stage = schedule.chunks > 1
     return [Span(t.rank, float(t.start), float(t.end), "forward" if t.action.kind == FORWARD else "backward",
-                 format_token(t.action, with_stage)) for rank in result.timings for t in rank]
+                 format_token(t.action, with_stage=with_stage)) for rank in result.timings for t in rank]
 
 
-def gantt_text(schedule: Schedule, result: SimResult, max_cells: int = 240) -> str:
+def gantt_text(schedule: Schedule, result: SimResult, *, max_cells: int = 240) -> str:
     """One text line per rank, one cell per slot: the token where an action starts, "-" while it runs, "." idle.
 
     The slot is the largest time unit that divides every start and end, so
@@ -176,13 +176,13 @@ def gantt_text(schedule: Schedule, result: SimResult, max_cells: int = 240) -> s
         raise ValueError(f"max_cells: this run needs {cells} cells of {slot} slot units (over {cap}); "
                          f"use durations that are multiples of a coarser unit, or raise max_cells")
     with_stage = schedule.chunks > 1
-    width = max(len(format_token(t.action, with_stage)) for rank in result.timings for t in rank)
+    width = max(len(format_token(t.action, with_stage=with_stage)) for rank in result.timings for t in rank)
     lines = []
     for rank, timings in enumerate(result.timings):
         row = ["." * width] * cells
         for t in timings:
             first, last = int(t.start / slot), int(t.end / slot)
-            row[first] = format_token(t.action, with_stage).ljust(width)
+            row[first] = format_token(t.action, with_stage=with_stage).ljust(width)
             row[first + 1:last] = ["-" * width] * (last - first - 1)
         lines.append(f"rank {rank} | " + " ".join(row))
     return "\n".join(lines)

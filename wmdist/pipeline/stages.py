@@ -66,7 +66,7 @@ def model_for(work: PipeWork) -> TransformerWorldModel:
     return make_transformer(seed=work.seed, cfg=TransformerConfig(layers=work.layers))
 
 
-def batch_for(work: PipeWork, step: int = 0) -> dict[str, torch.Tensor]:
+def batch_for(work: PipeWork, *, step: int = 0) -> dict[str, torch.Tensor]:
     """The step's batch of B independent trajectories (obs, actions, next_obs: (B, T, .))."""
     return make_batch(work.batch_size, seq_len=work.seq_len, seed=work.seed * 1000 + step)
 
@@ -107,7 +107,7 @@ class Reference:
         return out
 
 
-def reference(work: PipeWork, microbatches: int, gradients: bool = True) -> Reference:
+def reference(work: PipeWork, microbatches: int, *, gradients: bool = True) -> Reference:
     """Run the single-device references for `work` split into `microbatches` microbatches, on one thread.
 
     `gradients=False` computes the output and loss only.

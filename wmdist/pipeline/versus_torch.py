@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from wmdist.comm import Context, counted
+from wmdist.costs.pipeline import ScheduleName
 from wmdist.experiment import Experiment, Verdict
 from wmdist.pipeline.demos import Plans
 from wmdist.pipeline.executor import StageRun, pipeline_rank
@@ -110,9 +111,10 @@ class Comparison:
     seconds_torch: float
 
 
-def check_torch_plan(world_size: int, name: str, microbatches: int, chunks: int, work: PipeWork) -> Schedule:
+def check_torch_plan(world_size: int, name: ScheduleName, microbatches: int, chunks: int,
+                     work: PipeWork) -> Schedule:
     """Build the schedule and refuse what torch's schedules cannot run the same way, before any process starts."""
-    schedule = make_schedule(name, world_size, microbatches, chunks)
+    schedule = make_schedule(name, world_size, microbatches, chunks=chunks)
     require_world(world_size, schedule)
     work.check(schedule)
     if world_size < 2:
@@ -164,7 +166,8 @@ def comparisons(plans: Plans, results: list[BothRuns]) -> list[Comparison]:
     return out
 
 
-def compare(world_size: int, name: str, microbatches: int, chunks: int = 1, work: PipeWork | None = None) -> Comparison:
+def compare(world_size: int, name: ScheduleName, microbatches: int, *, chunks: int = 1,
+            work: PipeWork | None = None) -> Comparison:
     """Run `name` on `world_size` ranks with our executor and with torch's schedule; compare everything."""
     work = work or PipeWork(batch_size=2 * microbatches)
     schedule = check_torch_plan(world_size, name, microbatches, chunks, work)

@@ -86,11 +86,11 @@ class TrafficConfig:
 def parallel_bytes(c: TrafficConfig, seq_len: int, width: int) -> dict[str, int]:
     """Bytes one rank sends per layer and training step: DP (gradients), TP (Megatron), CP (ring + gradients)."""
     n, e, b = c.world_size, c.elem, c.batch
-    params = block_params(BlockShape(b, seq_len, width, 1, 4 * width))
+    params = block_params(BlockShape(batch=b, seq=seq_len, width=width, heads=1, hidden=4 * width))
     grads = ring_allreduce_bytes(params, n, 0, e)
     fwd = ra.ring_kv_bytes_per_rank(seq_len, n, 2 * width, b, e)
     kv_back, grad_back = ra.ring_backward_bytes_per_rank(seq_len, n, 2 * width, b, e)
-    return {"DP": grads, "TP": round(megatron_layer_bytes(b, seq_len, width, n, False, e)),
+    return {"DP": grads, "TP": round(megatron_layer_bytes(b, seq_len, width, n, sequence_parallel=False, elem_size=e)),
             "CP": fwd + kv_back + grad_back + grads}
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wmdist.costs.tensor_parallel import BLOCK_LAYOUTS, BlockShape, shard_sizes
+from wmdist.costs.tensor_parallel import BLOCK_LAYOUTS, BlockLayout, BlockShape, shard_sizes
 from wmdist.costs.validate import require_choice
 from wmdist.tensor_parallel.layers import ColumnSpec, RowSpec, TPGroup, all_reduce, column_linear, offset, row_linear
 from wmdist.transformer import Block, TransformerConfig
@@ -36,7 +36,7 @@ SEQUENCE_PARALLEL_PARAMS = ("ln1.weight", "ln1.bias", "attn.out.bias", "ln2.weig
 
 def block_shape(cfg: TransformerConfig, batch: int, seq: int) -> BlockShape:
     """The sizes of one block's activations for a batch of `batch` sequences of `seq` tokens."""
-    return BlockShape(batch, seq, cfg.width, cfg.heads, cfg.hidden)
+    return BlockShape(batch=batch, seq=seq, width=cfg.width, heads=cfg.heads, hidden=cfg.hidden)
 
 
 def shard_index(name: str, cfg: TransformerConfig, world_size: int, rank: int) -> tuple[int, torch.Tensor] | None:
@@ -88,25 +88,26 @@ class BlockShard(nn.Module):
         """Every parameter's gradient, by Block name (this rank's slice for sharded ones)."""
         return {name: self.p(name).grad.clone() for name in NAMES}
 
-    def attention(self, x: torch.Tensor, tp: TPGroup, tokens: tuple[int, ...] | None,
+    def attention(self, x: torch.Tensor, tp: TPGroup, tokens: tuple[int, ...] | None, *,
                   regather: bool) -> torch.Tensor:             # (B, T or T_r, H) -> (B, T or T_r, H)
         """Attention over this rank's heads: QKV column-parallel by head, output projection row-parallel."""
         qkv = column_linear(x, self.p("attn.qkv.weight"), self.p("attn.qkv.bias"), tp,
-                            ColumnSpec("attn.qkv", tokens, regather))   # (B, T, 3 h_r D): nothing gathered
+                            ColumnSpec(site="attn.qkv", tokens=tokens, regather=regather))   # (B, T, 3 h_r D): nothing gathered
         b, t, _ = qkv.shape
         q, k, v = qkv.view(b, t, 3, self.heads, self.cfg.head_dim).permute(2, 0, 3, 1, 4)   # (B, h_r, T, D)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)                         # (B, h_r, T, D)
         return row_linear(y.transpose(1, 2).reshape(b, t, self.heads * self.cfg.head_dim),
-                          self.p("attn.out.weight"), self.p("attn.out.bias"), tp, RowSpec("attn.out", tokens=tokens))
+                          self.p("attn.out.weight"), self.p("attn.out.bias"), tp, RowSpec(site="attn.out", tokens=tokens))
 
-    def mlp(self, x: torch.Tensor, tp: TPGroup, tokens: tuple[int, ...] | None, regather: bool) -> torch.Tensor:
+    def mlp(self, x: torch.Tensor, tp: TPGroup, tokens: tuple[int, ...] | None, *, regather: bool) -> torch.Tensor:
         """fc2(gelu(fc1(x))) over this rank's hidden units: column then row, nothing gathered in between."""
         h = column_linear(x, self.p("mlp.fc1.weight"), self.p("mlp.fc1.bias"), tp,
-                          ColumnSpec("mlp.fc1", tokens, regather))            # (B, T, F_r): no gather
+                          ColumnSpec(site="mlp.fc1", tokens=tokens, regather=regather))   # (B, T, F_r): no gather
         return row_linear(F.gelu(h), self.p("mlp.fc2.weight"), self.p("mlp.fc2.bias"), tp,
-                          RowSpec("mlp.fc2", tokens=tokens))
+                          RowSpec(site="mlp.fc2", tokens=tokens))
 
-    def forward(self, x: torch.Tensor, tp: TPGroup, layout: str = "tp", seq_len: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tp: TPGroup, *, layout: BlockLayout = "tp",
+                seq_len: int | None = None) -> torch.Tensor:
         """x + attn(LN(x)), then + mlp(LN(.)).
 
         "tp": x (B, T, H), the same on every rank. "sp" / "sp-regather": x (B, T_r, H),
@@ -120,8 +121,8 @@ class BlockShard(nn.Module):
                 raise ValueError(f"rank {tp.rank}: layout {layout!r} needs seq_len, and x must hold this rank's "
                                  f"share of it; got seq_len {seq_len} and {x.shape[1]} tokens")
         regather = layout == "sp-regather"
-        x = x + self.attention(self.ln1(x), tp, tokens, regather)
-        return x + self.mlp(self.ln2(x), tp, tokens, regather)
+        x = x + self.attention(self.ln1(x), tp, tokens, regather=regather)
+        return x + self.mlp(self.ln2(x), tp, tokens, regather=regather)
 
 
 def reduce_sequence_parallel_grads(shard: BlockShard, tp: TPGroup) -> None:
@@ -137,7 +138,7 @@ def reduce_sequence_parallel_grads(shard: BlockShard, tp: TPGroup) -> None:
         p.grad.copy_(g.view_as(p))
 
 
-def make_block(cfg: TransformerConfig, seed: int = 0) -> Block:
+def make_block(cfg: TransformerConfig, *, seed: int = 0) -> Block:
     """A Block whose weights depend only on `seed` (the same on every rank and in the reference)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

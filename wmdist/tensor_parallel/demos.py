@@ -7,7 +7,7 @@ the bytes autograd kept for backward, all exact integers.
 
 Each is an `Experiment` on one spec type, `TPSpec` (the block's sizes and the
 layouts to run, checked before any process starts); the public functions
-(`tp_block_demo(world_size, batch, seq, seed)`, ...) build a spec and run it.
+(`tp_block_demo(world_size, batch=..., seq=..., seed=...)`, ...) build a spec and run it.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _spec(world_size: int, cfg: TransformerConfig, batch: int, seq: int, seed: i
     """Validate the sizes (a ValueError names the first bad one) and build the spec."""
     require_int("world_size", world_size, 1)
     shape = block_shape(cfg, require_int("batch", batch, 1), require_int("seq", seq, 1))
-    shape.check_world(world_size, sequence)
+    shape.check_world(world_size, sequence=sequence)
     return TPSpec(world_size=world_size, cfg=cfg, shape=shape, layouts=layouts, seed=seed)
 
 
@@ -63,17 +63,17 @@ def _tensors(run_: object) -> dict[str, torch.Tensor]:
 
 def block_ranks(ctx: Context, spec: TPSpec) -> BlockRuns:
     """Rank function: the block in each of the spec's layouts (sequence.block_rank)."""
-    return block_rank(ctx, spec.cfg, spec.layouts, spec.shape.batch, spec.shape.seq, spec.seed)
+    return block_rank(ctx, spec.cfg, spec.layouts, spec.shape.batch, spec.shape.seq, seed=spec.seed)
 
 
 def mlp_ranks(ctx: Context, spec: TPSpec) -> MLPRuns:
     """Rank function: the MLP in each of the spec's layouts (layouts.mlp_rank)."""
-    return mlp_rank(ctx, spec.cfg, spec.layouts, spec.shape.batch, spec.shape.seq, spec.seed)
+    return mlp_rank(ctx, spec.cfg, spec.layouts, spec.shape.batch, spec.shape.seq, seed=spec.seed)
 
 
 def versus_ranks(ctx: Context, spec: TPSpec) -> OursAndTorch:
     """Rank function: our column -> row MLP, then torch's DTensor one (versus_dtensor.ours_and_torch)."""
-    return ours_and_torch(ctx, spec.cfg, spec.shape.batch, spec.shape.seq, spec.seed)
+    return ours_and_torch(ctx, spec.cfg, spec.shape.batch, spec.shape.seq, seed=spec.seed)
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class BlockTraffic(Traffic):
     single_saved_bytes: int                     # the same block on one device
 
 
-def block_spec(world_size: int, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> TPSpec:
+def block_spec(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> TPSpec:
     """The Megatron block in the "tp" layout on `world_size` ranks (at most one rank per head), checked."""
     return _spec(world_size, CONFIG, batch, seq, seed, ("tp",), sequence=False)
 
@@ -99,15 +99,15 @@ def compare_block(spec: TPSpec, results: list[BlockRuns]) -> Verdict:
     """Outputs and every gradient against one device; 4 all-reduces and the bytes kept, per rank, exactly."""
     n, shape, (batch, seq) = spec.world_size, spec.shape, (spec.shape.batch, spec.shape.seq)
     runs = [r.runs[0] for r in results]
-    ref = reference_run(spec.cfg, batch, seq, spec.seed)
+    ref = reference_run(spec.cfg, batch, seq, seed=spec.seed)
     want = [{"output": ref.output, "input gradient": ref.input_grad,
              **{nm: shard_of(nm, ref.grads[nm], spec.cfg, n, r) for nm in NAMES}} for r in range(n)]
     checks = agreement_checks("tp", [_tensors(r) for r in runs], want, reordered_terms(shape))
-    exact = collective_counts([r.collectives for r in runs], costs.block_schedule(shape, n, "tp"), "tp")
+    exact = collective_counts([r.collectives for r in runs], costs.block_schedule(shape, n, layout="tp"), "tp")
     exact += counts_per_rank("saved activation bytes", [r.saved_bytes for r in runs],
-                             [4 * costs.block_saved_elements(shape, n, r, "tp") for r in range(n)], case="tp")
+                             [4 * costs.block_saved_elements(shape, n, r, layout="tp") for r in range(n)], case="tp")
     data = BlockTraffic({"tp": [sum(m.bytes_sent for m in r.collectives) for r in runs]},
-                        costs.megatron_layer_bytes(batch, seq, shape.width, n, False),
+                        costs.megatron_layer_bytes(batch, seq, shape.width, n, sequence_parallel=False),
                         {"tp": [r.saved_bytes for r in runs]}, ref.saved_bytes)
     return Verdict(checks=checks, exact=exact, params=spec.params, data=data)
 
@@ -117,12 +117,12 @@ BLOCK_DEMO = Experiment(name="tp-block", chapter="04", world_sizes=(1, 2, 3, 4),
                         ranks=block_ranks, compare=compare_block)
 
 
-def tp_block_demo(world_size: int, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> Report:
+def tp_block_demo(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> Report:
     """The Megatron block (heads and MLP split, "tp" layout): outputs, every gradient, 4 all-reduces, bytes kept."""
-    return BLOCK_DEMO.run_spec(block_spec(world_size, batch, seq, seed))
+    return BLOCK_DEMO.run_spec(block_spec(world_size, batch=batch, seq=seq, seed=seed))
 
 
-def layouts_spec(world_size: int, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> TPSpec:
+def layouts_spec(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> TPSpec:
     """The MLP in the four layouts of costs.MLP_LAYOUTS, checked (row -> row needs an input feature per rank)."""
     spec = _spec(world_size, CONFIG, batch, seq, seed, costs.MLP_LAYOUTS, sequence=False)
     if world_size > spec.shape.width:
@@ -134,25 +134,25 @@ def layouts_spec(world_size: int, batch: int = BATCH, seq: int = SEQ, seed: int 
 def compare_layouts(spec: TPSpec, results: list[MLPRuns]) -> Verdict:
     """Every layout against one device and its schedule; the needless gather's extra bytes, exactly."""
     n, shape, (batch, seq) = spec.world_size, spec.shape, (spec.shape.batch, spec.shape.seq)
-    ref = mlp_reference(spec.cfg, batch, seq, spec.seed)
+    ref = mlp_reference(spec.cfg, batch, seq, seed=spec.seed)
     checks, exact, sent = [], [], {}
     for i, layout in enumerate(spec.layouts):
         mine = [r.runs[i] for r in results]
         want = [{"output": ref.output, "input gradient": ref.input_grad,
-                 **{nm: mlp_slice(nm, ref.grads[nm], spec.cfg, layout, n, r) for nm in MLP_NAMES}}
+                 **{nm: mlp_slice(nm, ref.grads[nm], spec.cfg, n, r, layout=layout) for nm in MLP_NAMES}}
                 for r in range(n)]
         checks += agreement_checks(layout, [_tensors(m) for m in mine], want, reordered_terms(shape))
-        exact += collective_counts([m.collectives for m in mine], costs.mlp_schedule(shape, n, layout), layout)
+        exact += collective_counts([m.collectives for m in mine], costs.mlp_schedule(shape, n, layout=layout), layout)
         sent[layout] = [sum(c.bytes_sent for c in m.collectives) for m in mine]
     good, bad = costs.MLP_LAYOUTS[:2]
-    megatron, gathered = (costs.mlp_schedule(shape, n, lay) for lay in (good, bad))
+    megatron, gathered = (costs.mlp_schedule(shape, n, layout=lay) for lay in (good, bad))
     extra = [costs.schedule_bytes(gathered, r) - costs.schedule_bytes(megatron, r) for r in range(n)]
     exact += counts_per_rank("extra bytes sent for the needless gather",
                              [g - m for g, m in zip(sent[bad], sent[good])], extra, case=bad)
     checks.append(differ_check("PITFALL gathering fc1's output: rank 0 sends more bytes than column -> row",
                                float(sent[bad][0]), float(sent[good][0]), float(extra[0]),
                                "at least the two all-gathers of (B, T, F) the formula predicts"))
-    data = Traffic(sent, costs.megatron_layer_bytes(batch, seq, shape.width, n, False))
+    data = Traffic(sent, costs.megatron_layer_bytes(batch, seq, shape.width, n, sequence_parallel=False))
     return Verdict(checks=checks, exact=exact, params={"batch": batch, "seq": seq, "hidden": shape.hidden},
                    data=data)
 
@@ -162,12 +162,12 @@ LAYOUTS_DEMO = Experiment(name="tp-layouts", chapter="04", world_sizes=(2, 3, 4)
                           ranks=mlp_ranks, compare=compare_layouts)
 
 
-def tp_layouts_demo(world_size: int, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> Report:
+def tp_layouts_demo(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> Report:
     """The MLP split four ways: same result, different collectives; the needless gather's bytes, exactly."""
-    return LAYOUTS_DEMO.run_spec(layouts_spec(world_size, batch, seq, seed))
+    return LAYOUTS_DEMO.run_spec(layouts_spec(world_size, batch=batch, seq=seq, seed=seed))
 
 
-def dtensor_spec(world_size: int, batch: int = 2, seq: int = 3, seed: int = 0) -> TPSpec:
+def dtensor_spec(world_size: int, *, batch: int = 2, seq: int = 3, seed: int = 0) -> TPSpec:
     """Our column -> row MLP next to DTensor's, on DTENSOR_CONFIG; N must divide its hidden width (equal shards)."""
     n, cfg = require_int("world_size", world_size, 1), DTENSOR_CONFIG
     if cfg.hidden % n:
@@ -187,7 +187,7 @@ def compare_dtensor(spec: TPSpec, results: list[OursAndTorch]) -> Verdict:
                           "the same slices of the same weights")]
     checks += agreement_checks("ours vs DTensor", [_tensors(r.ours) for r in results],
                                [_tensors(r.torch) for r in results], terms)
-    ref = mlp_reference(cfg, batch, seq, spec.seed)
+    ref = mlp_reference(cfg, batch, seq, seed=spec.seed)
     checks.append(close_check("DTensor output == single device (rank 0)", results[0].torch.output, ref.output,
                               tolerance(ref.output, terms), WHY))
     calls = 2 if n > 1 else 0
@@ -197,7 +197,7 @@ def compare_dtensor(spec: TPSpec, results: list[OursAndTorch]) -> Verdict:
                     sum(c for op, c in x.torch.comm_counts.items() if "all_reduce" in op), calls, case="DTensor")
               for r, x in enumerate(results)]
     exact += collective_counts([r.ours.collectives for r in results],
-                               costs.mlp_schedule(spec.shape, n, "column -> row"), "ours")
+                               costs.mlp_schedule(spec.shape, n, layout="column -> row"), "ours")
     return Verdict(checks=checks, exact=exact, params={"hidden": cfg.hidden, "batch": batch, "seq": seq})
 
 
@@ -206,9 +206,9 @@ DTENSOR_DEMO = Experiment(name="tp-vs-dtensor", chapter="04", world_sizes=(2, 4)
                           ranks=versus_ranks, compare=compare_dtensor, timeout=600)
 
 
-def tp_dtensor_demo(world_size: int, batch: int = 2, seq: int = 3, seed: int = 0) -> Report:
+def tp_dtensor_demo(world_size: int, *, batch: int = 2, seq: int = 3, seed: int = 0) -> Report:
     """Ours vs torch's parallelize_module(ColwiseParallel, RowwiseParallel): same shards, outputs, gradients."""
-    return DTENSOR_DEMO.run_spec(dtensor_spec(world_size, batch, seq, seed))
+    return DTENSOR_DEMO.run_spec(dtensor_spec(world_size, batch=batch, seq=seq, seed=seed))
 
 
 def _want_block(ref: object, cfg: TransformerConfig, layout: str, n: int, r: int, seq: int) -> dict[str, torch.Tensor]:
@@ -218,7 +218,7 @@ def _want_block(ref: object, cfg: TransformerConfig, layout: str, n: int, r: int
     return {"output": ref.output[:, mine], "input gradient": ref.input_grad[:, mine], **grads}
 
 
-def sp_cp_spec(world_size: int, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> TPSpec:
+def sp_cp_spec(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> TPSpec:
     """The block in every layout of sequence.LAYOUTS (TP, SP both ways, CP, CP's pitfall), checked."""
     return _spec(world_size, CONFIG, batch, seq, seed, LAYOUTS, sequence=True)
 
@@ -226,7 +226,7 @@ def sp_cp_spec(world_size: int, batch: int = BATCH, seq: int = SEQ, seed: int = 
 def compare_sp_cp(spec: TPSpec, results: list[BlockRuns]) -> Verdict:
     """Each layout against one device and its schedule; the local-mask pitfall must differ (N > 1)."""
     n, cfg, shape, (batch, seq) = spec.world_size, spec.cfg, spec.shape, (spec.shape.batch, spec.shape.seq)
-    ref = reference_run(cfg, batch, seq, spec.seed)
+    ref = reference_run(cfg, batch, seq, seed=spec.seed)
     checks, exact, terms = [], [], reordered_terms(shape)
     sent, saved = {}, {}
     for i, layout in enumerate(spec.layouts):
@@ -243,17 +243,19 @@ def compare_sp_cp(spec: TPSpec, results: list[BlockRuns]) -> Verdict:
                                       mine[0].output, want[0]["output"], tol, WHY))
             continue
         checks += agreement_checks(layout, [_tensors(m) for m in mine], want, terms)
-        schedule = costs.cp_schedule(shape, n) if layout == "cp" else costs.block_schedule(shape, n, layout)
+        schedule = costs.cp_schedule(shape, n) if layout == "cp" else costs.block_schedule(shape, n, layout=layout)
         exact += collective_counts([m.collectives for m in mine], schedule, layout)
         exact += counts_per_rank("saved activation bytes", [m.saved_bytes for m in mine],
-                                 [4 * costs.block_saved_elements(shape, n, r, layout) for r in range(n)], case=layout)
+                                 [4 * costs.block_saved_elements(shape, n, r, layout=layout) for r in range(n)],
+                                 case=layout)
         sent[layout] = [sum(c.bytes_sent for c in m.collectives) for m in mine]
         saved[layout] = [m.saved_bytes for m in mine]
         if layout in ("tp", "sp"):      # the activation collectives of all ranks together: 8(N-1) b s h 4, both ways
             moved = sum(c.bytes_sent for m in mine for c in m.collectives if not c.phase.startswith("sequence"))
             exact.append(Count("activation bytes sent by all ranks together", 0, moved,
                                costs.megatron_group_bytes(batch, seq, shape.width, n), case=layout))
-    data = BlockTraffic(sent, costs.megatron_layer_bytes(batch, seq, shape.width, n, True), saved, ref.saved_bytes)
+    data = BlockTraffic(sent, costs.megatron_layer_bytes(batch, seq, shape.width, n, sequence_parallel=True), saved,
+                        ref.saved_bytes)
     return Verdict(checks=checks, exact=exact, params=spec.params, data=data)
 
 
@@ -262,9 +264,9 @@ SP_CP_DEMO = Experiment(name="sp-vs-cp", chapter="04", world_sizes=(2, 3, 4), sp
                         ranks=block_ranks, compare=compare_sp_cp)
 
 
-def sp_cp_demo(world_size: int, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> Report:
+def sp_cp_demo(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> Report:
     """TP, TP+SP (both ways) and CP on the same block: results, collectives, bytes kept for backward."""
-    return SP_CP_DEMO.run_spec(sp_cp_spec(world_size, batch, seq, seed))
+    return SP_CP_DEMO.run_spec(sp_cp_spec(world_size, batch=batch, seq=seq, seed=seed))
 
 
 DEMOS = [BLOCK_DEMO, LAYOUTS_DEMO, DTENSOR_DEMO, SP_CP_DEMO]

@@ -8,7 +8,7 @@ from wmdist.costs import tensor_parallel as costs
 from wmdist.report import Report
 from wmdist.ui.render import eng_axis
 
-def layouts_figure(report: Report, rank: int = 0) -> Figure:
+def layouts_figure(report: Report, *, rank: int = 0) -> Figure:
     """One bar per MLP layout: bytes rank `rank` sent (the ledger), the formula's total as a black tick, and
     its collectives by kind on the bar's label."""
     def count(quantity: str, layout: str) -> int:

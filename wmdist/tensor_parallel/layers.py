@@ -88,7 +88,7 @@ def reduce_scatter_sequence(tp: TPGroup, t: torch.Tensor, tokens: tuple[int, ...
 
 # --- the layers ----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ColumnSpec:
     """How a column-parallel layer talks.
 
@@ -110,7 +110,7 @@ class ColumnSpec:
             raise ValueError("a sequence-parallel column layer feeds a row layer; it does not gather its output")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RowSpec:
     """How a row-parallel layer talks.
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context
-from wmdist.costs.tensor_parallel import MLP_LAYOUTS, shard_sizes
+from wmdist.costs.tensor_parallel import MLP_LAYOUTS, MLPLayout, shard_sizes
 from wmdist.tensor_parallel.layers import (
     ColumnSpec,
     Measured,
@@ -37,7 +37,7 @@ from wmdist.transformer import MLP, TransformerConfig
 MLP_NAMES = ("mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias")
 
 
-def mlp_shard_dims(layout: str) -> dict[str, tuple[int, str] | None]:
+def mlp_shard_dims(layout: MLPLayout) -> dict[str, tuple[int, str] | None]:
     """For each MLP parameter: (dim, "hidden" or "width") it is split along in `layout`, or None (whole)."""
     if layout in ("column -> row", "column+gather -> row"):
         return {"mlp.fc1.weight": (0, "hidden"), "mlp.fc1.bias": (0, "hidden"), "mlp.fc2.weight": (1, "hidden"),
@@ -51,8 +51,8 @@ def mlp_shard_dims(layout: str) -> dict[str, tuple[int, str] | None]:
     raise ValueError(f"layout must be one of {MLP_LAYOUTS}, got {layout!r}")
 
 
-def mlp_slice(name: str, full: torch.Tensor, cfg: TransformerConfig, layout: str, world_size: int,
-              rank: int) -> torch.Tensor:
+def mlp_slice(name: str, full: torch.Tensor, cfg: TransformerConfig, world_size: int, rank: int, *,
+              layout: MLPLayout) -> torch.Tensor:
     """Rank `rank`'s slice, in `layout`, of a tensor shaped like MLP parameter `name` (weight or gradient)."""
     where = mlp_shard_dims(layout)[name]
     if where is None:
@@ -62,35 +62,35 @@ def mlp_slice(name: str, full: torch.Tensor, cfg: TransformerConfig, layout: str
     return full.narrow(dim, offset(sizes, rank), sizes[rank])
 
 
-def mlp_forward(params: dict[str, torch.Tensor], x: torch.Tensor, tp: TPGroup, cfg: TransformerConfig,
-                layout: str) -> torch.Tensor:
+def mlp_forward(params: dict[str, torch.Tensor], x: torch.Tensor, tp: TPGroup, cfg: TransformerConfig, *,
+                layout: MLPLayout) -> torch.Tensor:
     """fc2(gelu(fc1(x))) with this rank's `params` (mlp_slice of each), x (B, T, H) whole on every rank."""
     hidden = tuple(shard_sizes(cfg.hidden, tp.size))
     width = tuple(shard_sizes(cfg.width, tp.size))
     w1, b1, w2, b2 = (params[n] for n in MLP_NAMES)
     if layout == "column -> row":
-        h = column_linear(x, w1, b1, tp, ColumnSpec("mlp.fc1"))                          # (B, T, F_r)
-        return row_linear(F.gelu(h), w2, b2, tp, RowSpec("mlp.fc2"))
+        h = column_linear(x, w1, b1, tp, ColumnSpec(site="mlp.fc1"))                          # (B, T, F_r)
+        return row_linear(F.gelu(h), w2, b2, tp, RowSpec(site="mlp.fc2"))
     if layout == "column+gather -> row":
-        h = column_linear(x, w1, b1, tp, ColumnSpec("mlp.fc1", gather=hidden))           # (B, T, F) gathered...
-        return row_linear(F.gelu(h), w2, b2, tp, RowSpec("mlp.fc2", split=hidden))       # ...and sliced again
+        h = column_linear(x, w1, b1, tp, ColumnSpec(site="mlp.fc1", gather=hidden))           # (B, T, F) gathered...
+        return row_linear(F.gelu(h), w2, b2, tp, RowSpec(site="mlp.fc2", split=hidden))       # ...and sliced again
     if layout == "column+gather -> column+gather":
-        h = column_linear(x, w1, b1, tp, ColumnSpec("mlp.fc1", gather=hidden))           # (B, T, F)
-        return column_linear(F.gelu(h), w2, b2, tp, ColumnSpec("mlp.fc2", gather=width))
+        h = column_linear(x, w1, b1, tp, ColumnSpec(site="mlp.fc1", gather=hidden))           # (B, T, F)
+        return column_linear(F.gelu(h), w2, b2, tp, ColumnSpec(site="mlp.fc2", gather=width))
     if layout == "row -> row":
-        h = row_linear(x, w1, b1, tp, RowSpec("mlp.fc1", split=width))                   # (B, T, F) summed
-        return row_linear(F.gelu(h), w2, b2, tp, RowSpec("mlp.fc2", split=hidden))
+        h = row_linear(x, w1, b1, tp, RowSpec(site="mlp.fc1", split=width))                   # (B, T, F) summed
+        return row_linear(F.gelu(h), w2, b2, tp, RowSpec(site="mlp.fc2", split=hidden))
     raise ValueError(f"layout must be one of {MLP_LAYOUTS}, got {layout!r}")
 
 
-def make_mlp(cfg: TransformerConfig, seed: int = 0) -> MLP:
+def make_mlp(cfg: TransformerConfig, *, seed: int = 0) -> MLP:
     """The block's MLP with weights that depend only on `seed`."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return MLP(cfg)
 
 
-def mlp_inputs(cfg: TransformerConfig, batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def mlp_inputs(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """x and the gradient dy flowing into the MLP's output, both (B, T, H)."""
     g = torch.Generator().manual_seed(2000 + seed)
     return torch.randn(batch, seq, cfg.width, generator=g), torch.randn(batch, seq, cfg.width, generator=g)
@@ -106,15 +106,16 @@ class MLPRun:
     collectives: list[Measured]
 
 
-def run_mlp_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: str, batch: int, seq: int,
+def run_mlp_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: MLPLayout, batch: int, seq: int, *,
                    seed: int = 0) -> MLPRun:
     """Forward and backward of the MLP in `layout` on this rank, with this layout's collectives only."""
     ctx.ledger.reset()
-    full = dict(zip(MLP_NAMES, (p.detach() for p in make_mlp(cfg, seed).parameters())))
-    params = {n: mlp_slice(n, t, cfg, layout, tp.size, tp.rank).clone().requires_grad_() for n, t in full.items()}
-    x, dy = mlp_inputs(cfg, batch, seq, seed)
+    full = dict(zip(MLP_NAMES, (p.detach() for p in make_mlp(cfg, seed=seed).parameters())))
+    params = {n: mlp_slice(n, t, cfg, tp.size, tp.rank, layout=layout).clone().requires_grad_()
+              for n, t in full.items()}
+    x, dy = mlp_inputs(cfg, batch, seq, seed=seed)
     x.requires_grad_()
-    y = mlp_forward(params, x, tp, cfg, layout)
+    y = mlp_forward(params, x, tp, cfg, layout=layout)
     y.backward(dy)
     return MLPRun(layout, y.detach(), x.grad, {n: p.grad for n, p in params.items()},
                   measured_collectives(ctx.ledger))
@@ -126,17 +127,17 @@ class MLPRuns:
     runs: tuple[MLPRun, ...]
 
 
-def mlp_rank(ctx: Context, cfg: TransformerConfig, layouts: tuple[str, ...], batch: int, seq: int,
+def mlp_rank(ctx: Context, cfg: TransformerConfig, layouts: tuple[MLPLayout, ...], batch: int, seq: int, *,
              seed: int = 0) -> MLPRuns:
     """Rank function: the MLP in each layout in turn."""
     tp = tp_group(ctx)
-    return MLPRuns(tuple(run_mlp_layout(ctx, tp, cfg, layout, batch, seq, seed) for layout in layouts))
+    return MLPRuns(tuple(run_mlp_layout(ctx, tp, cfg, layout, batch, seq, seed=seed) for layout in layouts))
 
 
-def mlp_reference(cfg: TransformerConfig, batch: int, seq: int, seed: int = 0) -> MLPRun:
+def mlp_reference(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> MLPRun:
     """The single-device MLP, for comparison."""
-    mlp = make_mlp(cfg, seed)
-    x, dy = mlp_inputs(cfg, batch, seq, seed)
+    mlp = make_mlp(cfg, seed=seed)
+    x, dy = mlp_inputs(cfg, batch, seq, seed=seed)
     x.requires_grad_()
     y = mlp(x)
     y.backward(dy)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,9 @@ from wmdist.tensor_parallel.layers import (
 )
 from wmdist.transformer import Block, TransformerConfig
 
-LAYOUTS = ("tp", "sp", "sp-regather", "cp", "cp-local-mask")
+Layout = Literal["tp", "sp", "sp-regather", "cp", "cp-local-mask"]     # what run_layout can run
+LAYOUTS: tuple[str, ...] = get_args(Layout)
+Mask = Literal["global", "local"]     # cp_block's causal mask: global positions (right) or local ones (the pitfall)
 
 
 def forward_saving(fn: Callable[[], torch.Tensor], skip: Iterable[torch.Tensor]) -> tuple[torch.Tensor, int]:
@@ -78,8 +80,9 @@ class SequenceGather(torch.autograd.Function):
         return reduce_scatter_sequence(fctx.tp, dy, fctx.tokens, f"{fctx.site} backward reduce-scatter"), None, None, None
 
 
-def cp_block(block: Block, x: torch.Tensor, tp: TPGroup, seq_len: int, causal: str = "global") -> torch.Tensor:
+def cp_block(block: Block, x: torch.Tensor, tp: TPGroup, seq_len: int, *, causal: Mask = "global") -> torch.Tensor:
     """One block on this rank's span of tokens, x (B, T_r, H) -> (B, T_r, H); all weights local."""
+    require_choice("causal", causal, get_args(Mask))
     tokens = tuple(shard_sizes(seq_len, tp.size))
     b, t, h = x.shape
     heads, d = block.attn.heads, h // block.attn.heads
@@ -108,7 +111,7 @@ class BlockRun:
     collectives: list[Measured]
 
 
-def block_inputs(cfg: TransformerConfig, batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def block_inputs(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The block's input x and the gradient dy flowing back into its output, both (B, T, H)."""
     g = torch.Generator().manual_seed(1000 + seed)
     return torch.randn(batch, seq, cfg.width, generator=g), torch.randn(batch, seq, cfg.width, generator=g)
@@ -120,28 +123,28 @@ def token_slice(seq_len: int, world_size: int, rank: int) -> slice:
     return slice(offset(sizes, rank), offset(sizes, rank) + sizes[rank])
 
 
-def run_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: str, batch: int, seq: int,
+def run_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: Layout, batch: int, seq: int, *,
                seed: int = 0) -> BlockRun:
     """Forward and backward of one block in `layout` on this rank, counted: output, gradients, bytes, collectives."""
     require_choice("layout", layout, LAYOUTS)
     ctx.ledger.reset()
-    block = make_block(cfg, seed)
-    x, dy = block_inputs(cfg, batch, seq, seed)
+    block = make_block(cfg, seed=seed)
+    x, dy = block_inputs(cfg, batch, seq, seed=seed)
     if layout != "tp":                                           # SP and CP: this rank's tokens only
         mine = token_slice(seq, tp.size, tp.rank)
         x, dy = x[:, mine].clone(), dy[:, mine].clone()
     x.requires_grad_()
     if layout.startswith("cp"):
         params = list(block.parameters())
-        y, saved = forward_saving(lambda: cp_block(block, x, tp, seq, "global" if layout == "cp" else "local"),
-                                  params)
+        mask = "global" if layout == "cp" else "local"
+        y, saved = forward_saving(lambda: cp_block(block, x, tp, seq, causal=mask), params)
         y.backward(dy)
         flat = all_reduce(tp, torch.cat([p.grad.reshape(-1) for p in params]), "weights after backward all-reduce")
         grads = dict(zip(NAMES, (g.view_as(p) for g, p in zip(torch.split(flat, [p.numel() for p in params]),
                                                                params))))
     else:
         shard = BlockShard(block, cfg, tp.size, tp.rank)
-        y, saved = forward_saving(lambda: shard(x, tp, layout, seq_len=seq), list(shard.parameters()))
+        y, saved = forward_saving(lambda: shard(x, tp, layout=layout, seq_len=seq), list(shard.parameters()))
         y.backward(dy)
         if layout != "tp":
             reduce_sequence_parallel_grads(shard, tp)
@@ -155,17 +158,17 @@ class BlockRuns:
     runs: tuple[BlockRun, ...]
 
 
-def block_rank(ctx: Context, cfg: TransformerConfig, layouts: tuple[str, ...], batch: int, seq: int,
+def block_rank(ctx: Context, cfg: TransformerConfig, layouts: tuple[Layout, ...], batch: int, seq: int, *,
                seed: int = 0) -> BlockRuns:
     """Rank function: every requested layout in turn, each with its own ledger records."""
     tp = tp_group(ctx)
-    return BlockRuns(tuple(run_layout(ctx, tp, cfg, layout, batch, seq, seed) for layout in layouts))
+    return BlockRuns(tuple(run_layout(ctx, tp, cfg, layout, batch, seq, seed=seed) for layout in layouts))
 
 
-def reference_run(cfg: TransformerConfig, batch: int, seq: int, seed: int = 0) -> BlockRun:
+def reference_run(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> BlockRun:
     """The single-device block: output, input gradient, every parameter gradient, bytes kept for backward."""
-    block = make_block(cfg, seed)
-    x, dy = block_inputs(cfg, batch, seq, seed)
+    block = make_block(cfg, seed=seed)
+    x, dy = block_inputs(cfg, batch, seq, seed=seed)
     x.requires_grad_()
     y, saved = forward_saving(lambda: block(x), list(block.parameters()))
     y.backward(dy)

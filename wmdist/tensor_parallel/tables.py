@@ -24,16 +24,16 @@ def _measured(report: Report, quantity: str, case: str, rank: int) -> int:
 def shape_of(report: Report) -> costs.BlockShape:
     """The block shape a block demo's Report ran with."""
     p = report.params
-    return costs.BlockShape(p["batch"], p["seq"], p["width"], p["heads"], p["hidden"])
+    return costs.BlockShape(batch=p["batch"], seq=p["seq"], width=p["width"], heads=p["heads"], hidden=p["hidden"])
 
 
-def ideal_bytes(col: costs.Collective, elem_size: int = 4) -> Fraction:
+def ideal_bytes(col: costs.Collective, *, elem_size: int = 4) -> Fraction:
     """The papers' per-rank figure: 2(N-1)/N G for an all-reduce, (N-1)/N G for a reduce-scatter or all-gather."""
     n = len(col.sizes)
     return Fraction((2 if col.op == "all-reduce" else 1) * (n - 1) * col.numel * elem_size, n)
 
 
-def traffic_table(report: Report, schedule: list[costs.Collective], case: str, rank: int = 0) -> str:
+def traffic_table(report: Report, schedule: list[costs.Collective], case: str, *, rank: int = 0) -> str:
     """One row per collective: payload (elements), bytes rank `rank` sent (ledger), the exact ring formula,
     and the papers' figure: 2(N-1)G/N for an all-reduce, (N-1)G/N for a reduce-scatter or all-gather."""
     rows = [("collective", "payload", "ledger", "ring formula", "papers' rule")]
@@ -49,7 +49,7 @@ def traffic_table(report: Report, schedule: list[costs.Collective], case: str, r
     return _table(rows)
 
 
-def layouts_table(report: Report, rank: int = 0) -> str:
+def layouts_table(report: Report, *, rank: int = 0) -> str:
     """One row per MLP layout: collectives by op and bytes sent by rank `rank`, measured and predicted."""
     rows = [("layout", "collectives", "all-reduce", "all-gather", "ledger bytes", "formula bytes")]
     for layout in costs.MLP_LAYOUTS:
@@ -60,7 +60,7 @@ def layouts_table(report: Report, rank: int = 0) -> str:
     return _table(rows)
 
 
-def sequence_table(report: Report, rank: int = 0) -> str:
+def sequence_table(report: Report, *, rank: int = 0) -> str:
     """SP vs CP side by side: the collectives each runs per step and what rank `rank` sends and keeps."""
     single = report.data.single_saved_bytes
     rows = [("layout", "all-reduce", "reduce-scatter", "all-gather", "bytes sent", "bytes kept", "kept / one device")]
@@ -71,7 +71,7 @@ def sequence_table(report: Report, rank: int = 0) -> str:
     return _table(rows)
 
 
-def memory_table(report: Report, layouts: tuple[str, ...] = ("tp", "sp", "sp-regather", "cp")) -> str:
+def memory_table(report: Report, *, layouts: tuple[str, ...] = ("tp", "sp", "sp-regather", "cp")) -> str:
     """Bytes each rank kept for backward, measured and predicted, for each layout."""
     rows = [("layout", "measured per rank", "formula per rank")]
     for layout in layouts:

@@ -65,15 +65,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return (t.to_local() if hasattr(t, "to_local") else t).detach().clone()
 
 
-def dtensor_mlp(ctx: Context, cfg: TransformerConfig, batch: int, seq: int, seed: int = 0) -> DTensorRun:
+def dtensor_mlp(ctx: Context, cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> DTensorRun:
     """torch's ColwiseParallel (fc1) and RowwiseParallel (fc2) on this rank: forward and backward once."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (ctx.world_size,))
-    model = parallelize_module(copy.deepcopy(make_mlp(cfg, seed)), mesh,
+    model = parallelize_module(copy.deepcopy(make_mlp(cfg, seed=seed)), mesh,
                                {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-    x, dy = mlp_inputs(cfg, batch, seq, seed)
+    x, dy = mlp_inputs(cfg, batch, seq, seed=seed)
     x.requires_grad_()
     calls = 2 if ctx.world_size > 1 else 0
     payload = calls * x.numel() * x.element_size()
@@ -96,10 +96,10 @@ class OursAndTorch:
     torch: DTensorRun
 
 
-def ours_and_torch(ctx: Context, cfg: TransformerConfig, batch: int, seq: int, seed: int = 0) -> OursAndTorch:
+def ours_and_torch(ctx: Context, cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> OursAndTorch:
     """Rank function: our column -> row MLP (with the shards we hold), then torch's."""
     tp = tp_group(ctx)
-    ours = run_mlp_layout(ctx, tp, cfg, "column -> row", batch, seq, seed)
-    full = dict(zip(MLP_NAMES, (p.detach() for p in make_mlp(cfg, seed).parameters())))
-    shards = {n: mlp_slice(n, t, cfg, "column -> row", tp.size, tp.rank).clone() for n, t in full.items()}
-    return OursAndTorch(ours, shards, dtensor_mlp(ctx, cfg, batch, seq, seed))
+    ours = run_mlp_layout(ctx, tp, cfg, "column -> row", batch, seq, seed=seed)
+    full = dict(zip(MLP_NAMES, (p.detach() for p in make_mlp(cfg, seed=seed).parameters())))
+    shards = {n: mlp_slice(n, t, cfg, tp.size, tp.rank, layout="column -> row").clone() for n, t in full.items()}
+    return OursAndTorch(ours, shards, dtensor_mlp(ctx, cfg, batch, seq, seed=seed))
