@@ -12,7 +12,7 @@ import torch
 from wmdist.costs import pipeline as pcosts
 from wmdist.pipeline import bubble, demos, plan, stages
 from wmdist.pipeline.cli import add_parser, main
-from wmdist.pipeline.executor import run_pipeline
+from wmdist.pipeline.executor import StageRun, run_pipeline
 from wmdist.pipeline.exercises import one_f_one_b_solution
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Action, Schedule, make_schedule
 from wmdist.pipeline.simulate import simulate
@@ -127,6 +127,67 @@ def test_any_schedule_runs_even_when_ranks_disagree_on_backward_order():
     assert all(torch.equal(grads[k], want[k]) for k in want)        # bitwise: same operations, same order
     assert [r.order for r in runs] == [tuple(str(a) for a in order0), tuple(str(a) for a in order1)]
 
+
+
+# --- the gradient tolerance: gradient_bound pinned by hand, and the check built on it tight --------
+
+U32 = 2.0 ** -24
+
+
+def test_gradient_bound_is_the_largest_sum_over_rows_of_one_rows_term():
+    """The docstring's formula, computed another way: with T = 1 every row is its own trajectory (nothing
+    crosses rows), so one row's term in any gradient is the gradient of that row's share of the loss alone,
+    and the bound is the largest entry of sum_b |grad of share b| over every parameter."""
+    work = plan.PipeWork(batch_size=4, seq_len=1, layers=2, seed=1)
+    model, batch = stages.model_for(work), stages.batch_for(work)
+    sums = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
+    full = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
+    for b in range(work.batch_size):
+        model.zero_grad()
+        rows = slice(b, b + 1)
+        share = (model(batch["obs"][rows], batch["actions"][rows]) - batch["next_obs"][rows]).pow(2).mean() / 4
+        share.backward()
+        for n, p in model.named_parameters():
+            sums[n] += p.grad.double().abs()
+            full[n] += p.grad.double()
+    by_hand = max(float(s.max()) for s in sums.values())
+    assert stages.gradient_bound(work) == pytest.approx(by_hand, rel=1e-5)     # float32 terms vs float64 sums
+    # at this seed the rows' terms have mixed signs where the bound peaks: |terms| summed, not |their sum|
+    assert by_hand > 1.1 * max(float(g.abs().max()) for g in full.values())
+
+
+def _fabricated_train_results(plans: demos.Plans, grads: dict[str, torch.Tensor],
+                              loss: torch.Tensor) -> list[demos.StageRuns]:
+    """What the ranks of a one-case Plans would return if their gradients were `grads` (ledger counts zero)."""
+    (schedule, work), = plans.cases
+    names = stages.stage_parameter_names(stages.model_for(work), schedule.virtual_stages)
+    transfers = {f"{k} {d}": 0 for k in ("activation", "gradient") for d in ("sends", "receives")}
+    nbytes = {f"{k} bytes {d}": 0 for k in ("activation", "gradient") for d in ("sent", "received")}
+    last = (schedule.virtual_stages - 1) % schedule.stages
+    return [demos.StageRuns((StageRun(rank=r, order=(), spans=(), loss=loss if r == last else None, outputs=None,
+                                      grads={n: grads[n] for s in range(r, schedule.virtual_stages, schedule.stages)
+                                             for n in names[s]},
+                                      peak_held=0, transfers=transfers, bytes=nbytes),))
+            for r in range(schedule.stages)]
+
+
+def test_the_gradient_check_compares_at_the_reordered_sum_bound():
+    """compare_train's full-batch gradient check, fed the full-batch gradients with one entry on rank 0 moved
+    by 0.4x and 3x the tolerance 2(BT-1) u gradient_bound: the first passes, the second fails."""
+    plans = demos.train_spec(2, plans=[("gpipe", 2, 1)])
+    (_, work), = plans.cases
+    ref = stages.reference(work, 2)
+    assert ref.bound == stages.gradient_bound(work)
+    tol = 2 * (work.batch_size * work.seq_len - 1) * U32 * ref.bound
+    name, where = "blocks.0.mlp.fc1.weight", (3, 5)                 # block 0 lives on stage 0, rank 0
+    for times, passes in ((0.4, True), (3.0, False)):
+        grads = {n: g.clone() for n, g in ref.grads.items()}
+        grads[name][where] += times * tol
+        verdict = demos.compare_train(plans, _fabricated_train_results(plans, grads, ref.loss))
+        check, = [c for c in verdict.checks if c.name == "gpipe: every gradient == single device, whole batch"]
+        assert check.tolerance == tol and check.passed is passes
+        loss_check, = [c for c in verdict.checks if c.name == "gpipe: loss == single device, whole batch"]
+        assert loss_check.passed and loss_check.error == 0.0
 
 # --- the panel's model, the panel, the CLI, the exercise ------------------------------------------
 
