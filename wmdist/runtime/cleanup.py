@@ -68,7 +68,7 @@ def _owner_gone(path: str) -> bool:
         return True                     # the owner no longer exists, or the mark is garbled
 
 
-def remove_stale(tmp: str | None = None) -> list[str]:
+def remove_stale(*, tmp: str | None = None) -> list[str]:
     """Remove marked `wmdist-*` and `pymp-*` directories whose owner process is gone; return them."""
     removed = []
     for pattern in ("wmdist-*", "pymp-*"):
@@ -79,7 +79,7 @@ def remove_stale(tmp: str | None = None) -> list[str]:
     return removed
 
 
-def inductor_dirs(tmp: str | None = None) -> set[str]:
+def inductor_dirs(*, tmp: str | None = None) -> set[str]:
     """The inductor cache directories (torchinductor_<user>) in the temporary directory now."""
     return set(glob.glob(os.path.join(tmp or tempfile.gettempdir(), "torchinductor_*")))
 

@@ -52,7 +52,7 @@ def exit_failure(rank: int, proc: Any, last_comm: str) -> RankFailure:
     return RankFailure(rank, "exited", f"exited with code {code} before replying", last_comm)
 
 
-def timeout_failure(pending: list[int], last_comms: list[str], starting: bool) -> RankFailure:
+def timeout_failure(pending: list[int], last_comms: list[str], *, starting: bool) -> RankFailure:
     """Name the likeliest culprit of a timeout: a pending rank that is not waiting inside a communication.
 
     Ranks blocked in a collective (or finished and waiting for their transfers)

@@ -19,7 +19,8 @@ from typing import Any, Callable
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from wmdist.comm import Ledger, RankResources
+from wmdist.comm import Ledger
+from wmdist.runtime.resources import RankResources
 
 
 def route_new_group(resources: RankResources, world_size: int, ledger: Callable[[], Ledger | None]) -> None:

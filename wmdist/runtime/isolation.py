@@ -9,7 +9,7 @@ breaks the next training step, a seed set once shifts every later draw.
 state, and names what cannot be undone in place (the pool is then restarted).
 
 Process groups and receive buffers are deliberately not here: they are OS
-resources kept across calls (see `wmdist.comm.RankResources`).
+resources kept across calls (see `wmdist.runtime.resources.RankResources`).
 """
 from __future__ import annotations
 

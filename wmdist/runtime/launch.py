@@ -36,10 +36,11 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from wmdist.comm import Context, Ledger, RankResources
+from wmdist.comm import Context, Ledger
 from wmdist.runtime import cleanup
 from wmdist.runtime.failures import RankFailure
 from wmdist.runtime.pool import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, Pool
+from wmdist.runtime.resources import RankResources
 from wmdist.runtime.warm import WarmPools
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_LOCAL_WORLD", "MAX_TIMEOUT_S", "MAX_WARM_RANKS", "Pool", "RankFailure", "run",

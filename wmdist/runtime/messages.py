@@ -139,7 +139,7 @@ class MessageAudit:
         self.rank, self.world_size = rank, world_size
         self.begin()
 
-    def begin(self, ledger: Ledger | None = None) -> None:
+    def begin(self, *, ledger: Ledger | None = None) -> None:
         """Start a call with nothing counted; a raw dist op is noted in `ledger` as the rank's last op."""
         self.sent = [0] * self.world_size
         self.received = [0] * self.world_size
@@ -190,7 +190,7 @@ class MessageAudit:
         ledger.leave()
         return work
 
-    def posted(self, kind: str, group: Any, peer: int | None, tag: int, work: Any, size: int = 0) -> None:
+    def posted(self, kind: str, group: Any, peer: int | None, tag: int, work: Any, *, size: int = 0) -> None:
         """Count one posted op of `size` bytes (`peer` is a group rank; None: a receive from any rank)."""
         if peer is None:
             self.any_source += 1
@@ -215,12 +215,12 @@ class MessageAudit:
 
         def counted_send(group: Any, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
             work = audit._raw(f"dist.send to group rank {dst} (tag {tag})", lambda: send(group, tensors, dst, tag))
-            audit.posted("send", group, dst, tag, work, _bytes(tensors))
+            audit.posted("send", group, dst, tag, work, size=_bytes(tensors))
             return work
 
         def counted_recv(group: Any, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
             work = audit._raw(f"dist.recv from group rank {src} (tag {tag})", lambda: recv(group, tensors, src, tag))
-            audit.posted("receive", group, src, tag, work, _bytes(tensors))
+            audit.posted("receive", group, src, tag, work, size=_bytes(tensors))
             return work
 
         def counted_recv_any(group: Any, tensors: list[torch.Tensor], tag: int = 0) -> Any:
@@ -259,7 +259,7 @@ class MessageAudit:
         posted = {key: (count, crc, list(tail)) for key, (count, crc, tail) in self.collectives.items()}
         return self.sent, self.received, self.any_source, unwaited, posted, (self.sizes_out, self.sizes_in)
 
-    def drain(self, within: float = DRAIN_TIMEOUT_S) -> str | None:
+    def drain(self, *, within: float = DRAIN_TIMEOUT_S) -> str | None:
         """Wait up to `within` seconds for the ops the call never waited for (all matched); describe one that
         does not finish, or None."""
         self.ledger = None              # the call is over: its ledger no longer names what this rank does

@@ -67,7 +67,7 @@ class Pool:
         """Every rank still running (one poll of all their sentinels: they become ready when a rank exits)."""
         return bool(self._procs) and not wait([p.sentinel for p in self._procs], timeout=0)
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> Pool:
+    def start(self, *, timeout: float = START_TIMEOUT_S) -> Pool:
         cleanup.remove_stale()
         ctx = mp_context()
         self._tmpdir = cleanup.make_run_dir()
@@ -96,7 +96,7 @@ class Pool:
             self._conns.append(parent_end)
             self._status.append(status)
 
-    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
+    def run(self, fn: Callable[..., Any], *, args: tuple = (), kwargs: dict | None = None,
             timeout: float = DEFAULT_TIMEOUT_S) -> list[Any]:
         """Run fn(ctx, *args, **kwargs) on every rank; results in rank order.
 
@@ -156,7 +156,8 @@ class Pool:
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise timeout_failure(sorted(pending), [self._last_comm(r) for r in range(self.world_size)], starting)
+                raise timeout_failure(sorted(pending), [self._last_comm(r) for r in range(self.world_size)],
+                                      starting=starting)
             waitables = {conns[r]: r for r in pending}
             waitables.update({procs[r].sentinel: r for r in pending})
             try:
@@ -194,7 +195,7 @@ class Pool:
     def _last_comm(self, rank: int) -> str:
         return self._status[rank].value.decode(errors="replace") if rank < len(self._status) else ""
 
-    def close(self, grace: float = 2.0) -> list[int | None]:
+    def close(self, *, grace: float = 2.0) -> list[int | None]:
         """Stop every rank (politely, then by force), remove the rendezvous files.
 
         The ranks are taken off the pool first and killed in a `finally` that

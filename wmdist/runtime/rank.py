@@ -26,11 +26,12 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from wmdist.comm import Context, Ledger, RankResources
+from wmdist.comm import Context, Ledger
 from wmdist.runtime.failures import AT_END_OF_CALL
 from wmdist.runtime.groups import groups_lost, route_new_group
 from wmdist.runtime.isolation import RankState
 from wmdist.runtime.messages import MessageAudit
+from wmdist.runtime.resources import RankResources
 
 STATUS_BYTES = 512             # shared buffer per rank: the last communication entered
 
@@ -148,11 +149,11 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
             os._exit(0)
         if message.startswith(b"drain "):   # the parent found every message matched: let the unwaited ones finish
             publish(AT_END_OF_CALL)
-            _reply(conn, "drained", audit.drain(float(message[6:])))
+            _reply(conn, "drained", audit.drain(within=float(message[6:])))
             continue
         ledger = Ledger(rank, on_enter=publish)
         publish("")
-        audit.begin(ledger)
+        audit.begin(ledger=ledger)
         try:
             fn, args, kwargs = cloudpickle.loads(message)
             result = fn(Context(rank, world_size, ledger, resources=resources), *args, **kwargs)

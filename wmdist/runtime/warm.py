@@ -35,7 +35,7 @@ class WarmPools:
         with self._turn(world_size):
             pool = self._warm(world_size)
             try:
-                results = pool.run(fn, args, kwargs, timeout=timeout)
+                results = pool.run(fn, args=args, kwargs=kwargs, timeout=timeout)
             except BaseException:
                 self._forget(world_size, pool)       # already closed by Pool.run's failure path
                 raise
@@ -54,13 +54,13 @@ class WarmPools:
         with self._lock:
             return {n: p.pids for n, p in self._pools.items()}
 
-    def shutdown(self, grace: float = 2.0) -> None:
+    def shutdown(self, *, grace: float = 2.0) -> None:
         """Close every pool (a call running in another thread then fails with RankFailure)."""
         with self._lock:
             pools = list(self._pools.values())
             self._pools.clear()
         for pool in pools:
-            pool.close(grace)
+            pool.close(grace=grace)
 
     def _turn(self, world_size: int) -> threading.Lock:
         with self._lock:
