@@ -44,7 +44,7 @@ class Mesh:
 
     def coords(self, rank: int) -> dict[str, int]:
         """{"dp": .., "cp": .., "tp": .., "pp": ..} of a global rank."""
-        rest = require_int("rank", rank, 0, self.world_size - 1)
+        rest = require_int("rank", rank, 0, high=self.world_size - 1)
         out = {}
         for axis in self.order:
             rest, out[axis] = divmod(rest, self.size(axis))
@@ -57,7 +57,7 @@ class Mesh:
             raise ValueError(f"unknown axes {sorted(unknown)}; axes are {COORD_AXES}")
         rank, stride = 0, 1
         for axis in self.order:
-            c = require_int(axis, coords.get(axis, 0), 0, self.size(axis) - 1)
+            c = require_int(axis, coords.get(axis, 0), 0, high=self.size(axis) - 1)
             rank += c * stride
             stride *= self.size(axis)
         return rank

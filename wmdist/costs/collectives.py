@@ -29,7 +29,7 @@ def ring_chunk_size(numel: int, world_size: int, index: int) -> int:
     """
     numel = require_int("numel", numel, 0)
     world_size = require_int("world_size", world_size, 1)
-    i = require_int("index", index, 0, world_size - 1)
+    i = require_int("index", index, 0, high=world_size - 1)
     base, extra = divmod(numel, world_size)
     return base + (1 if i < extra else 0)
 
@@ -41,7 +41,7 @@ def ring_reduce_scatter_bytes(numel: int, world_size: int, rank: int, *, elem_si
     rounds it sends every chunk except its own, i.e. G - |chunk_r|.
     """
     n = require_int("world_size", world_size, 1)
-    own = ring_chunk_size(numel, n, require_int("rank", rank, 0, n - 1))
+    own = ring_chunk_size(numel, n, require_int("rank", rank, 0, high=n - 1))
     return 0 if n == 1 else (numel - own) * elem_size
 
 
@@ -52,7 +52,7 @@ def ring_all_gather_bytes(numel: int, world_size: int, rank: int, *, elem_size: 
     G - |chunk_{r+1}|.
     """
     n = require_int("world_size", world_size, 1)
-    right = ring_chunk_size(numel, n, (require_int("rank", rank, 0, n - 1) + 1) % n)
+    right = ring_chunk_size(numel, n, (require_int("rank", rank, 0, high=n - 1) + 1) % n)
     return 0 if n == 1 else (numel - right) * elem_size
 
 

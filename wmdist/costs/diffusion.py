@@ -53,7 +53,7 @@ def token_all_gather_bytes(batch: int, tokens: int, token_elems: int, world_size
     size = require_int("elem_size", elem_size, 1)
     n_layers = require_int("layers", layers, 0)
     sizes = ring_chunk_sizes(require_int("tokens", tokens, 1), require_int("world_size", world_size, 1))
-    require_int("rank", rank, 0, world_size - 1)
+    require_int("rank", rank, 0, high=world_size - 1)
     per_token = b * e * size * n_layers
     return {"sent": (tokens - sizes[(rank + 1) % world_size]) * per_token,
             "recv": (tokens - sizes[rank]) * per_token}
@@ -154,7 +154,7 @@ def picard_gather_bytes(lo: int, hi: int, world_size: int, rank: int, state_elem
     sends all chunks but the right neighbour's and receives all but its own.
     """
     counts = cyclic_step_counts(lo, hi, world_size)
-    require_int("rank", rank, 0, world_size - 1)
+    require_int("rank", rank, 0, high=world_size - 1)
     per_step = require_int("state_elems", state_elems, 1) * require_int("elem_size", elem_size, 1)
     total = sum(counts)
     if world_size == 1:

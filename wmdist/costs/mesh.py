@@ -100,12 +100,12 @@ class Traffic:
 
 def stage_layers(shape: StepShape, pp_rank: int) -> int:
     """Blocks on pipeline stage `pp_rank` (tensor_split: the first L % P stages one more)."""
-    return ring_chunk_sizes(shape.layers, shape.pp)[require_int("pp_rank", pp_rank, 0, shape.pp - 1)]
+    return ring_chunk_sizes(shape.layers, shape.pp)[require_int("pp_rank", pp_rank, 0, high=shape.pp - 1)]
 
 
 def microbatch_rows(shape: StepShape, dp_rank: int) -> list[int]:
     """Trajectories in each of the M microbatches of data-parallel rank `dp_rank`."""
-    share = ring_chunk_sizes(shape.batch, shape.dp)[require_int("dp_rank", dp_rank, 0, shape.dp - 1)]
+    share = ring_chunk_sizes(shape.batch, shape.dp)[require_int("dp_rank", dp_rank, 0, high=shape.dp - 1)]
     return ring_chunk_sizes(share, shape.microbatches)
 
 
@@ -113,7 +113,7 @@ def block_params(shape: StepShape, tp_rank: int) -> int:
     """Elements of one block on tp rank `tp_rank`: its heads' QKV rows and output columns, its MLP units, and
     the LayerNorms and row-parallel biases whole."""
     h, d = shape.width, shape.head_dim
-    heads = ring_chunk_sizes(shape.heads, shape.tp)[require_int("tp_rank", tp_rank, 0, shape.tp - 1)]
+    heads = ring_chunk_sizes(shape.heads, shape.tp)[require_int("tp_rank", tp_rank, 0, high=shape.tp - 1)]
     units = ring_chunk_sizes(shape.hidden, shape.tp)[tp_rank]
     qkv = 3 * heads * d * (h + 1)
     out = h * heads * d + h
@@ -147,7 +147,7 @@ def _gradient_sum(shape: StepShape, coords: dict[str, int], axis: str) -> Traffi
 def axis_traffic(shape: StepShape, coords: dict[str, int]) -> dict[str, Traffic]:
     """Per axis (TRAFFIC_AXES order), what the rank at `coords` ({"dp", "tp", "pp", "cp"}) sends in one training step."""
     for axis in TRAFFIC_AXES:
-        require_int(f"coords[{axis!r}]", coords.get(axis), 0, getattr(shape, axis) - 1)
+        require_int(f"coords[{axis!r}]", coords.get(axis), 0, high=getattr(shape, axis) - 1)
     e, h, c = shape.elem_size, shape.width, shape.tokens
     rows = microbatch_rows(shape, coords["dp"])
     layers = stage_layers(shape, coords["pp"])

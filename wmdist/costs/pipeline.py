@@ -60,7 +60,7 @@ def fraction_from_ratio(ratio: float) -> float:
 
 def ratio_from_fraction(fraction: float) -> float:
     """Convert bubble/whole schedule f (below 1) into bubble/ideal, f/(1-f): the inverse of fraction_from_ratio."""
-    f = require_real("fraction", fraction, 0.0, 1.0)
+    f = require_real("fraction", fraction, low=0.0, high=1.0)
     if f == 1.0:
         raise ValueError("fraction must be below 1 (a schedule that is all bubble has no ideal time), got 1.0")
     return f / (1 - f)
@@ -89,7 +89,7 @@ def peak_activations_in_flight(schedule: ScheduleName, stages: int, microbatches
     p = require_int("stages", stages, 1)
     m = require_int("microbatches", microbatches, 1)
     v = require_int("chunks", chunks, 1)
-    r = require_int("rank", rank, 0, p - 1)
+    r = require_int("rank", rank, 0, high=p - 1)
     if schedule != "interleaved" and v != 1:
         raise ValueError(f"chunks must be 1 for the {schedule} schedule, got chunks={v}")
     if schedule == "gpipe":

@@ -114,7 +114,7 @@ def pruned_kv_sends(world_size: int, rank: int) -> int:
     sender, rank N-2, still sends N-1 blocks, as every rank of the uniform ring does.
     """
     n = require_int("world_size", world_size, 1)
-    r = require_int("rank", rank, 0, n - 1)
+    r = require_int("rank", rank, 0, high=n - 1)
     return r + 1 if r < n - 1 else 0
 
 
@@ -126,7 +126,7 @@ def pruned_grad_sends(world_size: int, rank: int) -> int:
     instead of around the ring. Sum over ranks: N(N-1)/2.
     """
     n = require_int("world_size", world_size, 1)
-    return require_int("rank", rank, 0, n - 1)
+    return require_int("rank", rank, 0, high=n - 1)
 
 
 def pruned_ring_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, batch: int = 1,

@@ -11,7 +11,7 @@ FLOAT32_ROUNDOFF = 2.0 ** -24   # unit roundoff u: one float32 rounding moves x 
 FLOAT64_ROUNDOFF = 2.0 ** -53
 
 
-def reordered_sum_bound(terms: int, partial_sum_bound: float, extra_roundings: int = 0,
+def reordered_sum_bound(terms: int, partial_sum_bound: float, *, extra_roundings: int = 0,
                         unit_roundoff: float = FLOAT32_ROUNDOFF) -> float:
     """Largest |difference| between two float sums of the same values added in different orders.
 

@@ -145,7 +145,7 @@ def chunked_rank_ops(steps: int, chunks: int, rank: int, *, combine: Combine = "
     chunk. `depth` is the step at which this rank's last state is ready.
     """
     sizes = time_chunk_sizes(steps, chunks)
-    r = require_int("rank", rank, 0, len(sizes) - 1)
+    r = require_int("rank", rank, 0, high=len(sizes) - 1)
     require_choice("combine", combine, COMBINES)
     combine_applies = (1 if r < len(sizes) - 1 else 0) if combine == "handoff" else r
     return OpCount(composes=sizes[r] - 1, applies=combine_applies + sizes[r],
@@ -214,7 +214,7 @@ def handoff_bytes(state_size: int, batch: int, world_size: int, rank: int, *,
     msg = require_int("batch", batch, 1) * require_int("state_size", state_size, 1) * require_int(
         "elem_size", elem_size, 1)
     n = require_int("world_size", world_size, 1)
-    r = require_int("rank", rank, 0, n - 1)
+    r = require_int("rank", rank, 0, high=n - 1)
     sends = 1 if r < n - 1 else 0
     return {"bytes_sent": sends * msg, "bytes_recv": (1 if r > 0 else 0) * msg, "messages": sends}
 

@@ -75,7 +75,7 @@ class Collective:
         """Exact bytes rank `rank` sends: a ring reduce-scatter forwards every chunk but its own, an
         all-gather every chunk but its right neighbour's, an all-reduce does both."""
         n = len(self.sizes)
-        require_int("rank", rank, 0, n - 1)
+        require_int("rank", rank, 0, high=n - 1)
         if n == 1:
             return 0
         if self.op == "all-reduce":
@@ -281,7 +281,7 @@ def block_saved_elements(shape: BlockShape, world_size: int, rank: int, *, layou
     """
     require_choice("layout", layout, MEMORY_LAYOUTS)
     n = 1 if layout == "single" else require_int("world_size", world_size, 1)
-    require_int("rank", rank, 0, n - 1)
+    require_int("rank", rank, 0, high=n - 1)
     b, s, h, d = shape.batch, shape.seq, shape.width, shape.head_dim
     mine = seq_shards(shape, n)[rank]
     if layout == "cp":

@@ -14,7 +14,7 @@ SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (
       (1e-9, "n"), (1e-12, "p"))
 
 
-def si(value: float, unit: str, digits: int = 3) -> str:
+def si(value: float, unit: str, *, digits: int = 3) -> str:
     """`value` with an SI prefix chosen so the mantissa lies in [1, 1000): si(8.8e12, "FLOP") == "8.8 TFLOP"."""
     require_real("value", value)
     if value == 0 or not math.isfinite(value):

@@ -16,7 +16,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def require_int(name: str, value: int, low: int, high: int | None = None) -> int:
+def require_int(name: str, value: int, low: int, *, high: int | None = None) -> int:
     """Return `value` as an int if it is an integer in [low, high] (bools refused), else a ValueError naming `name`."""
     if not _is_int(value) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"from {low} to {high}"
@@ -24,7 +24,7 @@ def require_int(name: str, value: int, low: int, high: int | None = None) -> int
     return int(value)
 
 
-def require_real(name: str, value: float, low: float = 0.0, high: float | None = None) -> float:
+def require_real(name: str, value: float, *, low: float = 0.0, high: float | None = None) -> float:
     """Return `value` as a float if it is a finite number in [low, high], else a ValueError naming `name`."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < low or (high is not None and value > high):

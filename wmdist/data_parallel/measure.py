@@ -42,7 +42,7 @@ def check_plan(world_sizes: Sequence[int], sizes_bytes: Sequence[int], repeats: 
     if not world_sizes or not sizes_bytes:
         raise ValueError("world_sizes and sizes_bytes must each name at least one value")
     for n in world_sizes:
-        require_int("world_sizes entry", n, 2, 16)
+        require_int("world_sizes entry", n, 2, high=16)
     for s in sizes_bytes:
         if require_int("sizes_bytes entry", s, 4) % 4:
             raise ValueError(f"sizes_bytes must be multiples of 4 (float32), got {s!r}")

@@ -71,7 +71,7 @@ def sum_bound(world_size: int, numel: int, *, seed: int = 0) -> torch.Tensor:
     produces, and every partial sum is at most sum_r |x_r| at that element.
     A sum of N terms rounds N-1 times; two such sums in different orders (or
     one and the float64 reference, rounded to float32 once) can differ by
-    twice that plus one: `costs.reordered_sum_bound(N, sum_r |x_r|, 1)`.
+    twice that plus one: `costs.reordered_sum_bound(N, sum_r |x_r|, extra_roundings=1)`.
     World size 1 has nothing to add: the result is exact (bound 0).
     """
     total = sum(rank_vector(r, numel, seed=seed).double().abs() for r in range(world_size))

@@ -114,7 +114,7 @@ class Denoiser(nn.Module):
                 raise ValueError(f"t must be a float, a 0-d tensor or a ({batch},) tensor, got shape {tuple(t.shape)}")
             tt = t.to(self.freqs.dtype).expand(batch)
         else:
-            tt = torch.full((batch,), require_real("t", t, 0.0, 1.0))
+            tt = torch.full((batch,), require_real("t", t, low=0.0, high=1.0))
         angles = tt[:, None] * self.freqs                                   # (B, D/2)
         features = torch.cat([angles.sin(), angles.cos()], dim=-1)          # (B, D)
         # One sample at a time: a product's summation order may depend on its row count,
@@ -135,7 +135,7 @@ class Denoiser(nn.Module):
         cfg = self.cfg
         if x.dim() != 3 or x.shape[0] < 1 or x.shape[2] != cfg.channels:
             raise ValueError(f"x must be (B, tokens, {cfg.channels}) with B >= 1, got shape {tuple(x.shape)}")
-        require_int("start", start, 0, cfg.tokens)
+        require_int("start", start, 0, high=cfg.tokens)
         if start + x.shape[1] > cfg.tokens:
             raise ValueError(f"tokens [{start}, {start + x.shape[1]}) run past the {cfg.tokens} tokens "
                              f"of a {cfg.frames}x{cfg.height}x{cfg.width} latent")

@@ -149,7 +149,7 @@ class StepsSpec:
     def __post_init__(self) -> None:
         steps = self.sampling.steps
         n = require_world(self.world_size, steps, f"each rank needs a step of its own: there are {steps} steps")
-        object.__setattr__(self, "eval_seconds", require_real("eval_seconds", self.eval_seconds, 0.0, 1.0))
+        object.__setattr__(self, "eval_seconds", require_real("eval_seconds", self.eval_seconds, low=0.0, high=1.0))
         object.__setattr__(self, "noise", check_noise(None, replace(self.sampling, batch=n)))
 
 

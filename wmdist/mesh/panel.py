@@ -32,7 +32,7 @@ def run_spec(config: PatternsConfig) -> MeshSpec:
         if value > RUN_LIMITS[what]:
             raise ValueError(f"run it trains on local CPU ranks: {what} must be at most {RUN_LIMITS[what]}, "
                              f"got {value} (the formulas above hold at any size)")
-    require_int("context T", config.seq_len, 1, MAX_CONTEXT)
+    require_int("context T", config.seq_len, 1, high=MAX_CONTEXT)
     return MeshSpec(width=config.width, heads=config.heads, layers=config.layers, seq_len=config.seq_len,
                     batch=config.batch, microbatches=config.microbatches, dp=config.dp, tp=config.tp, pp=config.pp,
                     cp=config.cp, buckets=config.buckets)

@@ -65,7 +65,7 @@ class PatternsConfig:
         require_int("ranks_per_node", self.ranks_per_node, 1)
         for name in ("intra_gbps", "intra_us", "inter_gbps", "inter_us"):
             require_positive(name, getattr(self, name))
-        require_real("dp_hidden", self.dp_hidden, 0.0, 1.0)
+        require_real("dp_hidden", self.dp_hidden, low=0.0, high=1.0)
         _ = self.shape              # building the StepShape checks the model and mesh sizes
 
     @property

@@ -45,7 +45,7 @@ class MeshSpec:
         for name in ("width", "heads", "mlp_ratio", "layers", "seq_len", "batch", "microbatches", "dp", "tp", "pp",
                      "cp", "buckets"):
             require_int(name, getattr(self, name), 1)
-        require_int("seq_len", self.seq_len, 1, MAX_CONTEXT)
+        require_int("seq_len", self.seq_len, 1, high=MAX_CONTEXT)
         require_int("seed", self.seed, 0)
         require_choice("schedule", self.schedule, SCHEDULES)
         if require_real("lr", self.lr) == 0:

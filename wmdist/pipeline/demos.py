@@ -111,7 +111,7 @@ class ForwardResult:
 
 def forward_spec(world_size: int, *, microbatches: int = 8, work: PipeWork | None = None) -> Plans:
     """GPipe's forwards of M microbatches on P = `world_size` stages, checked (the batch defaults to 2M)."""
-    require_int("microbatches", microbatches, 1, MAX_MICROBATCHES)      # named before the batch it sizes
+    require_int("microbatches", microbatches, 1, high=MAX_MICROBATCHES)      # named before the batch it sizes
     work = work or PipeWork(batch_size=2 * microbatches, forward_only=True)
     if not work.forward_only:
         raise ValueError("forward_demo runs forwards only: pass a PipeWork with forward_only=True")

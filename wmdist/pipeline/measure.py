@@ -136,7 +136,7 @@ def bubble_spec(world_size: int, *, microbatches: int | None = None) -> Plans:
     by about twice the allowance, shows that the measurement tells them apart.
     """
     m = 2 * require_int("world_size", world_size, 1) if microbatches is None else \
-        require_int("microbatches", microbatches, 1, MAX_MICROBATCHES)      # 0 is refused, not the default
+        require_int("microbatches", microbatches, 1, high=MAX_MICROBATCHES)      # 0 is refused, not the default
     sizes = [m] + ([SMALL_M] if world_size > 1 and m != SMALL_M else [])
     cases = []
     for k in sizes:

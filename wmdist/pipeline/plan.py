@@ -128,12 +128,12 @@ class PipeWork:
 
     def __post_init__(self) -> None:
         require_int("batch_size", self.batch_size, 1)
-        require_int("seq_len", self.seq_len, 1, 64)
+        require_int("seq_len", self.seq_len, 1, high=64)
         require_int("layers", self.layers, 1)
         require_int("seed", self.seed, 0)
         require_bool("forward_only", self.forward_only)
-        require_real("slot_seconds", self.slot_seconds, 0.0, 1.0)
-        require_int("repeats", self.repeats, 1, 20)
+        require_real("slot_seconds", self.slot_seconds, low=0.0, high=1.0)
+        require_int("repeats", self.repeats, 1, high=20)
         if self.stage_work is not None:
             if not isinstance(self.stage_work, tuple) or not self.stage_work:
                 raise TypeError(f"stage_work must be a non-empty tuple of numbers or None, got {self.stage_work!r}")

@@ -105,7 +105,7 @@ class RolloutResult:
 def rollout_spec(world_size: int, *, environments: int | None = None, horizon: int = 8) -> RolloutSpec:
     """E = `environments` trajectories (default 2M) of `horizon` steps on a 1F1B pipeline of P = N ranks, checked."""
     m = 2 * require_int("world_size", world_size, 1)                   # microbatches: M = 2P
-    require_int("horizon", horizon, 1, 64)
+    require_int("horizon", horizon, 1, high=64)
     if environments is not None:
         try:
             require_int("environments", environments, m)

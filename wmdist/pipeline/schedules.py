@@ -217,7 +217,7 @@ def check_size(stages: int, microbatches: int, *, chunks: int = 1) -> tuple[int,
     for name, value, high in (("stages", stages, MAX_STAGES), ("microbatches", microbatches, MAX_MICROBATCHES),
                               ("chunks", chunks, MAX_CHUNKS)):
         require_int(name, value, 1)                  # a bad type or a value below 1 worded as everywhere else
-        sizes.append(require_int(name, value, 1, high))
+        sizes.append(require_int(name, value, 1, high=high))
     p, m, v = sizes
     if p * m * v > MAX_SLOTS:
         raise ValueError(f"stages*microbatches*chunks must be at most {MAX_SLOTS} (the schedule lists 2*P*M*v "

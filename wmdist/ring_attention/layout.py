@@ -46,7 +46,7 @@ def check_layout(seq_len: int, world_size: int, layout: str) -> tuple[int, int, 
 def rank_positions(seq_len: int, world_size: int, rank: int, layout: str) -> list[int]:
     """Global token positions rank `rank` holds, in increasing order (S/N of them)."""
     s, n, layout = check_layout(seq_len, world_size, layout)
-    r = require_int("rank", rank, 0, n - 1)
+    r = require_int("rank", rank, 0, high=n - 1)
     if layout == "contiguous":
         c = s // n
         return list(range(r * c, (r + 1) * c))
@@ -57,7 +57,7 @@ def rank_positions(seq_len: int, world_size: int, rank: int, layout: str) -> lis
 def ring_source(rank: int, step: int, world_size: int) -> int:
     """Rank whose K, V block rank `rank` holds at ring step `step`: (rank - step) mod N."""
     n = require_int("world_size", world_size, 1)
-    return (require_int("rank", rank, 0, n - 1) - require_int("step", step, 0, n - 1)) % n
+    return (require_int("rank", rank, 0, high=n - 1) - require_int("step", step, 0, high=n - 1)) % n
 
 
 def pair_count(q_positions: list[int], k_positions: list[int], causal: bool) -> int:
@@ -110,7 +110,7 @@ def tile_pairs(seq_len: int, world_size: int, layout: str, block_size: int, caus
     blockwise.block_is_future applies, so a rank's loop must count the same.
     """
     s, n, layout = check_layout(seq_len, world_size, layout)
-    b = require_int("block_size", block_size, 1, s // n)
+    b = require_int("block_size", block_size, 1, high=s // n)
     require_bool("causal", causal)
     held = [rank_positions(s, n, r, layout) for r in range(n)]
     cuts = [[pos[i:i + b] for i in range(0, len(pos), b)] for pos in held]

@@ -155,7 +155,7 @@ def incoming_for_rank(summaries: list[Map], h0: torch.Tensor, rank: int, *,
     Applying them one by one (rank applies of n^2) is cheaper than composing
     them first (n^3 each) and does the same arithmetic as the hand-off.
     """
-    require_int("rank", rank, 0, len(summaries) - 1)
+    require_int("rank", rank, 0, high=len(summaries) - 1)
     h = h0
     for summary in summaries[:rank]:
         h = apply_map(summary, h, tally=tally)
@@ -250,7 +250,7 @@ def random_system(batch: int, steps: int, state_size: int, *, diagonal: bool, ra
     require_int("batch", batch, 1)
     require_int("steps", steps, 1)
     n = require_int("state_size", state_size, 1)
-    rho = require_real("radius", radius, 0.0, 0.999)
+    rho = require_real("radius", radius, low=0.0, high=0.999)
     g = torch.Generator().manual_seed(require_int("seed", seed, 0))
     if diagonal:
         A = (torch.rand(batch, steps, n, generator=g, dtype=torch.float64) * 2 - 1) * rho

@@ -57,7 +57,7 @@ def check_inputs(cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, world_size: i
                  min_world_size: int = 1) -> int:
     """One clear ValueError for a bad world size, shape or state size, before any process starts."""
     n = require_int("world_size", world_size, min_world_size)
-    require_real("step_seconds", step_seconds, 0.0, 1.0)
+    require_real("step_seconds", step_seconds, low=0.0, high=1.0)
     if not isinstance(cell, GRUCell):
         raise TypeError(f"cell must be a GRUCell, got {type(cell).__name__}")
     if x.dim() != 3 or x.shape[1] < 1:

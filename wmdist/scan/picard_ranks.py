@@ -57,7 +57,7 @@ class SweepPlan:
 
     def __post_init__(self) -> None:
         require_int("max_sweeps", self.max_sweeps, 1)
-        require_real("stop_below", self.stop_below, 0.0)
+        require_real("stop_below", self.stop_below, low=0.0)
 
     @property
     def world_size(self) -> int:
