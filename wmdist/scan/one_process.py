@@ -89,12 +89,10 @@ class OneProcessSpec:
 
 @dataclass(frozen=True)
 class Grouping:
-    """One grouping's states (B, T, n) for one case, and the calls it made as its Tally counted them."""
+    """One grouping's states (B, T, n) for one case, and what its Tally counted while it ran (None: not counted)."""
     name: str
     states: torch.Tensor
-    composes: int
-    applies: int
-    calls: int
+    tally: Tally | None
 
 
 @dataclass(frozen=True)
@@ -107,8 +105,7 @@ class ScanRuns:
 
 def _run(name: str, scan: Callable[..., torch.Tensor], case: AffineCase, **options: Any) -> Grouping:
     tally = Tally()
-    states = scan(case.A, case.b, case.h0, tally=tally, **options)
-    return Grouping(name, states, tally.composes, tally.applies, tally.calls)
+    return Grouping(name, scan(case.A, case.b, case.h0, tally=tally, **options), tally)
 
 
 def scan_groupings(spec: OneProcessSpec) -> ScanRuns:
@@ -118,7 +115,7 @@ def scan_groupings(spec: OneProcessSpec) -> ScanRuns:
     for case in spec.cases:
         theirs = torch_associative_scan(case.A, case.b, case.h0)         # counted by torch_scan_ops, not a Tally
         groupings.append((_run("hillis-steele", associative_scan, case),
-                          Grouping("torch associative_scan", theirs, 0, 0, 0),
+                          Grouping("torch associative_scan", theirs, None),
                           _run(f"chunked, {n} chunks", chunked, case, chunks=n, combine="handoff")))
     return ScanRuns(tuple(groupings), torch_scan_ops(spec.steps))
 
@@ -145,11 +142,11 @@ def compare_scans(spec: OneProcessSpec, results: list[ScanRuns]) -> Verdict:
                                       f"regrouped products: reassociation_bound(depth {ops.depth}, T) * max|h|_abs"))
         if case.diagonal:                                 # the counts do not depend on A's structure: count once
             hs, _, ch = groupings
-            exact += _count_rows("loop", OpCount(loop_tally.composes, loop_tally.applies, loop_tally.calls),
-                                 sequential_ops(t))
-            exact += _count_rows("hillis-steele", OpCount(hs.composes, hs.applies, hs.calls), formulas[hs.name])
+            assert hs.tally is not None and ch.tally is not None
+            for name, tally, ops in (("loop", loop_tally, sequential_ops(t)), (hs.name, hs.tally, formulas[hs.name])):
+                exact += _count_rows(name, OpCount(tally.composes, tally.applies, tally.calls), ops)
             exact += _count_rows("torch associative_scan", runs.torch_ops, blelloch_ops(t), ("composes", "depth"))
-            exact += [Count(q, 0, getattr(ch, q), getattr(formulas[ch.name], q), case=ch.name)
+            exact += [Count(q, 0, getattr(ch.tally, q), getattr(formulas[ch.name], q), case=ch.name)
                       for q in ("composes", "applies")]
     return Verdict(checks=checks, exact=exact,
                    params={"steps": t, "state_size": spec.state_size, "batch": spec.batch, "chunks": n})
