@@ -46,6 +46,8 @@ def test_kill_mid_save_keeps_the_last_good_checkpoint():
 
 
 def test_bad_inputs_are_refused_before_any_process(no_processes):
+    assert checkpoint.RESUME.jobs is not None and checkpoint.CRASH.jobs is not None      # several jobs in a row
+    assert "world_size must be a positive integer" in checkpoint.RESUME.refuses(0)
     with pytest.raises(ValueError, match="world_size"):
         checkpoint.resume_report(0)
     with pytest.raises(ValueError, match="save_at"):

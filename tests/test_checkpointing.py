@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from wmdist.memory.activation_recompute import RolloutConfig, activation_bytes, checkpointing_report
+from wmdist.memory.activation_recompute import EXPERIMENT, RolloutConfig, activation_bytes, checkpointing_report
 
 
 @pytest.mark.parametrize("segment", [1, 8, 10, 64])   # 10 does not divide 64: a short last segment
@@ -32,10 +32,22 @@ def test_checkpointing_keeps_fewer_bytes_and_recomputes_all():
     assert ckpt["recomputed"] == plain["resident"]        # every step is run forward twice
 
 
+def test_it_runs_in_this_process_at_one_size(no_processes):
+    """A `local` experiment: it starts no rank, and any world size but 1 is refused before it runs."""
+    assert EXPERIMENT.local is not None and EXPERIMENT.world_sizes == (1,)
+    report = checkpointing_report(segment=16, seq_len=32, repeats=1)
+    assert report.passed and report.world_size == 1 and report.params["segment"] == 16, str(report)
+    assert "world_size must be 1" in EXPERIMENT.refuses(2)
+    with pytest.raises(ValueError, match="world_size must be 1"):
+        checkpointing_report(world_size=2)
+
+
 def test_bad_inputs():
     with pytest.raises(ValueError, match="world_size"):
         checkpointing_report(world_size=0)
     with pytest.raises(ValueError, match="segment"):
         checkpointing_report(segment=0)
+    with pytest.raises(ValueError, match="repeats"):
+        checkpointing_report(repeats=0)
     with pytest.raises(ValueError, match="seq_len"):
         RolloutConfig(seq_len=0)

@@ -17,7 +17,7 @@ G = 10 ** 9
 
 
 def test_text_figures_decimal():
-    b = per_rank_bytes(MemoryConfig(G, "fp32", optimizer="adam"))
+    b = per_rank_bytes(MemoryConfig(params=G, param_dtype="fp32", optimizer="adam"))
     assert b["optimizer_state"] == 8 * G            # two fp32 Adam moments: 8 GB decimal
     assert M.format_bytes(b["optimizer_state"]) == "8.00 GB"
     assert M.format_bytes(b["optimizer_state"], binary=True) == "7.45 GiB"   # 8e9 / 2**30 = 7.4506
@@ -30,8 +30,9 @@ def test_text_figures_decimal():
 def test_zero_paper_mixed_precision_adam(P, N):
     """fp16 params+grads, K = 12 (fp32 master + 2 fp32 moments); N divides P here."""
     def total(stage):
-        cfg = MemoryConfig(P, "fp16", optimizer="adam", master_weights=True, zero_stage=stage, dp=N)
-        return per_rank_bytes(cfg, 0)
+        cfg = MemoryConfig(params=P, param_dtype="fp16", optimizer="adam", master_weights=True, zero_stage=stage,
+                           dp=N)
+        return per_rank_bytes(cfg, rank=0)
     b0 = total(0)
     assert (b0["parameters"], b0["gradients"], b0["optimizer_state"] + b0["master_weights"]) == (2 * P, 2 * P, 12 * P)
     assert b0["total"] == 16 * P
@@ -42,14 +43,14 @@ def test_zero_paper_mixed_precision_adam(P, N):
 
 def test_uneven_shards_exact_per_rank():
     P, N = 10, 4                                     # tensor_split layout: 3, 3, 2, 2 elements
-    cfg = MemoryConfig(P, "fp32", optimizer="adam", zero_stage=3, dp=N)
-    got = [per_rank_bytes(cfg, r) for r in range(N)]
+    cfg = MemoryConfig(params=P, param_dtype="fp32", optimizer="adam", zero_stage=3, dp=N)
+    got = [per_rank_bytes(cfg, rank=r) for r in range(N)]
     assert [b["parameters"] for b in got] == [12, 12, 8, 8]
     assert [b["optimizer_state"] for b in got] == [24, 24, 16, 16]
     assert sum(b["parameters"] for b in got) == 4 * P   # shards cover the model exactly once
     # tp*pp first (P=1003 over 2*3 -> 168,167,...), then dp over that piece
-    cfg = MemoryConfig(1003, "bf16", zero_stage=3, dp=3, tp=2, pp=3)
-    held = [per_rank_bytes(cfg, r)["parameters"] for r in range(cfg.world_size)]
+    cfg = MemoryConfig(params=1003, param_dtype="bf16", zero_stage=3, dp=3, tp=2, pp=3)
+    held = [per_rank_bytes(cfg, rank=r)["parameters"] for r in range(cfg.world_size)]
     assert sum(held) == 2 * 1003
     for r in range(cfg.world_size):
         c = M.rank_coords(cfg, r)
@@ -59,10 +60,10 @@ def test_uneven_shards_exact_per_rank():
 
 
 def test_replicated_dp_does_not_shrink_per_rank_bytes():
-    base = per_rank_bytes(MemoryConfig(G, "fp32", dp=1, zero_stage=0))
+    base = per_rank_bytes(MemoryConfig(params=G, param_dtype="fp32", dp=1, zero_stage=0))
     for dp in (2, 8, 1024):
-        assert per_rank_bytes(MemoryConfig(G, "fp32", dp=dp, zero_stage=0), dp - 1) == base
-    sharded = per_rank_bytes(MemoryConfig(G, "fp32", dp=8, zero_stage=1))
+        assert per_rank_bytes(MemoryConfig(params=G, param_dtype="fp32", dp=dp, zero_stage=0), rank=dp - 1) == base
+    sharded = per_rank_bytes(MemoryConfig(params=G, param_dtype="fp32", dp=8, zero_stage=1))
     assert sharded["optimizer_state"] == base["optimizer_state"] // 8 and sharded["parameters"] == base["parameters"]
     assert [r.name for r in remedies.REMEDIES if r.name.startswith("more replicated")] and \
         all(not r.targets for r in remedies.REMEDIES if r.name.startswith("more replicated"))
@@ -71,22 +72,22 @@ def test_replicated_dp_does_not_shrink_per_rank_bytes():
 def test_activations_checkpointing_cp_pp_tp():
     kw = dict(layers=24, act_bytes_per_token_per_layer=34 * 1024, input_bytes_per_token=2 * 1024,
               seq_len=4096, micro_batch=2)
-    full = per_rank_bytes(MemoryConfig(1000, **kw))["activations"]
+    full = per_rank_bytes(MemoryConfig(params=1000, **kw))["activations"]
     assert full == 24 * 2 * 4096 * 34 * 1024
-    ck = per_rank_bytes(MemoryConfig(1000, checkpointing=True, **kw))["activations"]
+    ck = per_rank_bytes(MemoryConfig(params=1000, checkpointing=True, **kw))["activations"]
     assert ck == 24 * 2 * 4096 * 2 * 1024 + 2 * 4096 * 34 * 1024   # inputs of every layer + one layer
     assert ck < full
-    cp = MemoryConfig(1000, cp=3, **kw)             # 4096 tokens over 3: 1366, 1365, 1365
-    assert [per_rank_bytes(cp, r)["activations"] for r in range(3)] == \
+    cp = MemoryConfig(params=1000, cp=3, **kw)      # 4096 tokens over 3: 1366, 1365, 1365
+    assert [per_rank_bytes(cp, rank=r)["activations"] for r in range(3)] == \
         [24 * 2 * t * 34 * 1024 for t in (1366, 1365, 1365)]
-    pp = MemoryConfig(1000, pp=5, **kw)             # 24 layers over 5 stages: 5,5,5,5,4
-    assert per_rank_bytes(pp, 4)["activations"] == 4 * 2 * 4096 * 34 * 1024
-    tp = MemoryConfig(1000, tp=3, layers=5, act_bytes_per_token_per_layer=1.0, seq_len=7)
+    pp = MemoryConfig(params=1000, pp=5, **kw)      # 24 layers over 5 stages: 5,5,5,5,4
+    assert per_rank_bytes(pp, rank=4)["activations"] == 4 * 2 * 4096 * 34 * 1024
+    tp = MemoryConfig(params=1000, tp=3, layers=5, act_bytes_per_token_per_layer=1.0, seq_len=7)
     assert per_rank_bytes(tp)["activations"] == 12      # ceil(5 layers * 7 tokens * 1 byte / 3) = ceil(11.67)
 
 
 def test_limit_and_remedies():
-    b = per_rank_bytes(MemoryConfig(G, "fp32", optimizer="adam"))
+    b = per_rank_bytes(MemoryConfig(params=G, param_dtype="fp32", optimizer="adam"))
     assert remedies.limiting_kind(b) == "optimizer_state"
     names = {r.name for r in remedies.remedies_for("optimizer_state")}
     assert {"ZeRO-1", "ZeRO-2", "ZeRO-3", "tensor parallel", "pipeline parallel"} <= names
@@ -110,28 +111,39 @@ def test_config_validation(kwargs, word):
         MemoryConfig(**kwargs)
 
 
+def test_the_choices_a_signature_names_are_the_tables_it_reads():
+    """Dtype, Optimizer and Preset (the Literal annotations) list exactly the names the run-time checks accept."""
+    from typing import get_args
+
+    from wmdist.memory import presets
+    assert set(get_args(M.Dtype)) == set(M.DTYPE_BYTES) and set(get_args(M.Optimizer)) == set(M.OPTIMIZER_SLOTS)
+    assert set(get_args(presets.Preset)) == set(presets.PRESETS)
+    with pytest.raises(ValueError, match="model must be one of"):
+        presets.preset_fields("llama")
+
+
 def test_rank_out_of_range():
     with pytest.raises(ValueError, match="rank must be < world size 4"):
-        per_rank_bytes(MemoryConfig(10, dp=2, tp=2), 4)
+        per_rank_bytes(MemoryConfig(params=10, dp=2, tp=2), rank=4)
 
 
 def test_transient_peak_rule():
-    cfg = MemoryConfig(1000, "bf16", zero_stage=3, dp=4, layers=10)
+    cfg = MemoryConfig(params=1000, param_dtype="bf16", zero_stage=3, dp=4, layers=10)
     steady = per_rank_bytes(cfg)["total"]
     assert transient.transient_peak(cfg).peak == steady + 1000 * (2 + 2)          # whole model gathered
     assert transient.transient_peak(cfg, unit=100).peak == steady + 100 * (2 + 2)  # one layer at a time
-    two = MemoryConfig(1000, "bf16", zero_stage=2, dp=4)
+    two = MemoryConfig(params=1000, param_dtype="bf16", zero_stage=2, dp=4)
     assert transient.transient_peak(two).extra == 1000 * 2
     for stage in (0, 1):
-        assert transient.transient_peak(MemoryConfig(1000, zero_stage=stage, dp=4)).extra == 0
+        assert transient.transient_peak(MemoryConfig(params=1000, zero_stage=stage, dp=4)).extra == 0
     # the demo's points: the peak over them is the calculator's rule at unit = the whole model
     for stage in range(4):
         for r in range(3):
             held = transient.zero_step_held(2105, 3, r, stage)
             peak = max(sum(h.values()) for h in held.values())
-            cfg = MemoryConfig(2105, optimizer="adam", zero_stage=stage, dp=3)
-            b = per_rank_bytes(cfg, r)
-            assert peak == transient.transient_peak(cfg, r).peak - b["activations"] - b["batch"]
+            cfg = MemoryConfig(params=2105, optimizer="adam", zero_stage=stage, dp=3)
+            b = per_rank_bytes(cfg, rank=r)
+            assert peak == transient.transient_peak(cfg, rank=r).peak - b["activations"] - b["batch"]
 
 
 def test_exercise_checker():
@@ -150,15 +162,16 @@ def test_exercise_checker():
 def test_exercise_solution_is_the_memory_model():
     """The exercise's readable solution agrees with the calculator on its whole grid."""
     for params, stage, dp, dp_rank in ZERO_BYTES.cases():
-        cfg = MemoryConfig(params, "fp16", optimizer="adam", master_weights=True, zero_stage=stage, dp=dp)
-        assert zero_bytes_solution(params, stage, dp, dp_rank) == per_rank_bytes(cfg, dp_rank)["total"]
+        cfg = MemoryConfig(params=params, param_dtype="fp16", optimizer="adam", master_weights=True,
+                           zero_stage=stage, dp=dp)
+        assert zero_bytes_solution(params, stage, dp, dp_rank) == per_rank_bytes(cfg, rank=dp_rank)["total"]
 
 
 def test_panel_updates_on_value():
     from wmdist.memory.panel import MemoryPanel
     panel = MemoryPanel(params=1e9)
     c = panel.controls
-    assert panel.result.fullest == per_rank_bytes(MemoryConfig(G)) and "optimizer state" in panel.summary.value
+    assert panel.result.fullest == per_rank_bytes(MemoryConfig(params=G)) and "optimizer state" in panel.summary.value
     assert "fits in 80.00 GB" in panel.summary.value
     c["param_dtype"].value = "fp16"
     c["master_weights"].value = True
@@ -192,7 +205,7 @@ def test_panel_shows_its_simplifications_and_the_transient_peak():
     assert "Within a step ZeRO" not in panel.summary.value           # ZeRO-0: no transient
     panel.controls["dp"].value = 8
     panel.controls["zero_stage"].value = 3
-    peak = transient.transient_peak(MemoryConfig(G, zero_stage=3, dp=8))
+    peak = transient.transient_peak(MemoryConfig(params=G, zero_stage=3, dp=8))
     assert "Within a step ZeRO-3" in panel.summary.value and M.format_bytes(peak.peak) in panel.summary.value
     assert "checks the rules, not the size" in panel.measure_note.value
     assert [p.get_hatch() for p in panel.shown.axes[0].patches].count("//") == 1   # the peak box on the bar
@@ -200,7 +213,7 @@ def test_panel_shows_its_simplifications_and_the_transient_peak():
 
 def test_degree_sliders_stop_only_at_listed_degrees():
     from wmdist.memory.panel import MemoryPanel
-    panel = MemoryPanel(config=MemoryConfig(G, dp=7))                # a degree the list lacks is added, not refused
+    panel = MemoryPanel(config=MemoryConfig(params=G, dp=7))         # a degree the list lacks is added, not refused
     dp = panel.controls["dp"]
     assert list(dp.options)[:8] == [1, 2, 3, 4, 6, 7, 8, 12] and dp.value == 7
     assert max(dp.options) == 256 and 129 not in dp.options

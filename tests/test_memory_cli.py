@@ -21,7 +21,7 @@ def _cli(argv):
 def test_cli_json_and_table(capsys):
     assert _cli(["--params", str(G), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out == per_rank_bytes(MemoryConfig(G)) and out["optimizer_state"] == 8 * G
+    assert out == per_rank_bytes(MemoryConfig(params=G)) and out["optimizer_state"] == 8 * G
     assert _cli(["--params", "10", "--zero", "3", "--dp", "4", "--rank", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parameters"] == 8
     assert _cli(["--params", str(G), "--dtype", "fp16", "--master-weights", "--zero", "1", "--world-size", "8"]) == 0
@@ -92,8 +92,8 @@ def test_under_torchrun_only_rank_0_prints_a_usage_error(monkeypatch, capsys, ra
 
 def test_a_world_of_a_trillion_ranks_is_computed_in_closed_form(capsys):
     """ZeRO-3 over dp = 10**12 (a list of dp chunk sizes would not fit in memory): 7B elements, one each."""
-    cfg = MemoryConfig(7 * G, zero_stage=3, dp=10 ** 12)
-    first, last = per_rank_bytes(cfg, 0), per_rank_bytes(cfg, 10 ** 12 - 1)
+    cfg = MemoryConfig(params=7 * G, zero_stage=3, dp=10 ** 12)
+    first, last = per_rank_bytes(cfg, rank=0), per_rank_bytes(cfg, rank=10 ** 12 - 1)
     assert (first["parameters"], first["gradients"], first["optimizer_state"]) == (4, 4, 8)   # rank < 7e9: 1
     assert last["total"] == 0                                                                # rank >= 7e9: 0
     assert _cli(["--params", "7B", "--dp", "1000000000000", "--zero", "3", "--json"]) == 0
@@ -107,16 +107,18 @@ def test_a_world_of_a_trillion_ranks_is_computed_in_closed_form(capsys):
                                         ("1_000", 1000), ("12k", 12000), ("0.5T", 5 * 10 ** 11)])
 def test_cli_accepts_counts_as_people_type_them(capsys, text, count):
     assert _cli(["--params", text, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == per_rank_bytes(MemoryConfig(count))
+    assert json.loads(capsys.readouterr().out) == per_rank_bytes(MemoryConfig(params=count))
 
 
 def test_fp32_gradient_accumulation_buffer_gives_20_bytes_per_parameter(capsys):
     """bf16 params (2) + bf16 grads (2) + fp32 accumulation buffer (4) + fp32 master (4) + Adam (8)."""
-    cfg = MemoryConfig(G, "bf16", grad_accum_dtype="fp32", optimizer="adam", master_weights=True)
+    cfg = MemoryConfig(params=G, param_dtype="bf16", grad_accum_dtype="fp32", optimizer="adam", master_weights=True)
     b = per_rank_bytes(cfg)
     assert b["total"] == 20 * G and b["gradients"] == 6 * G
-    assert per_rank_bytes(MemoryConfig(G, "bf16", grad_dtype="fp32", master_weights=True))["total"] == 18 * G
-    z2 = per_rank_bytes(MemoryConfig(G, "bf16", grad_accum_dtype="fp32", master_weights=True, zero_stage=2, dp=8))
+    assert per_rank_bytes(MemoryConfig(params=G, param_dtype="bf16", grad_dtype="fp32",
+                                       master_weights=True))["total"] == 18 * G
+    z2 = per_rank_bytes(MemoryConfig(params=G, param_dtype="bf16", grad_accum_dtype="fp32", master_weights=True,
+                                     zero_stage=2, dp=8))
     assert z2["gradients"] == 6 * G // 8                      # the buffer shards with the gradients
     assert _cli(["--params", "1B", "--dtype", "bf16", "--grad-accum-dtype", "fp32", "--master-weights", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["total"] == 20 * G
@@ -130,7 +132,7 @@ def test_presets_count_parameters_and_activations_as_published():
     m = presets.PRESETS["gpt3-6.7b"]
     s, h, a = 4096, 4096, 32
     assert m.activation_bytes_per_token(s) * s == s * h * (34 + 5 * a * s / h)   # Korthikanti et al., per layer
-    fields = presets.preset_fields("gpt3-6.7b", 4096)
+    fields = presets.preset_fields("gpt3-6.7b", seq_len=4096)
     cfg = MemoryConfig(**fields, param_dtype="bf16", master_weights=True, zero_stage=2, dp=8)
     assert per_rank_bytes(cfg)["activations"] == 32 * s * h * (34 + 5 * a * s / h)
     ck = per_rank_bytes(MemoryConfig(**fields, checkpointing=True))["activations"]

@@ -68,7 +68,7 @@ def test_one_rank_is_bitwise_torch_adam(stage):
 
 def test_weights_match_single_process_adam_within_reduction_order_tolerance():
     cfg = zero.ZeroConfig(stage=3, steps=5)
-    report = zero_demos.zero_memory_report(3, 3, cfg)
+    report = zero_demos.zero_memory_report(3, 3, cfg=cfg)
     check_ = report.checks[0]
     assert 0 < check_.tolerance < 1e-4 and check_.passed, str(report)
 
@@ -98,12 +98,12 @@ def test_held_bytes_during_the_step_and_the_transient_peak(stage, on3):
     assert [p - s for p, s in zip(peak, steady)] == [extra] * 3
     for r in range(3):                               # the calculator's rule, with the whole model as one unit
         cfg = MemoryConfig(params=P, optimizer="adam", zero_stage=stage, dp=3)
-        assert transient.transient_peak(cfg, r).extra == extra
+        assert transient.transient_peak(cfg, rank=r).extra == extra
 
 
 def test_a_stage3_that_keeps_its_gathered_parameters_fails_the_memory_check():
     """Nothing else would notice: the weights and the bytes sent are the same. The held-bytes probe does."""
-    report = zero_demos.zero_memory_report(3, 3, zero.ZeroConfig(stage=3, keep_gathered=True))
+    report = zero_demos.zero_memory_report(3, 3, cfg=zero.ZeroConfig(stage=3, keep_gathered=True))
     assert report.checks[0].passed                                           # same weights ...
     assert all(c.passed for c in report.counts(quantity="bytes sent per step"))   # ... same traffic ...
     bad = [c for c in report.exact if not c.passed]                          # ... but the full copy stayed
@@ -145,7 +145,7 @@ def test_bad_inputs_fail_before_any_process(no_processes):
     with pytest.raises(ValueError, match="world_size must be <= batch_size 12"):
         zero_demos.torch_zero_report(13)                 # a rank without a batch row: refused, not run
     with pytest.raises(ValueError, match="cfg.stage=2 but stage=1"):
-        zero_demos.torch_zero_report(2, zero.ZeroConfig(stage=2))
+        zero_demos.torch_zero_report(2, cfg=zero.ZeroConfig(stage=2))
 
 
 def test_the_zero_demos_are_experiments_refusing_by_their_spec(no_processes):

@@ -7,7 +7,7 @@ from wmdist.costs.validate import require_choice, require_int
 ZERO_STAGES = (0, 1, 2, 3)
 
 
-def zero_step_bytes(numel: int, world_size: int, rank: int, stage: int, elem_size: int = 4) -> dict[str, int]:
+def zero_step_bytes(numel: int, world_size: int, rank: int, stage: int, *, elem_size: int = 4) -> dict[str, int]:
     """Bytes rank `rank` sends in one ZeRO training step, by phase, with ring collectives.
 
     The schedule wmdist.memory.zero runs (the whole model is one flat unit):
@@ -19,8 +19,8 @@ def zero_step_bytes(numel: int, world_size: int, rank: int, stage: int, elem_siz
     Chunk sizes are the true tensor_split sizes, so ranks can differ slightly.
     """
     require_choice("stage", stage, ZERO_STAGES)
-    scatter = ring_reduce_scatter_bytes(numel, world_size, rank, elem_size)
-    gather = ring_all_gather_bytes(numel, world_size, rank, elem_size)
+    scatter = ring_reduce_scatter_bytes(numel, world_size, rank, elem_size=elem_size)
+    gather = ring_all_gather_bytes(numel, world_size, rank, elem_size=elem_size)
     if stage == 0:
         return {"gradient all-reduce/reduce-scatter": scatter, "gradient all-reduce/all-gather": gather}
     if stage in (1, 2):

@@ -10,7 +10,8 @@
     zero_demos.py            ZeRO runs checked: bytes held (steady and within a step) and sent vs formulas,
                              weights vs Adam and torch
     activation_recompute.py  activation checkpointing on the dynamics unroll: bytes kept vs recompute
-    sharded_checkpoint.py    resumable torch.distributed.checkpoint saves, resharded on another world size
+    dcp_store.py             sharded torch.distributed.checkpoint saves: atomic commit, resharded loads
+    sharded_checkpoint.py    resumable training on them; saved on N ranks, resumed on M, a rank killed mid-save
     exercises.py             ZeRO bytes (pure) and the sharded update (ranks)
     panel.py                 MemoryPanel; figures.py its bars
 """

@@ -19,7 +19,7 @@ cannot see, which would make the count look better than it is.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -27,10 +27,11 @@ from torch.utils.checkpoint import checkpoint
 from wmdist.compare import bound_ratio, worst
 from wmdist.costs import require_int, reordered_sum_bound
 from wmdist.models import DynamicsCell, WorldModelConfig
-from wmdist.report import Check, Demo, Report, counts_per_rank, exact_check
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Report, counts_per_rank, exact_check
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     """A DynamicsCell unrolled over T steps for B sequences; `segment` steps per checkpoint (0 = none)."""
     batch: int = 32
@@ -46,7 +47,7 @@ class RolloutConfig:
         require_int("seed", self.seed, 0)
 
 
-def activation_bytes(cfg: RolloutConfig, elem_size: int = 4) -> dict[str, int]:
+def activation_bytes(cfg: RolloutConfig, *, elem_size: int = 4) -> dict[str, int]:
     """Predicted saved-for-backward bytes (pure arithmetic).
 
     per step: Linear input B(2Z+A) plus tanh output BZ. Without checkpoints all
@@ -117,7 +118,7 @@ def _segment(cell: DynamicsCell, h: torch.Tensor, z: torch.Tensor, a: torch.Tens
     return torch.stack(states, dim=1)
 
 
-def rollout(cell: DynamicsCell, h0: torch.Tensor, z: torch.Tensor, a: torch.Tensor, segment: int,
+def rollout(cell: DynamicsCell, h0: torch.Tensor, z: torch.Tensor, a: torch.Tensor, *, segment: int,
             on_segment: list | None = None) -> torch.Tensor:
     """All states (B, T, Z), checkpointed every `segment` steps (0: plain autograd)."""
     if segment == 0:
@@ -158,12 +159,12 @@ def measure(cfg: RolloutConfig) -> dict:
         return _Saved(t, live)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda held: held.tensor):
-        hs = rollout(cell, h0, z, a, cfg.segment, segments)                   # (B, T, Z)
+        hs = rollout(cell, h0, z, a, segment=cfg.segment, on_segment=segments)                  # (B, T, Z)
         phase[0] = "backward"
         (hs * weight).sum().backward()
     grads = [p.grad.clone() for p in cell.parameters()] + [z.grad.clone()]
     start = time.perf_counter()                                  # timed again without the counting hooks
-    (rollout(cell, h0, z, a, cfg.segment) * weight).sum().backward()
+    (rollout(cell, h0, z, a, segment=cfg.segment) * weight).sum().backward()
     seconds = time.perf_counter() - start
     return {"resident": bytes_by_phase["forward"], "recomputed": bytes_by_phase["backward"],
             "largest segment": max(segments, default=0), "peak": live.peak, "grads": grads, "seconds": seconds}
@@ -206,20 +207,48 @@ class RecomputeCost:
         return self.seconds_checkpointed / self.seconds_plain
 
 
-def checkpointing_report(world_size: int = 1, segment: int = 8, seq_len: int = 64, repeats: int = 5) -> Report:
-    """Bytes saved for backward with and without checkpointing (exact), gradients, and the time ratio.
+@dataclass(frozen=True, kw_only=True)
+class CheckpointingSpec:
+    """The demo, decided before it runs: the checkpointed rollout, and how many times each pass is measured.
 
-    Runs in this process: no ranks are involved, whatever `world_size` says (it
-    is accepted so that `wmdist verify --world-size N` can run every demo).
+    `world_size` is always 1: the demo runs in this process and starts no ranks.
     """
+    world_size: int
+    rollout: RolloutConfig           # segment >= 1; the plain pass is the same rollout with segment 0
+    repeats: int
+
+
+def checkpointing_spec(world_size: int, *, segment: int = 8, seq_len: int = 64, repeats: int = 5
+                       ) -> CheckpointingSpec:
+    """The spec for `segment` steps per checkpoint over `seq_len` steps, refused (ValueError) unless world_size is 1."""
     require_int("world_size", world_size, 1)
-    cfg, plain_cfg = RolloutConfig(seq_len=seq_len, segment=segment), RolloutConfig(seq_len=seq_len, segment=0)
+    if world_size != 1:
+        raise ValueError(f"world_size must be 1 (the demo runs in this process and starts no ranks), got {world_size}")
+    cfg = RolloutConfig(seq_len=seq_len, segment=segment)
     require_int("segment", segment, 1)
     require_int("repeats", repeats, 1)
-    start = time.perf_counter()
-    plain = [measure(plain_cfg) for _ in range(repeats)]
-    ckpt = [measure(cfg) for _ in range(repeats)]
-    seconds = time.perf_counter() - start
+    return CheckpointingSpec(world_size=1, rollout=cfg, repeats=repeats)
+
+
+@dataclass(frozen=True)
+class RecomputeRuns:
+    """What `measure` gave for each repeat, without checkpoints and with them (bytes, gradients, seconds)."""
+    plain: list[dict]
+    checkpointed: list[dict]
+
+
+def measure_both(spec: CheckpointingSpec) -> RecomputeRuns:
+    """The demo's run, in this process: `spec.repeats` measured passes without checkpoints, then as many with."""
+    plain_cfg = replace(spec.rollout, segment=0)
+    plain = [measure(plain_cfg) for _ in range(spec.repeats)]
+    return RecomputeRuns(plain, [measure(spec.rollout) for _ in range(spec.repeats)])
+
+
+def compare_checkpointing(spec: CheckpointingSpec, results: list[RecomputeRuns]) -> Verdict:
+    """Gradients with checkpoints against without (z bitwise, the cell's within the reordering bound), and every
+    saved-bytes count against `activation_bytes`; the fastest pass of each for the time ratio."""
+    cfg, (runs,) = spec.rollout, results
+    plain_cfg, plain, ckpt = replace(cfg, segment=0), runs.plain, runs.checkpointed
     per_unit = reordered_sum_bound(cfg.seq_len, 1.0)       # the bound scales with sum_t |term_t|, elementwise
     bounds = [per_unit * s for s in step_contributions(cfg)]
     ratios = [bound_ratio(g, e, b) for g, e, b in zip(ckpt[0]["grads"], plain[0]["grads"], bounds)]
@@ -237,11 +266,26 @@ def checkpointing_report(world_size: int = 1, segment: int = 8, seq_len: int = 6
     for key in ("resident", "recomputed", "largest segment", "peak"):
         exact += counts_per_rank("saved bytes", [measured[key]], [predicted[key]], case=f"with checkpoints: {key}")
     fastest = lambda runs: min(r["seconds"] for r in runs)   # noqa: E731 - the least disturbed run
-    data = RecomputeCost(fastest(plain), fastest(ckpt), measured["resident"] / plain[0]["resident"],
-                         measured["peak"] / plain[0]["peak"])
-    return Report("activation-checkpointing", 1, checks, exact, seconds,
-                  {"seq_len": seq_len, "segment": segment, "batch": cfg.batch}, data)
+    data = RecomputeCost(seconds_plain=fastest(plain), seconds_checkpointed=fastest(ckpt),
+                         memory_ratio=measured["resident"] / plain[0]["resident"],
+                         peak_ratio=measured["peak"] / plain[0]["peak"])
+    return Verdict(checks=checks, exact=exact, params={"seq_len": cfg.seq_len, "segment": cfg.segment,
+                                                       "batch": cfg.batch}, data=data)
 
 
-DEMOS = [Demo("activation-checkpointing", "Checkpointed dynamics unroll: saved bytes vs formula, gradients, time",
-              checkpointing_report, world_sizes=(1,), chapter="03", max_world_size=1)]
+EXPERIMENT = Experiment(name="activation-checkpointing", chapter="03", world_sizes=(1,),
+                        title="Checkpointed dynamics unroll: saved bytes vs formula, gradients, time",
+                        spec=checkpointing_spec, local=measure_both, compare=compare_checkpointing)
+
+
+def checkpointing_report(*, world_size: int = 1, segment: int = 8, seq_len: int = 64, repeats: int = 5) -> Report:
+    """Bytes saved for backward with and without checkpointing (exact), gradients, and the time ratio.
+
+    Runs in this process and starts no ranks, so `world_size` must be 1 (any other
+    is refused before anything runs). Each pass is measured `repeats` times; the
+    report's time ratio uses the fastest.
+    """
+    return EXPERIMENT.run_spec(checkpointing_spec(world_size, segment=segment, seq_len=seq_len, repeats=repeats))
+
+
+DEMOS = [EXPERIMENT]

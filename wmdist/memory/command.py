@@ -112,7 +112,7 @@ def config_from_args(args: argparse.Namespace) -> MemoryConfig:
     for flag, value in (("--layers", args.layers), ("--seq-len", args.seq_len)):
         if value is not None:                 # given explicitly: a model has at least one layer and one token
             require_int(f"{flag}: {flag.lstrip('-').replace('-', '_')}", value, 1)
-    fields: dict[str, Any] = preset_fields(args.model, args.seq_len) if args.model else {}
+    fields: dict[str, Any] = preset_fields(args.model, seq_len=args.seq_len) if args.model else {}
     for field, value in (("params", args.params), ("layers", args.layers), ("seq_len", args.seq_len),
                          ("act_bytes_per_token_per_layer", args.act_bytes), ("input_bytes_per_token", args.input_bytes),
                          ("act_replicated_bytes_per_token_per_layer", args.act_replicated_bytes)):
@@ -153,8 +153,8 @@ def memory_main(args: argparse.Namespace) -> int:
     """Print rank `args.rank`'s breakdown; bad input -> one-line error, exit status 2."""
     try:
         cfg = config_from_args(args)
-        b = per_rank_bytes(cfg, args.rank)
-        peak = transient_peak(cfg, args.rank)
+        b = per_rank_bytes(cfg, rank=args.rank)
+        peak = transient_peak(cfg, rank=args.rank)
     except (ValueError, TypeError) as err:
         field = str(err).split(" ", 1)[0].rstrip(":")
         message = f"{FLAGS[field]}: {err}" if field in FLAGS else str(err)
@@ -169,10 +169,11 @@ def memory_main(args: argparse.Namespace) -> int:
     model = f"{args.model}, " if args.model else ""
     print(f"{model}rank {args.rank} of {cfg.world_size} (dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} cp={cfg.cp}, "
           f"ZeRO-{cfg.zero_stage}); limit: {limiting_kind(b)}")
-    print(format_breakdown(b, args.binary))
+    print(format_breakdown(b, binary=args.binary))
     if peak.extra:
-        layer = transient_peak(cfg, args.rank, max(1, local_params(cfg, args.rank)[0] // max(cfg.layers, 1)))
-        print(f"within a step the peak is higher: {format_bytes(peak.peak, args.binary)} with the whole model "
-              f"gathered at once, {format_bytes(layer.peak, args.binary)} one layer at a time ({peak.what})")
+        unit = max(1, local_params(cfg, rank=args.rank)[0] // max(cfg.layers, 1))
+        layer = transient_peak(cfg, rank=args.rank, unit=unit)
+        print(f"within a step the peak is higher: {format_bytes(peak.peak, binary=args.binary)} with the whole model "
+              f"gathered at once, {format_bytes(layer.peak, binary=args.binary)} one layer at a time ({peak.what})")
     return 0
 

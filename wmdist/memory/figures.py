@@ -22,7 +22,7 @@ def rank_label(ranks: Sequence[int]) -> str:
     return f"ranks {ranks[0]}-{ranks[-1]}" if contiguous else f"{len(ranks)} ranks"
 
 
-def scale(most: float, binary: bool) -> tuple[float, str]:
+def scale(most: float, *, binary: bool) -> tuple[float, str]:
     """(bytes per unit, unit name) for an axis whose largest value is `most` bytes: GB for a 7B model, kB for ours."""
     base, names = (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB")) if binary else (1000, ("B", "kB", "MB", "GB", "TB",
                                                                                           "PB"))
@@ -32,12 +32,12 @@ def scale(most: float, binary: bool) -> tuple[float, str]:
     return float(base ** k), names[k]
 
 
-def bars_axes(ax: plt.Axes, bars: Breakdowns, capacity_bytes: float | None = None, binary: bool = False,
+def bars_axes(ax: plt.Axes, bars: Breakdowns, *, capacity_bytes: float | None = None, binary: bool = False,
               title: str = "", peak: tuple[int, int] | None = None) -> None:
     """One stacked bar per breakdown; `peak=(bar index, bytes)` a hatched box for the peak within a step;
     a dashed line at the device's capacity. Legend beside the plot."""
     most = max([b["total"] for _, b in bars] + [peak[1] if peak else 0, capacity_bytes or 0, 1])
-    unit, name = scale(most, binary)
+    unit, name = scale(most, binary=binary)
     x = list(range(len(bars)))
     bottom = [0.0] * len(bars)
     for kind in KINDS:
@@ -63,16 +63,16 @@ def bars_axes(ax: plt.Axes, bars: Breakdowns, capacity_bytes: float | None = Non
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=SMALL, frameon=False)
 
 
-def draw_bars(fig: Figure, bars: Breakdowns, capacity_bytes: float | None, binary: bool, title: str,
+def draw_bars(fig: Figure, bars: Breakdowns, *, capacity_bytes: float | None, binary: bool, title: str,
               peak: tuple[int, int] | None, note: str = "") -> None:
     """The memory panel's view: bars_axes in `fig` (reused), and `note` (e.g. what a run measured) under it."""
-    bars_axes(axes_grid(fig, margins=(0.1, 0.7, 0.16 if note else 0.1, 0.9))[0], bars, capacity_bytes, binary, title,
-              peak)
+    bars_axes(axes_grid(fig, margins=(0.1, 0.7, 0.16 if note else 0.1, 0.9))[0], bars, capacity_bytes=capacity_bytes,
+              binary=binary, title=title, peak=peak)
     if note:
         fig.text(0.01, 0.015, note, fontsize=SMALL, color="0.3", va="bottom")
 
 
-def zero_stages_figure(held: dict[int, dict[str, int]], predicted: dict[int, int], world_size: int,
+def zero_stages_figure(held: dict[int, dict[str, int]], predicted: dict[int, int], world_size: int, *,
                        rank: int = 0) -> Figure:
     """Chapter 03's evidence: bytes one rank really held at each ZeRO stage, by kind (bars), and the memory
     model's total for that rank (black ticks). `held[stage][kind]` and `predicted[stage]` are bytes."""
@@ -82,7 +82,7 @@ def zero_stages_figure(held: dict[int, dict[str, int]], predicted: dict[int, int
         fig, ax = plt.subplots(figsize=(7.6, 3.3))
         fig.subplots_adjust(left=0.1, right=0.72, bottom=0.12, top=0.9)
     bars_axes(ax, bars, title=f"bytes rank {rank} of {world_size} held, measured, by ZeRO stage")
-    unit, _ = scale(max(b["total"] for _, b in bars), False)
+    unit, _ = scale(max(b["total"] for _, b in bars), binary=False)
     ax.plot(range(len(bars)), [predicted[stage] / unit for stage in sorted(held)], "k_", ms=40, mew=2)
     ax.plot([], [], "k_", ms=14, mew=2, label="memory model")          # a legend-sized stand-in for the ticks
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=SMALL, frameon=False)

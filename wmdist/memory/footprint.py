@@ -54,26 +54,33 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Literal
 
 from wmdist.comm.mesh import Mesh
 from wmdist.costs import require_bool, require_choice, require_int, require_real, ring_chunk_size
 from wmdist.knobs import knob
 
-DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
-OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}   # state tensors per parameter
+Dtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
+Optimizer = Literal["sgd", "momentum", "adam", "adamw"]
+DTYPE_BYTES: dict[Dtype, int] = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+OPTIMIZER_SLOTS: dict[Optimizer, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}   # state tensors per parameter
 KINDS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations", "batch")
 PANEL_DTYPES = ("fp32", "bf16", "fp16", "fp8")
 DEGREE = dict(options=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256))   # stops of each parallel degree's slider
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryConfig:
-    """One training setup, as the sizes that decide what a rank stores. Knobs: the calculator's controls."""
+    """One training setup, as the sizes that decide what a rank stores. Knobs: the calculator's controls.
+
+    Dtypes and the optimizer are Literal choices (Dtype, Optimizer); a name outside them is refused with a
+    ValueError naming the field, since a notebook or the CLI may pass any string.
+    """
     params: int = knob(10 ** 9, "parameters P", low=1e3, high=1e12, log=True, step=0.1, fmt=".3s")
-    param_dtype: str = knob("fp32", "param dtype", options=PANEL_DTYPES)
-    grad_dtype: str | None = knob(None, "grad dtype", options=(("same", None), *((d, d) for d in PANEL_DTYPES)))
-    grad_accum_dtype: str | None = knob(None, "grad accum buffer", options=(("none", None), ("fp32", "fp32")))
-    optimizer: str = knob("adam", "optimizer", options=tuple(OPTIMIZER_SLOTS))
+    param_dtype: Dtype = knob("fp32", "param dtype", options=PANEL_DTYPES)
+    grad_dtype: Dtype | None = knob(None, "grad dtype", options=(("same", None), *((d, d) for d in PANEL_DTYPES)))
+    grad_accum_dtype: Dtype | None = knob(None, "grad accum buffer", options=(("none", None), ("fp32", "fp32")))
+    optimizer: Optimizer = knob("adam", "optimizer", options=tuple(OPTIMIZER_SLOTS))
     master_weights: bool = knob(False, "fp32 master weights")   # moments then fp32 too
     zero_stage: int = knob(0, "ZeRO stage", low=0, high=3)      # sharding over the data-parallel degree
     dp: int = knob(1, "dp degree", **DEGREE)
@@ -139,7 +146,7 @@ def rank_coords(cfg: MemoryConfig, rank: int) -> dict[str, int]:
     return cfg.mesh.coords(rank)
 
 
-def local_params(cfg: MemoryConfig, rank: int = 0) -> tuple[int, int]:
+def local_params(cfg: MemoryConfig, *, rank: int = 0) -> tuple[int, int]:
     """(model-parallel piece, this rank's ZeRO shard of it), in elements."""
     c = rank_coords(cfg, rank)
     index = c["pp"] * cfg.tp + c["tp"]              # closed forms: no list of tp*pp or dp chunks is built
@@ -147,7 +154,7 @@ def local_params(cfg: MemoryConfig, rank: int = 0) -> tuple[int, int]:
     return piece, ring_chunk_size(piece, cfg.dp, c["dp"])
 
 
-def activation_bytes(cfg: MemoryConfig, rank: int = 0) -> int:
+def activation_bytes(cfg: MemoryConfig, *, rank: int = 0) -> int:
     """Stored activation bytes on `rank` under the rules in the module docstring."""
     c = rank_coords(cfg, rank)
     layers = ring_chunk_size(cfg.layers, cfg.pp, c["pp"])
@@ -161,9 +168,9 @@ def activation_bytes(cfg: MemoryConfig, rank: int = 0) -> int:
     return math.ceil(layers * kept + full)
 
 
-def per_rank_bytes(cfg: MemoryConfig, rank: int = 0) -> dict[str, int]:
+def per_rank_bytes(cfg: MemoryConfig, *, rank: int = 0) -> dict[str, int]:
     """Bytes `rank` holds, by kind (KINDS) plus "total"; exact integers."""
-    piece, shard = local_params(cfg, rank)
+    piece, shard = local_params(cfg, rank=rank)
     pbytes = DTYPE_BYTES[cfg.param_dtype]
     gbytes = DTYPE_BYTES[cfg.grad_dtype or cfg.param_dtype]
     gbytes += DTYPE_BYTES[cfg.grad_accum_dtype] if cfg.grad_accum_dtype else 0   # a second buffer beside them
@@ -174,7 +181,7 @@ def per_rank_bytes(cfg: MemoryConfig, rank: int = 0) -> dict[str, int]:
         "gradients": (shard if s >= 2 else piece) * gbytes,
         "optimizer_state": (shard if s >= 1 else piece) * OPTIMIZER_SLOTS[cfg.optimizer] * sbytes,
         "master_weights": (shard if s >= 1 else piece) * 4 if cfg.master_weights else 0,
-        "activations": activation_bytes(cfg, rank),
+        "activations": activation_bytes(cfg, rank=rank),
         "batch": cfg.batch_bytes,
     }
     out["total"] = sum(out.values())
@@ -185,12 +192,12 @@ def distinct_breakdowns(cfg: MemoryConfig) -> list[tuple[list[int], dict[str, in
     """Every different per-rank breakdown with the ranks that share it (rank order)."""
     groups: dict[tuple, tuple[list[int], dict[str, int]]] = {}
     for r in range(cfg.world_size):
-        b = per_rank_bytes(cfg, r)
+        b = per_rank_bytes(cfg, rank=r)
         groups.setdefault(tuple(b.values()), ([], b))[0].append(r)
     return list(groups.values())
 
 
-def format_bytes(n: int | float, binary: bool = False) -> str:
+def format_bytes(n: int | float, *, binary: bool = False) -> str:
     """'8.00 GB' (powers of 1000) or, with binary, '7.45 GiB' (powers of 1024)."""
     require_real("n", n)
     base, units = (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB")) if binary else \
@@ -201,9 +208,9 @@ def format_bytes(n: int | float, binary: bool = False) -> str:
     return f"{int(n)} B" if i == 0 else f"{n / base ** i:.2f} {units[i]}"
 
 
-def format_breakdown(b: dict[str, int], binary: bool = False) -> str:
+def format_breakdown(b: dict[str, int], *, binary: bool = False) -> str:
     """Table: kind, bytes (exact), size with unit, share of the total."""
-    rows = [(k, str(b[k]), format_bytes(b[k], binary), f"{100 * b[k] / b['total']:.1f}%" if b["total"] else "-")
+    rows = [(k, str(b[k]), format_bytes(b[k], binary=binary), f"{100 * b[k] / b['total']:.1f}%" if b["total"] else "-")
             for k in (*KINDS, "total")]
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(f"{r[0].ljust(w[0])}  {r[1].rjust(w[1])}  {r[2].rjust(w[2])}  {r[3].rjust(w[3])}" for r in rows)

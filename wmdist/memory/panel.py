@@ -15,7 +15,7 @@ from typing import Any
 import ipywidgets as W
 from wmdist.memory.figures import draw_bars, rank_label
 from wmdist.memory.footprint import KINDS, MemoryConfig, distinct_breakdowns, format_bytes, local_params, per_rank_bytes
-from wmdist.memory.presets import PRESETS, preset_fields
+from wmdist.memory.presets import PRESETS, Preset, preset_fields
 from wmdist.memory.remedies import limiting_kind, remedies_for
 from wmdist.memory.transient import TransientPeak, transient_peak
 from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH
@@ -42,8 +42,8 @@ GROUPS = {"model": ("preset", "params", "layers", "seq_len", "micro_batch", "act
           "device": ("capacity_gb", "binary")}
 
 
-def teaching_config(preset: str = "gpt3-6.7b") -> MemoryConfig:
-    """The panel's opening setting for a preset (see TEACHING)."""
+def teaching_config(*, preset: Preset = "gpt3-6.7b") -> MemoryConfig:
+    """The panel's opening setting for a preset (see TEACHING); a name outside Preset is refused (ValueError)."""
     return MemoryConfig(**preset_fields(preset), **TEACHING)
 
 
@@ -92,7 +92,7 @@ class MemoryPanel(Panel):
         if name == CUSTOM:
             return
         with self.holding():
-            for field, value in preset_fields(name, self.controls["seq_len"].value or None).items():
+            for field, value in preset_fields(name, seq_len=self.controls["seq_len"].value or None).items():
                 self.controls[field].value = value
         self.update()
 
@@ -114,11 +114,11 @@ class MemoryPanel(Panel):
         if config.world_size <= MAX_BARS_WORLD:
             groups = distinct_breakdowns(config)
         else:
-            groups = [([r], per_rank_bytes(config, r)) for r in range(min(config.dp, 8))]
+            groups = [([r], per_rank_bytes(config, rank=r)) for r in range(min(config.dp, 8))]
         ranks, fullest = max(groups, key=lambda g: g[1]["total"])
-        layer = max(1, local_params(config, ranks[0])[0] // max(config.layers, 1))
-        return Breakdown(groups, ranks[0], fullest, transient_peak(config, ranks[0]),
-                         transient_peak(config, ranks[0], layer))
+        layer = max(1, local_params(config, rank=ranks[0])[0] // max(config.layers, 1))
+        return Breakdown(groups, ranks[0], fullest, transient_peak(config, rank=ranks[0]),
+                         transient_peak(config, rank=ranks[0], unit=layer))
 
     def _draw_bars(self, fig: Any, config: MemoryConfig, result: Breakdown) -> None:
         index = next(i for i, (ranks, _) in enumerate(result.groups) if result.fullest_rank in ranks)
@@ -126,13 +126,14 @@ class MemoryPanel(Panel):
         note = "" if run is None else (f"measured: {run.name} on {run.world_size} real ranks, course's tiny model: "
                                        f"{'PASS' if run.passed else 'FAIL'} (see details)")
         bars = [(rank_label(ranks), b) for ranks, b in result.groups]
-        draw_bars(fig, bars, self.extra["capacity_gb"].value * 1e9, self.extra["binary"].value,
-                  f"{config.world_size} rank(s), ZeRO-{config.zero_stage}", (index, result.peak_whole.peak), note)
+        draw_bars(fig, bars, capacity_bytes=self.extra["capacity_gb"].value * 1e9, binary=self.extra["binary"].value,
+                  title=f"{config.world_size} rank(s), ZeRO-{config.zero_stage}", peak=(index, result.peak_whole.peak),
+                  note=note)
 
     def describe(self, config: MemoryConfig, result: Breakdown) -> str:
         binary, cap, b = self.extra["binary"].value, self.extra["capacity_gb"].value * 1e9, result.fullest
         kind = limiting_kind(b)
-        size = lambda n: format_bytes(n, binary)   # noqa: E731 - one unit choice for the whole summary
+        size = lambda n: format_bytes(n, binary=binary)   # noqa: E731 - one unit choice for the whole summary
         fixes = ", ".join(f"<b>{r.name}</b>" for r in remedies_for(kind))
         verdict = (f"fits in {size(cap)}" if b["total"] <= cap else
                    f"<b style='color:#b00'>does not fit</b> in {size(cap)}")
@@ -147,7 +148,7 @@ class MemoryPanel(Panel):
     def details(self, config: MemoryConfig, result: Breakdown) -> str:
         binary, b = self.extra["binary"].value, result.fullest
         rows = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td style='text-align:right'>{b[k]:,}</td>"
-                       f"<td style='text-align:right; white-space:nowrap'>{format_bytes(b[k], binary)}</td></tr>"
+                       f"<td style='text-align:right; white-space:nowrap'>{format_bytes(b[k], binary=binary)}</td></tr>"
                        for k in (*KINDS, "total"))
         how = "".join(f"<li><b>{r.name}</b>: {html.escape(r.how)}</li>" for r in remedies_for(limiting_kind(b)))
         return (f"<p>Rank {result.fullest_rank}, by kind:</p><table><tr><th>kind</th><th>bytes</th><th>size</th></tr>"

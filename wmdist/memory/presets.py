@@ -22,11 +22,14 @@ query attention, flash attention) store different amounts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from wmdist.costs import require_int
 
+Preset = Literal["gpt2-xl", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"]   # the names of PRESETS
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class ModelShape:
     """A GPT-style decoder: layers, width, heads, vocabulary, learned positions; and where it is published."""
     name: str
@@ -60,16 +63,21 @@ class ModelShape:
 
 
 PRESETS = {m.name: m for m in (
-    ModelShape("gpt2-xl", 48, 1600, 25, 50257, 1024, "Radford et al. 2019, GPT-2 (1.5B)"),
-    ModelShape("gpt3-6.7b", 32, 4096, 32, 50257, 2048, "Brown et al. 2020, GPT-3 Table 2.1"),
-    ModelShape("gpt3-13b", 40, 5140, 40, 50257, 2048, "Brown et al. 2020, GPT-3 Table 2.1"),
-    ModelShape("gpt3-175b", 96, 12288, 96, 50257, 2048, "Brown et al. 2020, GPT-3 Table 2.1"),
+    ModelShape(name="gpt2-xl", layers=48, hidden=1600, heads=25, vocab=50257, positions=1024,
+               source="Radford et al. 2019, GPT-2 (1.5B)"),
+    ModelShape(name="gpt3-6.7b", layers=32, hidden=4096, heads=32, vocab=50257, positions=2048,
+               source="Brown et al. 2020, GPT-3 Table 2.1"),
+    ModelShape(name="gpt3-13b", layers=40, hidden=5140, heads=40, vocab=50257, positions=2048,
+               source="Brown et al. 2020, GPT-3 Table 2.1"),
+    ModelShape(name="gpt3-175b", layers=96, hidden=12288, heads=96, vocab=50257, positions=2048,
+               source="Brown et al. 2020, GPT-3 Table 2.1"),
 )}
 
 
-def preset_fields(name: str, seq_len: int | None = None) -> dict[str, int | float]:
+def preset_fields(name: Preset, *, seq_len: int | None = None) -> dict[str, int | float]:
     """MemoryConfig fields a preset fixes: params, layers, seq_len (default: its context), activation bytes
-    (with their TP-replicated part) and the layer input that checkpointing keeps."""
+    (with their TP-replicated part) and the layer input that checkpointing keeps. A name outside Preset is
+    refused (ValueError)."""
     if name not in PRESETS:
         raise ValueError(f"model must be one of {', '.join(PRESETS)}, got {name!r}")
     m = PRESETS[name]

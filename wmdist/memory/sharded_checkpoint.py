@@ -1,146 +1,40 @@
-"""Resumable sharded checkpoints with torch.distributed.checkpoint (DCP), safe against a crash mid-save.
+"""Resumable sharded checkpoints, safe against a crash mid-save: training that saves and resumes, and its two demos.
 
-Each rank saves only what it owns: its element range of the flat parameters
-and of both Adam moments (the ZeRO layout of wmdist.memory.zero), under keys that
-carry the global range, e.g. "exp_avg/000000702-000001404". DCP writes one
-file per rank plus a metadata file. A later job with a different number of
-ranks reads the metadata, loads the saved ranges that overlap its new range
-and cuts them to size: resharding is interval intersection (`overlaps`).
-(DTensor would reshard for us, but it splits uneven lengths like
-torch.chunk, not like the tensor_split layout the ZeRO chunks use.)
+The storage (wmdist.memory.dcp_store, re-exported here) saves each rank's
+ZeRO chunks with torch.distributed.checkpoint under keys that carry their
+global element range, commits a save by atomically replacing the pointer file
+LATEST, and loads on any number of ranks by cutting the saved ranges to the
+new ones. `train_resumable` is the rank function that resumes from LATEST (or
+starts), trains and saves as it goes.
 
-Committing: ranks save into a temporary directory; after everyone has
-finished (a barrier), rank 0 renames it to its final name and then replaces
-the pointer file LATEST atomically (write a temporary file, fsync,
-os.replace). `latest_checkpoint` follows only LATEST, so a job killed at any
-moment of a save leaves the previous checkpoint as the latest one.
+Two experiments, each several jobs in a row (`Experiment(jobs=...)`):
+"checkpoint-resume" saves on N ranks and resumes on another number, and
+"checkpoint-crash" kills a rank inside a save and resumes from the previous
+checkpoint. The public wrappers are `resume_report` and `crash_report`.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
-import torch.distributed.checkpoint as dcp
 
-from wmdist.comm import Context, barrier, counted
+from wmdist.comm import Context
+from wmdist.experiment import Experiment, Launch, Verdict
+from wmdist.memory.dcp_store import (POINTER, SHARDED, latest_checkpoint, load_checkpoint, load_latest, overlaps,
+                                     parse_key, range_key, save_checkpoint)
 from wmdist.memory.zero import RankState, ZeroConfig, init_state, train_step, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
-from wmdist.report import Check, Demo, Report, close_check, exact_check
-from wmdist.runtime import RankFailure, run
+from wmdist.report import Check, Report, close_check, exact_check
+from wmdist.runtime import RankFailure
 
-POINTER = "LATEST"
-SHARDED = ("params", "exp_avg", "exp_avg_sq")
-
-
-def range_key(name: str, start: int, stop: int) -> str:
-    """The DCP key of elements [start, stop) of the flat tensor `name`."""
-    return f"{name}/{start:09d}-{stop:09d}"
-
-
-def parse_key(key: str) -> tuple[str, int, int]:
-    """Inverse of range_key: 'exp_avg/000000000-000000702' -> ('exp_avg', 0, 702)."""
-    name, _, span = key.rpartition("/")
-    start, stop = span.split("-")
-    return name, int(start), int(stop)
-
-
-def overlaps(saved: list[tuple[int, int]], start: int, stop: int) -> list[tuple[int, int, int, int]]:
-    """Which saved ranges a new rank needs: (saved_start, saved_stop, from, to) for [from, to) of [start, stop).
-
-    Pure interval arithmetic; the pieces cover [start, stop) exactly when the
-    saved ranges cover it.
-    """
-    out = []
-    for a, b in sorted(saved):
-        lo, hi = max(a, start), min(b, stop)
-        if lo < hi:
-            out.append((a, b, lo, hi))
-    if sum(hi - lo for _, _, lo, hi in out) != stop - start:
-        raise ValueError(f"saved ranges {sorted(saved)} do not cover [{start}, {stop})")
-    return out
-
-
-def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The last committed checkpoint under `root` (what LATEST names), or None."""
-    pointer = Path(root) / POINTER
-    if not pointer.exists():
-        return None
-    return Path(root) / pointer.read_text().strip()
-
-
-class _DyingWriter(dcp.FileSystemWriter):
-    """A FileSystemWriter whose rank SIGKILLs itself right after writing its data (for the crash demo)."""
-
-    def write_data(self, plan, planner):   # noqa: ANN001 - DCP's own signature
-        result = super().write_data(plan, planner)
-        result.wait()
-        os.kill(os.getpid(), signal.SIGKILL)
-        return result
-
-
-def save_checkpoint(ctx: Context, root: str, state: RankState, die_on_rank: int | None = None) -> Path:
-    """Collective: save this rank's chunks as step `state.step`, then commit. Returns the committed path."""
-    name = f"step{state.step:06d}"
-    tmp, final = Path(root) / f".tmp-{name}", Path(root) / name
-    if ctx.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)             # leftovers of an earlier crashed save
-        tmp.mkdir(parents=True)
-    barrier(ctx, phase="checkpoint: prepare")
-    own = state.params if state.stage == 3 else state.params[state.start:state.stop]
-    moments = (state.exp_avg, state.exp_avg_sq) if state.stage > 0 else \
-        (state.exp_avg[state.start:state.stop], state.exp_avg_sq[state.start:state.stop])
-    to_save = {range_key(k, state.start, state.stop): t.clone() for k, t in zip(SHARDED, (own, *moments))}
-    to_save.update(step=state.step, numel=state.numel)
-    writer = _DyingWriter(tmp) if die_on_rank == ctx.rank else dcp.FileSystemWriter(tmp)
-    with counted(ctx, f"dcp.save to {tmp.name} (plans only: the data goes to disk)", "checkpoint: save"):
-        dcp.save(to_save, storage_writer=writer)
-    barrier(ctx, phase="checkpoint: all written")
-    if ctx.rank == 0:
-        tmp.rename(final)
-        pointer_tmp = Path(root) / f".{POINTER}.tmp"
-        with open(pointer_tmp, "w") as f:
-            f.write(name)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(pointer_tmp, Path(root) / POINTER)
-    barrier(ctx, phase="checkpoint: committed")
-    return final
-
-
-def load_checkpoint(ctx: Context, path: str | os.PathLike, cfg: ZeroConfig) -> RankState:
-    """Collective: rebuild this rank's state (any world size) from a checkpoint saved on any world size."""
-    state = init_state(ctx, cfg)
-    saved = [parse_key(k) for k in dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-             if k.startswith(SHARDED)]
-    want = {"params": (0, state.numel) if cfg.stage < 3 else (state.start, state.stop),
-            "exp_avg": (0, state.numel) if cfg.stage == 0 else (state.start, state.stop)}
-    want["exp_avg_sq"] = want["exp_avg"]
-    plan = {k: overlaps([(a, b) for n, a, b in saved if n == k], *want[k]) for k in SHARDED}
-    buffers = {range_key(k, a, b): torch.empty(b - a) for k in SHARDED for a, b, _, _ in plan[k]}
-    to_load = {**buffers, "step": 0, "numel": 0}
-    with counted(ctx, f"dcp.load from {Path(path).name} (plans only: the data comes from disk)", "checkpoint: load"):
-        dcp.load(to_load, checkpoint_id=path)
-    if to_load["numel"] != state.numel:
-        raise ValueError(f"checkpoint holds {to_load['numel']} parameters, this model has {state.numel}")
-    targets = {"params": state.params, "exp_avg": state.exp_avg, "exp_avg_sq": state.exp_avg_sq}
-    for k in SHARDED:
-        offset = want[k][0]
-        for a, b, lo, hi in plan[k]:
-            targets[k][lo - offset:hi - offset] = buffers[range_key(k, a, b)][lo - a:hi - a]
-    state.step = to_load["step"]
-    return state
-
-
-def load_latest(ctx: Context, root: str | os.PathLike, cfg: ZeroConfig) -> RankState | None:
-    """Collective: the state of the last committed checkpoint under `root`, or None if there is none."""
-    path = latest_checkpoint(root)
-    return None if path is None else load_checkpoint(ctx, path, cfg)
+__all__ = ["POINTER", "SHARDED", "latest_checkpoint", "load_checkpoint", "load_latest", "overlaps", "parse_key",
+           "range_key", "save_checkpoint", "ResumableRun", "train_resumable", "assemble", "ResumeSpec", "resume_spec",
+           "ResumeRuns", "resume_jobs", "compare_resume", "RESUME", "resume_report", "CrashSpec", "crash_spec",
+           "CrashEvidence", "CrashRuns", "crash_jobs", "compare_crash", "CRASH", "crash_report", "DEMOS"]
 
 
 @dataclass(frozen=True)
@@ -152,7 +46,7 @@ class ResumableRun:
     range: tuple[int, int]                  # this rank's element range [start, stop)
 
 
-def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, until: int, save_every: int,
+def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, *, until: int, save_every: int,
                     die_at: int | None = None, die_on_rank: int = 0) -> ResumableRun:
     """Rank function: resume from `root`'s latest checkpoint (or start), train to step `until`, saving as we go.
 
@@ -165,7 +59,7 @@ def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, until: int, save_e
     while state.step < until:
         train_step(ctx, state, cfg)
         if state.step % save_every == 0 or state.step == until:
-            save_checkpoint(ctx, root, state, die_on_rank if state.step == die_at else None)
+            save_checkpoint(ctx, root, state, die_on_rank=die_on_rank if state.step == die_at else None)
     return ResumableRun(resumed_from, loaded, _own_chunks(state), (state.start, state.stop))
 
 
@@ -176,7 +70,7 @@ def _own_chunks(state: RankState) -> dict[str, torch.Tensor]:
             "exp_avg_sq": (state.exp_avg_sq if state.stage > 0 else state.exp_avg_sq[own]).clone()}
 
 
-def assemble(results: list[ResumableRun], which: str) -> dict[str, torch.Tensor]:
+def assemble(results: list[ResumableRun], which: Literal["loaded", "final"]) -> dict[str, torch.Tensor]:
     """Concatenate every rank's chunks ('loaded' or 'final') into full flat vectors, in rank order."""
     return {k: torch.cat([getattr(r, which)[k] for r in results]) for k in SHARDED}
 
@@ -192,36 +86,95 @@ def _other_size(world_size: int) -> int:
     return 2 if world_size != 2 else 3
 
 
-def resume_report(world_size: int, resume_on: int | None = None, stage: int = 2, save_at: int = 2,
+# --- save on N ranks, resume on M ------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeSpec:
+    """Train to `save_at` on `world_size` ranks and save; resume on `resume_on` ranks and train to cfg.steps."""
+    world_size: int
+    resume_on: int
+    save_at: int
+    cfg: ZeroConfig              # its stage, and steps = the step the resumed run trains to
+
+
+def resume_spec(world_size: int, *, resume_on: int | None = None, stage: int = 2, save_at: int = 2,
+                until: int = 4) -> ResumeSpec:
+    """The resume demo's spec; bad sizes, steps or stage are refused here (ValueError), before any process."""
+    resume_on = _other_size(world_size) if resume_on is None else resume_on
+    _require_sizes(world_size=world_size, resume_on=resume_on)
+    if not 1 <= save_at < until:
+        raise ValueError(f"need 1 <= save_at < until, got save_at={save_at!r}, until={until!r}")
+    return ResumeSpec(world_size=world_size, resume_on=resume_on, save_at=save_at,
+                      cfg=ZeroConfig(stage=stage, steps=until))
+
+
+@dataclass(frozen=True)
+class ResumeRuns:
+    """Each rank's part of the run that saved, and of the run that resumed; the uninterrupted run's weights (P,)."""
+    saved: list[ResumableRun]
+    resumed: list[ResumableRun]
+    uninterrupted: torch.Tensor
+
+
+def resume_jobs(spec: ResumeSpec, launch: Launch) -> ResumeRuns:
+    """Three jobs: save on world_size ranks and resume on resume_on (in a temporary directory), then the same
+    training uninterrupted on world_size ranks."""
+    root, cfg, at = tempfile.mkdtemp(prefix="wmdist-ckpt-"), spec.cfg, spec.save_at
+    try:
+        saved = launch(train_resumable, spec.world_size, root, cfg, until=at, save_every=at)
+        resumed = launch(train_resumable, spec.resume_on, root, cfg, until=cfg.steps, save_every=at)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    whole = torch.cat([o.chunk for o in launch(zero_rank, spec.world_size, cfg)])
+    return ResumeRuns(saved, resumed, whole)
+
+
+def compare_resume(spec: ResumeSpec, results: list[ResumeRuns]) -> Verdict:
+    """The loaded state against the saved one (bitwise), the step resumed from, the final weights against the
+    uninterrupted run and single-process Adam."""
+    (runs,), cfg, n, m = results, spec.cfg, spec.world_size, spec.resume_on
+    saved, loaded = assemble(runs.saved, "final"), assemble(runs.resumed, "loaded")
+    final = assemble(runs.resumed, "final")["params"]
+    tol, why = adam_tolerance(cfg, max(n, m))
+    checks = [exact_check(f"{k} loaded on {m} ranks == saved on {n}", loaded[k], saved[k],
+                          "a checkpoint stores bytes: bitwise equal") for k in SHARDED]
+    checks += [exact_check("resumed from the saved step", runs.resumed[0].resumed_from, spec.save_at, "an integer"),
+               close_check("resumed run == uninterrupted run", final, runs.uninterrupted, 2 * tol, "both within: " + why),
+               close_check("resumed run == single-process Adam", final, reference_adam(cfg), tol, why)]
+    return Verdict(checks=checks, params={"resume_on": m, "stage": cfg.stage, "save_at": spec.save_at,
+                                          "until": cfg.steps})
+
+
+RESUME = Experiment(name="checkpoint-resume", chapter="03", world_sizes=(3, 4),
+                    title="Sharded DCP checkpoint saved on N ranks, resumed on another number",
+                    spec=resume_spec, jobs=resume_jobs, compare=compare_resume)
+
+
+def resume_report(world_size: int, *, resume_on: int | None = None, stage: int = 2, save_at: int = 2,
                   until: int = 4) -> Report:
     """Train to `save_at` on `world_size` ranks, save, resume on `resume_on` ranks and train to `until`.
 
     Checked: the state loaded on the new ranks is the saved state, bitwise;
     the final weights match an uninterrupted run and single-process Adam.
     """
+    return RESUME.run_spec(resume_spec(world_size, resume_on=resume_on, stage=stage, save_at=save_at, until=until))
+
+
+# --- a rank killed mid-save ------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class CrashSpec:
+    """Save step 2 on `world_size` ranks, kill the last rank inside the save of step 4, resume on `resume_on`."""
+    world_size: int
+    resume_on: int
+    cfg: ZeroConfig              # its stage; steps = 4
+
+
+def crash_spec(world_size: int, *, resume_on: int | None = None, stage: int = 2) -> CrashSpec:
+    """The crash demo's spec; bad sizes or stage are refused here (ValueError), before any process."""
     resume_on = _other_size(world_size) if resume_on is None else resume_on
     _require_sizes(world_size=world_size, resume_on=resume_on)
-    if not 1 <= save_at < until:
-        raise ValueError(f"need 1 <= save_at < until, got save_at={save_at!r}, until={until!r}")
-    cfg = ZeroConfig(stage=stage, steps=until)
-    root = tempfile.mkdtemp(prefix="wmdist-ckpt-")
-    start = time.perf_counter()
-    try:
-        first = run(train_resumable, world_size, root, cfg, save_at, save_at)
-        second = run(train_resumable, resume_on, root, cfg, until, save_at)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    whole = torch.cat([o.chunk for o in run(zero_rank, world_size, cfg)])
-    seconds = time.perf_counter() - start
-    saved, loaded, final = assemble(first, "final"), assemble(second, "loaded"), assemble(second, "final")["params"]
-    tol, why = adam_tolerance(cfg, max(world_size, resume_on))
-    checks = [exact_check(f"{k} loaded on {resume_on} ranks == saved on {world_size}", loaded[k], saved[k],
-                          "a checkpoint stores bytes: bitwise equal") for k in SHARDED]
-    checks += [exact_check("resumed from the saved step", second[0].resumed_from, save_at, "an integer"),
-               close_check("resumed run == uninterrupted run", final, whole, 2 * tol, "both within: " + why),
-               close_check("resumed run == single-process Adam", final, reference_adam(cfg), tol, why)]
-    return Report("checkpoint-resume", world_size, checks, [], seconds,
-                  {"resume_on": resume_on, "stage": stage, "save_at": save_at, "until": until})
+    return CrashSpec(world_size=world_size, resume_on=resume_on, cfg=ZeroConfig(stage=stage, steps=4))
 
 
 @dataclass(frozen=True)
@@ -231,44 +184,68 @@ class CrashEvidence:
     partial_files: list[str]
 
 
-def crash_report(world_size: int, resume_on: int | None = None, stage: int = 2) -> Report:
-    """Kill one rank inside the save of step 4; the step-2 checkpoint must stay the latest and resume correctly."""
-    resume_on = _other_size(world_size) if resume_on is None else resume_on
-    _require_sizes(world_size=world_size, resume_on=resume_on)
-    cfg = ZeroConfig(stage=stage, steps=4)
-    root = tempfile.mkdtemp(prefix="wmdist-ckpt-")
-    start = time.perf_counter()
+@dataclass(frozen=True)
+class CrashRuns:
+    """What the crash jobs saw: the failure ('' if the save did not fail) and its leftovers, what LATEST named after
+    the crash and after the resumed run (None: nothing), and each rank's part of the resumed run."""
+    evidence: CrashEvidence
+    failed: bool
+    latest_after_crash: str | None
+    resumed: list[ResumableRun]
+    latest_after_resume: str | None
+
+
+def crash_jobs(spec: CrashSpec, launch: Launch) -> CrashRuns:
+    """Three jobs in one temporary directory: save step 2; die inside the save of step 4 (RankFailure, caught);
+    read LATEST and the leftovers, then resume on resume_on ranks to step 4."""
+    root, cfg, n = tempfile.mkdtemp(prefix="wmdist-ckpt-"), spec.cfg, spec.world_size
     failure: RankFailure | None = None
     try:
-        run(train_resumable, world_size, root, cfg, 2, 2)
+        launch(train_resumable, n, root, cfg, until=2, save_every=2)
         try:
-            run(train_resumable, world_size, root, cfg, 4, 2, die_at=4, die_on_rank=world_size - 1)
+            launch(train_resumable, n, root, cfg, until=4, save_every=2, die_at=4, die_on_rank=n - 1)
         except RankFailure as err:
             failure = err
         latest = latest_checkpoint(root)
         partial = sorted(p.name for p in (Path(root) / ".tmp-step000004").glob("*.distcp"))
-        resumed = run(train_resumable, resume_on, root, cfg, 4, 2)
+        resumed = launch(train_resumable, spec.resume_on, root, cfg, until=4, save_every=2)
         committed = latest_checkpoint(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    seconds = time.perf_counter() - start
-    tol, why = adam_tolerance(cfg, max(world_size, resume_on))
-    checks = [Check("the save of step 4 failed: a rank was killed inside dcp.save", 0.0 if failure else 1.0, 0.0,
+    evidence = CrashEvidence(str(failure).splitlines()[0] if failure else "", partial)
+    return CrashRuns(evidence, failure is not None, latest and latest.name, resumed, committed and committed.name)
+
+
+def _named(name: str | None, expected: str) -> float:
+    return 0.0 if name == expected else 1.0
+
+
+def compare_crash(spec: CrashSpec, results: list[CrashRuns]) -> Verdict:
+    """The failure and its leftovers, LATEST before and after the resume, and the resumed weights against Adam."""
+    (runs,), cfg = results, spec.cfg
+    tol, why = adam_tolerance(cfg, max(spec.world_size, spec.resume_on))
+    checks = [Check("the save of step 4 failed: a rank was killed inside dcp.save", 0.0 if runs.failed else 1.0, 0.0,
                     "the launcher raises RankFailure"),
-              Check("its data files were left half-written in the temporary directory", 0.0 if partial else 1.0,
-                    0.0, "the killed rank wrote its shard before dying"),
-              Check("after the crash LATEST still names step000002",
-                    0.0 if latest is not None and latest.name == "step000002" else 1.0, 0.0, "names must match"),
-              exact_check("resumed from step 2", resumed[0].resumed_from, 2, "an integer"),
-              Check("the resumed run committed step000004",
-                    0.0 if committed is not None and committed.name == "step000004" else 1.0, 0.0, "names must match"),
-              close_check("resumed run == single-process Adam", assemble(resumed, "final")["params"],
+              Check("its data files were left half-written in the temporary directory",
+                    0.0 if runs.evidence.partial_files else 1.0, 0.0, "the killed rank wrote its shard before dying"),
+              Check("after the crash LATEST still names step000002", _named(runs.latest_after_crash, "step000002"),
+                    0.0, "names must match"),
+              exact_check("resumed from step 2", runs.resumed[0].resumed_from, 2, "an integer"),
+              Check("the resumed run committed step000004", _named(runs.latest_after_resume, "step000004"), 0.0,
+                    "names must match"),
+              close_check("resumed run == single-process Adam", assemble(runs.resumed, "final")["params"],
                           reference_adam(cfg), tol, why)]
-    return Report("checkpoint-crash", world_size, checks, [], seconds, {"resume_on": resume_on, "stage": stage},
-                  CrashEvidence(str(failure).splitlines()[0] if failure else "", partial))
+    return Verdict(checks=checks, params={"resume_on": spec.resume_on, "stage": cfg.stage}, data=runs.evidence)
 
 
-DEMOS = [Demo("checkpoint-resume", "Sharded DCP checkpoint saved on N ranks, resumed on another number",
-              resume_report, world_sizes=(3, 4), chapter="03"),
-         Demo("checkpoint-crash", "A rank killed mid-save leaves the last committed checkpoint intact",
-              crash_report, world_sizes=(3,), chapter="03")]
+CRASH = Experiment(name="checkpoint-crash", chapter="03", world_sizes=(3,),
+                   title="A rank killed mid-save leaves the last committed checkpoint intact",
+                   spec=crash_spec, jobs=crash_jobs, compare=compare_crash)
+
+
+def crash_report(world_size: int, *, resume_on: int | None = None, stage: int = 2) -> Report:
+    """Kill one rank inside the save of step 4; the step-2 checkpoint must stay the latest and resume correctly."""
+    return CRASH.run_spec(crash_spec(world_size, resume_on=resume_on, stage=stage))
+
+
+DEMOS = [RESUME, CRASH]

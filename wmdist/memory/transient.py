@@ -28,7 +28,7 @@ POINTS = ("between forward and backward", "after backward", "after the gradient 
 HELD_KINDS = ("parameters", "gradients", "optimizer_state")
 
 
-def zero_step_held(numel: int, world_size: int, rank: int, stage: int, keep_gathered: bool = False
+def zero_step_held(numel: int, world_size: int, rank: int, stage: int, *, keep_gathered: bool = False
                    ) -> dict[str, dict[str, int]]:
     """Bytes the demo's rank holds at each of POINTS, by kind (fp32, Adam): {point: {kind: bytes}}.
 
@@ -71,16 +71,16 @@ class TransientPeak:
         return self.peak - self.steady
 
 
-def transient_peak(cfg: MemoryConfig, rank: int = 0, unit: int | None = None) -> TransientPeak:
+def transient_peak(cfg: MemoryConfig, *, rank: int = 0, unit: int | None = None) -> TransientPeak:
     """Steady total and the peak while a ZeRO stage builds full tensors of one `unit` (elements).
 
     `unit` defaults to the rank's whole model-parallel piece (everything
     gathered at once, as in our demo); pass piece // layers for one layer at a
     time. Activations and the batch are counted as in the steady state.
     """
-    piece, _ = local_params(cfg, rank)
-    u = piece if unit is None else require_int("unit", unit, 0, piece)
-    steady = per_rank_bytes(cfg, rank)["total"]
+    piece, _ = local_params(cfg, rank=rank)
+    u = piece if unit is None else require_int("unit", unit, 0, high=piece)
+    steady = per_rank_bytes(cfg, rank=rank)["total"]
     pbytes, gbytes = DTYPE_BYTES[cfg.param_dtype], DTYPE_BYTES[cfg.grad_dtype or cfg.param_dtype]
     if cfg.zero_stage == 2 and cfg.dp > 1:
         return TransientPeak(steady, steady + u * gbytes, "the full gradient of a unit, before its reduce-scatter")

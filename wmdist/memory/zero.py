@@ -42,7 +42,7 @@ from wmdist.models import flat_params, make_batch, make_model, shard_batch
 HELD_KINDS = ("parameters", "gradients", "optimizer_state")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ZeroConfig:
     """One ZeRO training run: stage, steps, data and Adam hyperparameters."""
     stage: int = 1
@@ -116,7 +116,7 @@ class RankState:
     loss_module: nn.Module
     layout: list[tuple[str, torch.Size, int, int]]   # (name, shape, start, stop) in the flat vector
 
-    def held_bytes(self, params: tuple[torch.Tensor, ...] = (), grads: tuple[torch.Tensor | None, ...] = ()
+    def held_bytes(self, *, params: tuple[torch.Tensor, ...] = (), grads: tuple[torch.Tensor | None, ...] = ()
                    ) -> dict[str, int]:
         """Bytes of storage this rank holds, by kind, read from its tensors (plus transient ones given).
 
@@ -166,7 +166,7 @@ PROBE_POINTS = ("between forward and backward", "after backward", "after the gra
 Probe = Callable[[str, dict[str, int]], None]
 
 
-def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, probe: Probe | None = None) -> None:
+def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, *, probe: Probe | None = None) -> None:
     """One ZeRO step on this rank's rows of batch number state.step, in the stage's schedule.
 
     `probe(point, held_bytes)` is called at each of PROBE_POINTS with what the
@@ -184,7 +184,7 @@ def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, probe: Probe | N
     free = state.stage == 3 and not cfg.keep_gathered
     if free:
         leaf.untyped_storage().resize_(0)                   # free the full copy; saved views now point at nothing
-    look(PROBE_POINTS[0], state.held_bytes((leaf,)))
+    look(PROBE_POINTS[0], state.held_bytes(params=(leaf,)))
     if state.stage == 3:
         again = ring_all_gather(ctx, state.params, sizes, phase="backward all-gather")
         if free:
@@ -195,18 +195,18 @@ def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, probe: Probe | N
         leaf.grad = state.grads.zero_()                     # backward accumulates into the kept full buffer
     loss.backward()
     full, state.step = leaf.grad, state.step + 1            # (P,) local gradient
-    look(PROBE_POINTS[1], state.held_bytes((leaf,), (full,)))
+    look(PROBE_POINTS[1], state.held_bytes(params=(leaf,), grads=(full,)))
     if free:
         leaf.untyped_storage().resize_(0)                   # reshard after backward, as FSDP does
     if state.stage == 0:
         ring_all_reduce(ctx, state.grads, phase="gradient all-reduce", inplace=True)
-        look(PROBE_POINTS[2], state.held_bytes((leaf,)))
+        look(PROBE_POINTS[2], state.held_bytes(params=(leaf,)))
         adam_update(state.params, state.grads, state.exp_avg, state.exp_avg_sq, state.step, cfg)
         return
     reduced = ring_reduce_scatter(ctx, full, phase="gradient reduce-scatter")     # (stop - start,) owns its memory
     (state.grads[state.start:state.stop] if state.stage == 1 else state.grads).copy_(reduced)
     del reduced
-    look(PROBE_POINTS[2], state.held_bytes((leaf,), (full,)))
+    look(PROBE_POINTS[2], state.held_bytes(params=(leaf,), grads=(full,)))
     del full, leaf, loss
     grad_chunk = state.grads[state.start:state.stop] if state.stage == 1 else state.grads
     own = state.params if state.stage == 3 else state.params[state.start:state.stop]
@@ -232,6 +232,6 @@ def zero_rank(ctx: Context, cfg: ZeroConfig) -> ZeroRun:
     for _ in range(cfg.steps):
         ctx.ledger.reset()                        # keep only the last step's communication
         during = {}
-        train_step(ctx, state, cfg, lambda point, held: during.__setitem__(point, held))
+        train_step(ctx, state, cfg, probe=lambda point, held: during.__setitem__(point, held))
     own = state.params if state.stage == 3 else state.params[state.start:state.stop]
     return ZeroRun(own.clone(), state.held_bytes(), during, ctx.ledger.by_phase(), ctx.ledger.totals()["rounds"])

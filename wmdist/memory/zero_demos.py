@@ -29,7 +29,7 @@ from wmdist.report import Count, Report, close_check, counts_per_rank, exact_che
 
 
 def _predicted_held(numel: int, world_size: int, stage: int, rank: int) -> dict[str, int]:
-    return per_rank_bytes(MemoryConfig(params=numel, optimizer="adam", zero_stage=stage, dp=world_size), rank)
+    return per_rank_bytes(MemoryConfig(params=numel, optimizer="adam", zero_stage=stage, dp=world_size), rank=rank)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +39,7 @@ class ZeroSpec:
     cfg: ZeroConfig
 
 
-def zero_spec(world_size: int, stage: int, cfg: ZeroConfig | None = None) -> ZeroSpec:
+def zero_spec(world_size: int, stage: int, *, cfg: ZeroConfig | None = None) -> ZeroSpec:
     """ZeRO-`stage` on `world_size` ranks, checked: a known stage, `cfg` of that stage, a batch row per rank."""
     costs.require_int("world_size", world_size, 1)
     costs.require_choice("stage", stage, costs.ZERO_STAGES)
@@ -86,9 +86,9 @@ ZERO = {s: Experiment(name=f"zero-{s}", chapter="03", world_sizes=(1, 2, 3, 4),
         for s in costs.ZERO_STAGES}
 
 
-def zero_memory_report(world_size: int, stage: int, cfg: ZeroConfig | None = None) -> Report:
+def zero_memory_report(world_size: int, stage: int, *, cfg: ZeroConfig | None = None) -> Report:
     """Run ZeRO-`stage` on `world_size` ranks: held bytes and ledger vs formulas, weights vs Adam."""
-    spec = zero_spec(world_size, stage, cfg)
+    spec = zero_spec(world_size, stage, cfg=cfg)
     return ZERO[stage].run_spec(spec)
 
 
@@ -171,9 +171,9 @@ TORCH_ZERO = Experiment(name="zero-1-vs-torch", chapter="03", world_sizes=(2, 3)
                         spec=functools.partial(zero_spec, stage=1), ranks=torch_and_ours, compare=compare_torch_zero)
 
 
-def torch_zero_report(world_size: int, cfg: ZeroConfig | None = None) -> Report:
+def torch_zero_report(world_size: int, *, cfg: ZeroConfig | None = None) -> Report:
     """Our ZeRO-1 vs torch.distributed.optim.ZeroRedundancyOptimizer vs one process: final weights."""
-    return TORCH_ZERO.run_spec(zero_spec(world_size, 1, cfg))
+    return TORCH_ZERO.run_spec(zero_spec(world_size, 1, cfg=cfg))
 
 
 DEMOS = [ZERO[s] for s in (1, 2, 3)] + [TORCH_ZERO]

@@ -23,7 +23,7 @@ EXTRA_ROUNDINGS = 2        # the loss scale 1/B, rounded in each run
 PROBE_SEEDS = (1, 2)       # sign patterns the reference is perturbed with
 
 
-def reference_run(cfg: ZeroConfig, perturb: tuple[list[torch.Tensor], int] | None = None
+def reference_run(cfg: ZeroConfig, *, perturb: tuple[list[torch.Tensor], int] | None = None
                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Single process, whole batch, torch.optim.Adam: final flat parameters (P,) and each step's gradient bound.
 
@@ -56,7 +56,7 @@ def adam_tolerance(cfg: ZeroConfig, world_size: int) -> tuple[float, str]:
     if world_size == 1:
         return 0.0, "one rank: the same sums in the same order, bitwise equal"
     params, bounds = reference_run(cfg)
-    moved = max(float((reference_run(cfg, (bounds, seed))[0] - params).abs().max()) for seed in PROBE_SEEDS)
+    moved = max(float((reference_run(cfg, perturb=(bounds, seed))[0] - params).abs().max()) for seed in PROBE_SEEDS)
     tol = moved + cfg.steps * costs.FLOAT32_ROUNDOFF * float(params.abs().max())
     return tol, (f"measured: single-process Adam moved at most this when every gradient entry of its {cfg.steps} "
                  "steps was perturbed by its full reordering bound (gradient sums in another order)")
