@@ -45,7 +45,7 @@ def test_a_figure_is_drawn_at_its_shown_size_into_reused_axes():
     assert png.size == (600, 320) and fig.dpi == DPI
     again = axes_grid(fig)[0]
     assert again is first and not again.patches and not again.containers and again.get_legend() is None
-    assert axes_grid(fig, 2, 1)[0] is not first and len(fig.axes) == 2       # another grid: new axes
+    assert axes_grid(fig, rows=2, cols=1)[0] is not first and len(fig.axes) == 2       # another grid: new axes
 
 
 @pytest.mark.parametrize("width", [300, 600])
@@ -72,7 +72,7 @@ def test_steps_and_candidates_follow_the_last_move():
     controls = {"menu": menu, "slider": slider, "box": box}
     assert candidates(controls, "slider", forward=False)[:2] == [("slider", 2), ("slider", 4)]
     slider.disabled = True
-    assert all(name != "slider" for name, _ in candidates(controls, "slider", True))
+    assert all(name != "slider" for name, _ in candidates(controls, "slider", forward=True))
 
 
 def test_prefetcher_keeps_pictures_of_its_generation_only():

@@ -23,7 +23,7 @@ def test_parse_guess_refuses_non_numbers(text):
 
 
 def test_compare_signs_the_error_and_gives_the_ratio():
-    low = compare(4000, 6000, 6000)
+    low = compare(4000, 6000, formula=6000)
     assert low.relative_error == pytest.approx(-1 / 3) and low.ratio == pytest.approx(2 / 3)
     assert low.difference == -2000 and "33.3% below" in low.summary
     high = compare(6600, 6000)
@@ -33,7 +33,7 @@ def test_compare_signs_the_error_and_gives_the_ratio():
 
 
 def test_compare_without_a_guess_still_gives_the_answer():
-    v = compare(None, 0.29, 3 / 11)
+    v = compare(None, 0.29, formula=3 / 11)
     assert v.guess is None and v.relative_error is None and v.ratio is None and v.summary == NO_GUESS
     assert v.measured == 0.29 and v.formula == pytest.approx(3 / 11)
     assert v.formula_relative_error == pytest.approx((3 / 11 - 0.29) / 0.29)
@@ -45,17 +45,18 @@ def test_compare_with_a_zero_measurement_reports_the_difference():
 
 
 def test_text_view_is_deterministic_and_names_everything():
-    v = compare(None, 6000, 6000)
-    text = verdict_text(QUESTION, v, "B", "2(N-1)/N G", "see 'Why' above")
-    assert text == verdict_text(QUESTION, compare(None, 6000, 6000), "B", "2(N-1)/N G", "see 'Why' above")
+    v = compare(None, 6000, formula=6000)
+    text = verdict_text(QUESTION, v, unit="B", formula_text="2(N-1)/N G", why="see 'Why' above")
+    assert text == verdict_text(QUESTION, compare(None, 6000, formula=6000), unit="B", formula_text="2(N-1)/N G",
+                                 why="see 'Why' above")
     assert QUESTION in text and NO_GUESS in text and "6,000 B" in text and "2(N-1)/N G" in text
     assert "equals the measurement" in text and "why: see 'Why' above" in text
-    html = verdict_html(QUESTION, compare(4000, 6000, 6000), "B", "f<x>", "w")
+    html = verdict_html(QUESTION, compare(4000, 6000, formula=6000), unit="B", formula_text="f<x>", why="w")
     assert "class='wmdist-reveal'" in html and "f&lt;x&gt;" in html and "33.3% below" in html
 
 
 def test_format_number():
-    assert format_number(12628, "B") == "12,628 B" and format_number(0.2727, "") == "0.2727"
+    assert format_number(12628, unit="B") == "12,628 B" and format_number(0.2727, unit="") == "0.2727"
     assert format_number(3.0) == "3"
 
 

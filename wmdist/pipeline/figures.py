@@ -105,7 +105,7 @@ def draw_measured(fig: Figure, view: BubbleView, measured: MeasuredBubble | None
         ax.text(0.5, 0.5, "Press \"Run it on P local ranks\" to time this schedule\non real processes here.",
                 ha="center", va="center", fontsize=FONT + 1, transform=ax.transAxes)
         return
-    ideal, low = axes_grid(fig, 2, 1, margins=(0.1, 0.98, 0.1, 0.91), hspace=0.45)
+    ideal, low = axes_grid(fig, rows=2, cols=1, margins=(0.1, 0.98, 0.1, 0.91), hspace=0.45)
     ideal.set_axis_on()
     spans = in_slots(measured.median_timeline, measured.work.slot_seconds)
     end = max(float(view.sim.makespan), max(s.end for s in spans))

@@ -134,7 +134,7 @@ class Panel:
 
     # --- the loop ----------------------------------------------------------------------
 
-    def read_config(self, change: dict[str, Any] | None = None) -> Any:
+    def read_config(self, *, change: dict[str, Any] | None = None) -> Any:
         """The config the controls describe, with `change` applied (ValueError/TypeError name a bad input)."""
         values = {**{name: c.value for name, c in self.controls.items()}, **(change or {})}
         for name, value in values.items():        # a log slider yields floats for an integer field
@@ -231,9 +231,9 @@ class Panel:
         """Queue the pictures one control step away (the prefetcher draws them while the kernel is idle)."""
         view, (last, forward) = self.selector.value, self._moved
         jobs = []
-        for name, value in candidates(self.controls, last, forward):
+        for name, value in candidates(self.controls, last, forward=forward):
             try:
-                config = self.read_config({name: value})
+                config = self.read_config(change={name: value})
             except (ValueError, TypeError):
                 continue
             jobs.append((self._key(view, config), lambda c=config: self._render(self._ahead, view, c,

@@ -74,7 +74,7 @@ def _relative(value: float, measured: float) -> float | None:
     return None if measured == 0 else (value - measured) / abs(measured)
 
 
-def compare(guess: float | None, measured: float, formula: float | None = None) -> Verdict:
+def compare(guess: float | None, measured: float, *, formula: float | None = None) -> Verdict:
     """How far `guess` (None: no guess) and `formula` are from `measured`, with a one-line summary."""
     measured = float(measured)
     formula = None if formula is None else float(formula)
@@ -96,7 +96,7 @@ def compare(guess: float | None, measured: float, formula: float | None = None) 
                    None if formula is None else _relative(formula, measured), summary)
 
 
-def format_number(x: float, unit: str = "") -> str:
+def format_number(x: float, *, unit: str = "") -> str:
     """`x` with thousands separators when it is a whole number, else 4 significant digits."""
     body = f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:.4g}"
     return f"{body} {unit}".rstrip()
@@ -119,16 +119,16 @@ def _formula_line(v: Verdict) -> str:
 
 
 def _rows(v: Verdict, unit: str, formula_text: str) -> list[tuple[str, str, str]]:
-    guess = "-" if v.guess is None else format_number(v.guess, unit)
+    guess = "-" if v.guess is None else format_number(v.guess, unit=unit)
     rows = [("your guess", guess, v.summary)]
     if v.formula is not None:
         name = f"formula {formula_text}".rstrip()
-        rows.append((name, format_number(v.formula, unit), _formula_line(v)))
-    rows.append(("measured", format_number(v.measured, unit), "this run"))
+        rows.append((name, format_number(v.formula, unit=unit), _formula_line(v)))
+    rows.append(("measured", format_number(v.measured, unit=unit), "this run"))
     return rows
 
 
-def verdict_text(question: str, v: Verdict, unit: str = "", formula_text: str = "", why: str = "") -> str:
+def verdict_text(question: str, v: Verdict, *, unit: str = "", formula_text: str = "", why: str = "") -> str:
     """The plain-text view of a reveal (what nbval and static renderers show)."""
     rows = _rows(v, unit, formula_text)
     w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
@@ -139,7 +139,7 @@ def verdict_text(question: str, v: Verdict, unit: str = "", formula_text: str = 
     return "\n".join(lines)
 
 
-def verdict_html(question: str, v: Verdict, unit: str = "", formula_text: str = "", why: str = "") -> str:
+def verdict_html(question: str, v: Verdict, *, unit: str = "", formula_text: str = "", why: str = "") -> str:
     """The HTML view of a reveal: a small table inside a div of class `wmdist-reveal`."""
     e = html.escape
     cells = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{e(a)}</th>"
@@ -167,11 +167,11 @@ class Reveal:
 
     @property
     def text(self) -> str:
-        return verdict_text(self.question, self.verdict, self.unit, self.formula_text, self.why)
+        return verdict_text(self.question, self.verdict, unit=self.unit, formula_text=self.formula_text, why=self.why)
 
     @property
     def html(self) -> str:
-        return verdict_html(self.question, self.verdict, self.unit, self.formula_text, self.why)
+        return verdict_html(self.question, self.verdict, unit=self.unit, formula_text=self.formula_text, why=self.why)
 
     def __repr__(self) -> str:
         return self.text
@@ -220,12 +220,12 @@ class Prediction:
         except ValueError as err:
             self.status.value = str(err)
             return
-        self.status.value = "" if g is None else f"your guess: {format_number(g, self.unit)}; the reveal cell compares it"
+        self.status.value = "" if g is None else f"your guess: {format_number(g, unit=self.unit)}; the reveal cell compares it"
 
-    def reveal(self, measured: float, formula: float | None = None, formula_text: str = "",
+    def reveal(self, measured: float, *, formula: float | None = None, formula_text: str = "",
                why: str = "") -> Reveal:
         """The guess, the formula and the measurement side by side, and what explains the gap."""
-        return Reveal(self.question, self.unit, compare(self.guess, measured, formula), formula_text, why)
+        return Reveal(self.question, self.unit, compare(self.guess, measured, formula=formula), formula_text, why)
 
     def __repr__(self) -> str:
         return f"Predict: {self.question} [{self.box.value or '...'}] {self.unit}".rstrip()

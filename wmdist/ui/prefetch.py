@@ -50,7 +50,7 @@ def steps(control: W.ValueWidget) -> list[Any]:
     return []                                   # typed numbers: no next value to guess
 
 
-def candidates(controls: dict[str, W.ValueWidget], last: str | None, forward: bool) -> list[tuple[str, Any]]:
+def candidates(controls: dict[str, W.ValueWidget], last: str | None, *, forward: bool) -> list[tuple[str, Any]]:
     """(control name, value) one step away, most likely first: the last moved control in its direction."""
     order = [n for n in ([last] if last in controls else []) + [n for n in controls if n != last]
              if not controls[n].disabled]
@@ -80,7 +80,7 @@ class Prefetcher:
                 self._cache.move_to_end(key)
             return png
 
-    def cancel(self, clear: bool = False) -> None:
+    def cancel(self, *, clear: bool = False) -> None:
         """A new state: stop drawing ahead for the old one (and forget every picture, when they are stale)."""
         with self._lock:
             self.generation += 1
@@ -96,7 +96,7 @@ class Prefetcher:
                 self._thread = threading.Thread(target=self._work, name="wmdist-prefetch", daemon=False)
                 self._thread.start()
 
-    def idle(self, timeout: float = 10.0) -> bool:
+    def idle(self, *, timeout: float = 10.0) -> bool:
         """Wait until nothing is being drawn ahead (tests and benchmarks); False if still busy after `timeout`."""
         with self._lock:
             thread = self._thread

@@ -39,7 +39,7 @@ def canvas_figure(width_px: int, height_px: int) -> Figure:
     return fig
 
 
-def axes_grid(fig: Figure, rows: int = 1, cols: int = 1, *, margins: tuple[float, float, float, float] =
+def axes_grid(fig: Figure, *, rows: int = 1, cols: int = 1, margins: tuple[float, float, float, float] =
               (0.09, 0.97, 0.15, 0.9), **grid: object) -> list[Axes]:
     """`rows x cols` axes in `fig`, reused when the figure already holds that grid, emptied of their artists.
 
@@ -93,7 +93,7 @@ def img_html(png: bytes, alt: str) -> str:
 
 # --- axes in engineering units -----------------------------------------------------------------
 
-def eng_axis(axis, unit: str, places: int | None = None) -> None:
+def eng_axis(axis, unit: str, *, places: int | None = None) -> None:
     """Tick labels of `axis` (ax.xaxis / ax.yaxis) in engineering units: 1 ms, 10 kB, 1 TFLOP."""
     axis.set_major_formatter(EngFormatter(unit=unit, places=places, sep=" ", usetex=False, useMathText=False))
     axis.set_minor_locator(NullLocator())

@@ -5,7 +5,7 @@ pipeline schedules (forward / backward / send) draw with the same function.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Literal, Mapping
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -17,10 +17,11 @@ DEFAULT_COLORS = {"compute": "tab:green", "comm": "tab:blue", "launch": "tab:ora
                   "forward": "tab:green", "backward": "tab:purple", "send": "tab:blue", "idle": "0.85"}
 # Within a row, kinds listed here draw as thin bars on the upper or lower half so that overlap stays visible.
 LANES = {"comm": (0.05, 0.4), "send": (0.05, 0.4)}
+TimeUnit = Literal["s", "ms"]        # the time axis: spans are in seconds, drawn in s or ms
 
 
-def timeline_figure(spans: Iterable[Span], title: str = "", row_label: str = "rank",
-                    colors: Mapping[str, str] | None = None, unit: str = "ms",
+def timeline_figure(spans: Iterable[Span], *, title: str = "", row_label: str = "rank",
+                    colors: Mapping[str, str] | None = None, unit: TimeUnit = "ms",
                     ax: plt.Axes | None = None) -> Figure:
     """Draw `spans` as horizontal bars, row 0 at the top; comm-like kinds on their own lane.
 
@@ -61,8 +62,8 @@ def timeline_figure(spans: Iterable[Span], title: str = "", row_label: str = "ra
     return fig
 
 
-def timelines_figure(timelines: Mapping[str, Iterable[Span]], row_label: str = "rank",
-                     unit: str = "ms") -> Figure:
+def timelines_figure(timelines: Mapping[str, Iterable[Span]], *, row_label: str = "rank",
+                     unit: TimeUnit = "ms") -> Figure:
     """Several timelines stacked (one axes each, shared time axis), titled by their keys."""
     items = [(name, list(spans)) for name, spans in timelines.items()]
     if not items:
