@@ -38,17 +38,19 @@ POS = torch.arange(4)
     (lambda: rollout_demo(2, horizon=0), "horizon must be an integer from 1 to 64, got 0"),
     (lambda: tokens_demo(2, noise=NOISE64), "noise must be a float32 tensor of shape (2, 64, 8) (batch, tokens 4x4x4, "
                                             "channels), got a float64 tensor of shape (2, 64, 8)"),
-    (lambda: blockwise_attention(INT_QKV, INT_QKV, INT_QKV, 2, True),
+    (lambda: blockwise_attention(INT_QKV, INT_QKV, INT_QKV, block_size=2, causal=True),
      "q, k, v must share one floating-point dtype (float32, float64, bfloat16 or float16): softmax needs real "
      "numbers; got torch.int64, torch.int64, torch.int64"),
-    (lambda: blockwise_attention(INT_QKV.double(), INT_QKV.float(), INT_QKV.float(), 2, True),
+    (lambda: blockwise_attention(INT_QKV.double(), INT_QKV.float(), INT_QKV.float(), block_size=2, causal=True),
      "got torch.float64, torch.float32, torch.float32"),
-    (lambda: blockwise_attention(EMPTY_HEAD, EMPTY_HEAD, EMPTY_HEAD, 2, True),
+    (lambda: blockwise_attention(EMPTY_HEAD, EMPTY_HEAD, EMPTY_HEAD, block_size=2, causal=True),
      "head_dim (the last dimension of q, k and v) must be an integer >= 1, got q/k 0 and v 0"),
-    (lambda: attend_block(EMPTY_HEAD, EMPTY_HEAD, EMPTY_HEAD, POS, POS, True), "head_dim (the last dimension"),
+    (lambda: attend_block(EMPTY_HEAD, EMPTY_HEAD, EMPTY_HEAD, POS, POS, causal=True), "head_dim (the last dimension"),
     # a rank's own entry points check before touching the context or sending anything (ctx=None here)
-    (lambda: ring_forward(None, INT_QKV, INT_QKV, INT_QKV, 4, "contiguous", True, 2), "floating-point dtype"),
-    (lambda: ring_attention(None, EMPTY_HEAD, EMPTY_HEAD, EMPTY_HEAD, 4, "contiguous", True, 2), "head_dim"),
+    (lambda: ring_forward(None, INT_QKV, INT_QKV, INT_QKV, seq_len=4, layout="contiguous", causal=True, block_size=2),
+     "floating-point dtype"),
+    (lambda: ring_attention(None, EMPTY_HEAD, EMPTY_HEAD, EMPTY_HEAD, seq_len=4, layout="contiguous", causal=True,
+                            block_size=2), "head_dim"),
 ])
 def test_bad_demo_and_kernel_arguments_are_named_with_their_range(no_processes, call, message):
     with pytest.raises(ValueError, match=re.escape(message)) as err:

@@ -49,7 +49,7 @@ def test_tp_tolerance_is_2_k_minus_1_u_max_ref_and_the_agreement_check_is_tight(
 def _attention_case():
     from wmdist.ring_attention.spec import RingSpec
     spec = RingSpec(seq_len=16)
-    q, k, v, dout = spec.inputs("float32")
+    q, k, v, dout = spec.inputs(dtype="float32")
     return spec, q, k, v, dout
 
 
@@ -60,8 +60,9 @@ def test_ring_attention_tolerance_is_the_sum_of_both_first_order_bounds():
     ex = exact_attention(q, k, v, dout, causal=True)
     d, s = q.shape[-1], k.shape[-2]
     mags = (ex.score_abs, ex.exponent_range, ex.lse_abs, U32)
-    ours_w, sdpa_w = weight_rounding_bound(d, 4, 8, *mags, 1.0), weight_rounding_bound(d, s, s, *mags, 2.0)
-    ours_l, sdpa_l = lse_rounding_bound(d, 4, 8, *mags, 1.0), lse_rounding_bound(d, s, s, *mags, 2.0)
+    ours_w = weight_rounding_bound(d, 4, 8, *mags, exp_ulps=1.0)
+    sdpa_w = weight_rounding_bound(d, s, s, *mags, exp_ulps=2.0)
+    ours_l, sdpa_l = lse_rounding_bound(d, 4, 8, *mags, exp_ulps=1.0), lse_rounding_bound(d, s, s, *mags, exp_ulps=2.0)
     tol = tolerance(ex, torch.float32, block_keys=4, key_blocks=8)
     pv = ex.p @ ex.v.abs()                           # sum_j p_ij |v_j|: the output's first-order bound per element
     assert torch.allclose(tol.out, 1.01 * (ours_w + sdpa_w) * pv, rtol=1e-12, atol=0)
@@ -79,18 +80,18 @@ def test_ring_attention_checks_are_tight_at_their_elementwise_bound(key):
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=True)
     want = dict(zip(("out", "dq", "dk", "dv"), (want.detach(), *torch.autograd.grad(want, leaves, dout))))
-    bound = getattr(tolerance(exact_attention(q, k, v, dout, True), torch.float32, spec.tile(n), spec.key_blocks(n)),
-                    key)
+    bound = getattr(tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(n),
+                              spec.key_blocks(n)), key)
     where = (1, 0, 5, 3)                             # row 5 belongs to rank 1 in the zigzag layout of 16 on 2
     for times, passes in EDGES:
         moved = {**want, key: _moved(want[key], where, times * float(bound[where]))}
         ranks = []
         for r in range(n):
-            rows = positions(spec.seq_len, n, r, layout).tolist()
+            rows = positions(spec.seq_len, n, r, layout=layout).tolist()
             grads = tuple(moved[g][:, :, rows] for g in ("dq", "dk", "dv"))
-            ranks.append({case_name("float32", True, layout): RankCase(rows, moved["out"][:, :, rows], grads, {}, None,
-                                                                       None)})
-        assert 5 in ranks[1][case_name("float32", True, layout)].rows
+            ranks.append({case_name("float32", causal=True, layout=layout): RankCase(rows, moved["out"][:, :, rows],
+                                                                                     grads, {}, None, None)})
+        assert 5 in ranks[1][case_name("float32", causal=True, layout=layout)].rows
         checks = {c.name.rsplit(": ", 1)[1]: c for c in _checks(spec, n, ranks, "float32", True, layout)}
         assert checks[f"{key} == SDPA"].passed is passes
         assert all(c.passed for name, c in checks.items() if name != f"{key} == SDPA")
@@ -206,7 +207,7 @@ def test_ring_attention_gradient_bounds_are_their_first_order_formulas():
     d, dv_dim, s_q, s_k = q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]
     a, r, m = ex.score_abs, ex.exponent_range, ex.lse_abs
     got = rounding_bounds(ex, U32, 4, 8, 1.0)
-    lse = lse_rounding_bound(d, 4, 8, a, r, m, U32, 1.0)
+    lse = lse_rounding_bound(d, 4, 8, a, r, m, U32, exp_ulps=1.0)
     e_p = (d + 1) * U32 * a + lse + U32 * (r + 2 * 1.0)
     p, do = ex.p, ex.dout.abs()
     dv = (p.transpose(-2, -1) @ do) * (e_p + (s_q + 1) * U32)

@@ -73,8 +73,9 @@ def test_per_axis_formulas_agree_with_each_chapters_own():
         assert per_rank[r]["tp"].bytes_sent == tp
         # cp: chapter 06's ring, forward N-1 sends and backward 2(N-1), per block and microbatch, plus the grad sum
         heads = coll.ring_chunk_sizes(s.heads, s.tp)[c["tp"]]
-        ring = sum(racosts.ring_kv_bytes_per_rank(s.seq_len, s.cp, 2 * heads * s.head_dim, b, 4)
-                   + sum(racosts.ring_backward_bytes_per_rank(s.seq_len, s.cp, 2 * heads * s.head_dim, b, 4))
+        ring = sum(racosts.ring_kv_bytes_per_rank(s.seq_len, s.cp, 2 * heads * s.head_dim, batch=b, elem_size=4)
+                   + sum(racosts.ring_backward_bytes_per_rank(s.seq_len, s.cp, 2 * heads * s.head_dim, batch=b,
+                                                              elem_size=4))
                    for b in rows) * layers
         grads = sum(coll.ring_allreduce_bytes(n, s.cp, c["cp"])
                     for n in coll.ring_chunk_sizes(rank_params(s, c["tp"], c["pp"]), s.buckets))
@@ -195,7 +196,7 @@ def test_3d_mesh_matches_one_device_the_formulas_and_the_calculator(mesh3d):
     assert "8/8" in side_by_side(run) and side_by_side(run).count("8/8") == 4
     assert memory_table(run).count("8/8") == 3
     cfg = D.memory_config(MeshSpec())
-    assert run.held_predicted[0]["parameters"] == per_rank_bytes(cfg, 0)["parameters"] == 4 * rank_params(
+    assert run.held_predicted[0]["parameters"] == per_rank_bytes(cfg, rank=0)["parameters"] == 4 * rank_params(
         MeshSpec().shape, 0, 0)
 
 

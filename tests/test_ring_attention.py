@@ -27,7 +27,7 @@ def test_ring_equals_sdpa_and_sends_what_the_formulas_say(world_size):
     assert report.passed, report.failures
     # six cases x (out, dq, dk, dv); the N-sends variant adds one equality check from N = 2 on
     assert len(report.checks) == 24 + (world_size > 1)
-    block = costs.kv_block_bytes(report.params["seq_len"], world_size, report.params["kv_width"], 2, 4)
+    block = costs.kv_block_bytes(report.params["seq_len"], world_size, report.params["kv_width"], batch=2, elem_size=4)
     assert report.measured(quantity="bytes sent", phase="ring kv", case="float32 causal zigzag") == \
         [(world_size - 1) * block] * world_size
     if world_size > 1:
@@ -37,22 +37,22 @@ def test_ring_equals_sdpa_and_sends_what_the_formulas_say(world_size):
 
 
 def _autograd_on_ranks(ctx, spec):
-    q, k, v, dout = spec.inputs("float64")
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, "zigzag")
+    q, k, v, dout = spec.inputs(dtype="float64")
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout="zigzag")
     leaves = [x[:, :, rows].clone().requires_grad_() for x in (q, k, v)]
-    out = ring_attention(ctx, *leaves, spec.seq_len, "zigzag", True, spec.block_size)
+    out = ring_attention(ctx, *leaves, seq_len=spec.seq_len, layout="zigzag", causal=True, block_size=spec.block_size)
     out.backward(dout[:, :, rows])
     return rows, out.detach(), [x.grad for x in leaves]
 
 
 def test_ring_attention_is_a_differentiable_op():
-    spec = RingSpec(24, block_size=5)
+    spec = RingSpec(seq_len=24, block_size=5)
     got = runtime.run(_autograd_on_ranks, 3, spec)
-    q, k, v, dout = spec.inputs("float64")
+    q, k, v, dout = spec.inputs(dtype="float64")
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=True)
     want.backward(dout)
-    tol = tolerance(exact_attention(q, k, v, dout, True), torch.float64, spec.tile(3), spec.key_blocks(3))
+    tol = tolerance(exact_attention(q, k, v, dout, causal=True), torch.float64, spec.tile(3), spec.key_blocks(3))
     for rows, out, grads in got:
         assert bound_ratio(out, want.detach()[:, :, rows], tol.out[:, :, rows]) <= 1
         for g, leaf, bound in zip(grads, leaves, (tol.dq, tol.dk, tol.dv)):
@@ -62,7 +62,7 @@ def test_ring_attention_is_a_differentiable_op():
 def test_torchs_ring_template_on_gloo_ranks_agrees_and_sends_dkv_every_step():
     report = versus_torch.versus_torch_demo(2)
     assert report.passed, report.failures
-    block = costs.kv_block_bytes(report.params["seq_len"], 2, report.params["kv_width"], 2, 8)
+    block = costs.kv_block_bytes(report.params["seq_len"], 2, report.params["kv_width"], batch=2, elem_size=8)
     assert report.measured(quantity="torch all_to_all bytes", phase="backward", case="float64 causal zigzag") == \
         [(1 + 2) * block] * 2                                     # K, V once, dK, dV twice: N-1 + N
     assert report.measured(quantity="torch all_to_all calls", phase="backward", case="float64 full contiguous") == [3, 3]
@@ -84,8 +84,8 @@ def test_contiguous_causal_work_grows_with_rank_zigzag_is_equal():
     assert len(set(report.measured(quantity="tiles computed", case="zigzag"))) == 1
     # measured compute time is reported, not asserted (shared machine); it exists for every rank and layout
     assert all(len(t) == 4 and min(t) > 0 for t in report.data.cpu_s.values())
-    print("measured CPU imbalance max/min: contiguous", round(report.data.imbalance("contiguous"), 2),
-          "zigzag", round(report.data.imbalance("zigzag"), 2))
+    print("measured CPU imbalance max/min: contiguous", round(report.data.imbalance(layout="contiguous"), 2),
+          "zigzag", round(report.data.imbalance(layout="zigzag"), 2))
 
 
 def test_a_context_over_budget_runs_on_ranks_with_block_bounded_scores():
@@ -95,7 +95,7 @@ def test_a_context_over_budget_runs_on_ranks_with_block_bounded_scores():
     assert data.full_scores[1024] > data.budget >= max(m.held for m in data.ranks[1024])
     # S x 4: the S/N tokens' tensors grow 4 times; what a rank holds beyond them (score tiles, merge
     # temporaries, position vectors) changes by less than one score tile
-    tile = costs.score_tile_bytes(128, 128, 4, 1, 4)
+    tile = costs.score_tile_bytes(128, 128, heads=4, batch=1, elem_size=4)
     for long, short in zip(data.ranks[1024], data.ranks[256]):
         assert long.kv_blocks == 4 * short.kv_blocks and abs(long.scores - short.scores) < tile
     assert 0 < data.fit_ratio < 1

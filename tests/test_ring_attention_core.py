@@ -36,18 +36,18 @@ CASES = [(24, 8), (24, 24), (25, 8), (23, 5), (7, 16), (10, 1)]   # (S, block): 
 def test_blockwise_equals_sdpa_values_and_gradients(dtype, causal, seq_len, block):
     q, k, v, dout = _inputs((2, 3, seq_len, 8), dtype, seed=seq_len * 31 + block)
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-    got = blockwise.blockwise_attention(q, k, v, block, causal)
+    got = blockwise.blockwise_attention(q, k, v, block_size=block, causal=causal)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     grads = torch.autograd.grad(got.out, (q, k, v), dout)
     want_grads = torch.autograd.grad(want, (q, k, v), dout)
-    ex = exact_attention(q, k, v, dout, causal)
+    ex = exact_attention(q, k, v, dout, causal=causal)
     tol = tolerance(ex, dtype, min(block, seq_len), math.ceil(seq_len / block))
     _assert_within(got.out, want, tol.out, "out")
     _assert_within(got.lse, ex.lse, tol.lse, "lse")
     for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
         _assert_within(g, w, getattr(tol, name), name)
-    assert got.largest_score_bytes == costs.score_tile_bytes(min(block, seq_len), min(block, seq_len), 3, 2,
-                                                             q.element_size())
+    assert got.largest_score_bytes == costs.score_tile_bytes(min(block, seq_len), min(block, seq_len), heads=3, batch=2,
+                                                             elem_size=q.element_size())
 
 
 def test_fully_masked_rows_give_zero_output_and_no_nan():
@@ -105,7 +105,7 @@ def test_merge_with_an_empty_block_is_exact():
 
 def _ring_in_one_process(q, k, v, dout, world_size, kind, causal):
     """What N ranks do, step by step: queries stay, K/V blocks visit in ring order, dK/dV go home."""
-    held = [torch.tensor(layout.rank_positions(q.shape[2], world_size, r, kind)) for r in range(world_size)]
+    held = [torch.tensor(layout.rank_positions(q.shape[2], world_size, r, layout=kind)) for r in range(world_size)]
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=q.dtype)
     skipped, visits = [], []
     for r, qp in enumerate(held):
@@ -116,14 +116,14 @@ def _ring_in_one_process(q, k, v, dout, world_size, kind, causal):
                 skipped.append((r, t))
                 continue
             visits.append((r, t))
-            part = attend_block(q[:, :, qp], k[:, :, kp], v[:, :, kp], qp, kp, causal)
+            part = attend_block(q[:, :, qp], k[:, :, kp], v[:, :, kp], qp, kp, causal=causal)
             acc = part if acc is None else merge(*acc, *part)
         out[:, :, qp], lse[:, :, qp] = acc
     grads = [torch.zeros_like(x) for x in (q, k, v)]
     for r, t in visits:
         qp, kp = held[r], held[layout.ring_source(r, t, world_size)]
         gq, gk, gv = attend_block_backward(q[:, :, qp], k[:, :, kp], v[:, :, kp], out[:, :, qp], lse[:, :, qp],
-                                           dout[:, :, qp], qp, kp, causal)
+                                           dout[:, :, qp], qp, kp, causal=causal)
         grads[0][:, :, qp] += gq
         grads[1][:, :, kp] += gk
         grads[2][:, :, kp] += gv
@@ -140,11 +140,11 @@ def test_block_functions_driven_as_a_ring_equal_sdpa(world_size, kind, causal):
     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
     want = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
     want_grads = torch.autograd.grad(want, (qr, kr, vr), dout)
-    tol = tolerance(exact_attention(q, k, v, dout, causal), torch.float32, seq_len // world_size, world_size)
+    tol = tolerance(exact_attention(q, k, v, dout, causal=causal), torch.float32, seq_len // world_size, world_size)
     _assert_within(out, want, tol.out, "out")
     for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
         _assert_within(g, w, getattr(tol, name), name)
-    assert skipped == (layout.skipped_steps(seq_len, world_size, kind) if causal else [])
+    assert skipped == (layout.skipped_steps(seq_len, world_size, layout=kind) if causal else [])
 
 
 def _mask_count(q_positions, k_positions, causal):
@@ -158,9 +158,9 @@ def _mask_count(q_positions, k_positions, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_layout_work_matches_an_explicit_mask(world_size, kind, causal):
     seq_len = 48
-    held = [layout.rank_positions(seq_len, world_size, r, kind) for r in range(world_size)]
+    held = [layout.rank_positions(seq_len, world_size, r, layout=kind) for r in range(world_size)]
     assert sorted(p for pos in held for p in pos) == list(range(seq_len))     # a partition of the sequence
-    work = layout.step_work(seq_len, world_size, kind, causal)
+    work = layout.step_work(seq_len, world_size, layout=kind, causal=causal)
     for r in range(world_size):
         for t in range(world_size):
             assert work[r][t] == _mask_count(held[r], held[(r - t) % world_size], causal)
@@ -170,12 +170,12 @@ def test_layout_work_matches_an_explicit_mask(world_size, kind, causal):
 def test_causal_balance_contiguous_grows_with_rank_zigzag_is_equal():
     seq_len, n = 48, 4
     c, h = seq_len // n, seq_len // (2 * n)
-    contiguous = layout.rank_work(seq_len, n, "contiguous", True)
+    contiguous = layout.rank_work(seq_len, n, layout="contiguous", causal=True)
     assert contiguous == [r * c * c + c * (c + 1) // 2 for r in range(n)]
     assert contiguous == sorted(contiguous) and contiguous[0] < contiguous[-1]
-    assert layout.rank_work(seq_len, n, "zigzag", True) == [2 * n * h * h + h] * n
-    assert layout.skipped_steps(seq_len, n, "contiguous") == [(r, t) for r in range(n) for t in range(r + 1, n)]
-    assert layout.skipped_steps(seq_len, n, "zigzag") == []
+    assert layout.rank_work(seq_len, n, layout="zigzag", causal=True) == [2 * n * h * h + h] * n
+    assert layout.skipped_steps(seq_len, n, layout="contiguous") == [(r, t) for r in range(n) for t in range(r + 1, n)]
+    assert layout.skipped_steps(seq_len, n, layout="zigzag") == []
     assert [layout.ring_source(2, t, 4) for t in range(4)] == [2, 1, 0, 3]
 
 
@@ -186,23 +186,25 @@ def test_tile_counts_match_what_blockwise_computes(monkeypatch, seq_len, block, 
     real = blockwise.attend_block
     monkeypatch.setattr(blockwise, "attend_block", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     q, k, v, _ = _inputs((1, 1, seq_len, 4), torch.float32, seed=0)
-    blockwise.blockwise_attention(q, k, v, block, causal)
-    assert len(calls) == layout.tile_pairs(seq_len, 1, "contiguous", block, causal)[0][0]
+    blockwise.blockwise_attention(q, k, v, block_size=block, causal=causal)
+    assert len(calls) == layout.tile_pairs(seq_len, 1, layout="contiguous", block_size=block, causal=causal)[0][0]
     tiles = math.ceil(seq_len / block)
     assert len(calls) == (tiles * (tiles + 1) // 2 if causal else tiles ** 2)
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: layout.check_layout(10, 4, "contiguous"), "divisible by 4"),
-    (lambda: layout.check_layout(12, 4, "zigzag"), "divisible by 8"),
-    (lambda: layout.check_layout(4, 5, "contiguous"), "world_size must be <= seq_len"),
-    (lambda: layout.check_layout(8, 2, "striped"), "layout must be one of"),
-    (lambda: layout.tile_pairs(16, 2, "contiguous", 9, True), "block_size must be an integer from 1 to 8"),
-    (lambda: layout.tile_pairs(16, 2, "contiguous", 0, True), "block_size"),
+    (lambda: layout.check_layout(10, 4, layout="contiguous"), "divisible by 4"),
+    (lambda: layout.check_layout(12, 4, layout="zigzag"), "divisible by 8"),
+    (lambda: layout.check_layout(4, 5, layout="contiguous"), "world_size must be <= seq_len"),
+    (lambda: layout.check_layout(8, 2, layout="striped"), "layout must be one of"),
+    (lambda: layout.tile_pairs(16, 2, layout="contiguous", block_size=9, causal=True),
+     "block_size must be an integer from 1 to 8"),
+    (lambda: layout.tile_pairs(16, 2, layout="contiguous", block_size=0, causal=True), "block_size"),
     (lambda: layout.ring_source(0, 4, 4), "step"),
     (lambda: costs.ring_kv_bytes_per_rank(10, 4, 8), "divisible by world_size"),
     (lambda: costs.min_overlap_block_size(1e12, 0.0), "link_bytes_per_s"),
-    (lambda: blockwise.blockwise_attention(*_inputs((1, 1, 4, 2), torch.float32, 0, 3), 0, False), "block_size"),
+    (lambda: blockwise.blockwise_attention(*_inputs((1, 1, 4, 2), torch.float32, 0, 3), block_size=0, causal=False),
+     "block_size"),
 ])
 def test_bad_arguments_are_refused_with_the_reason(call, message):
     with pytest.raises(ValueError, match=message):
@@ -223,7 +225,7 @@ def test_kv_bytes_flops_and_memory_by_hand():
     assert costs.attention_flops(4, 3) == 192 and costs.attention_flops(4, 3, causal=True) == 120
     assert costs.attention_flops(4, 3, heads=2, batch=5) == 192 * 10
     assert costs.score_tile_bytes(4, 3, heads=2, batch=5, elem_size=4) == 4 * 3 * 2 * 5 * 4
-    assert costs.full_scores_bytes(4, 2, 5) == 4 * 4 * 2 * 5 * 4
+    assert costs.full_scores_bytes(4, heads=2, batch=5) == 4 * 4 * 2 * 5 * 4
 
 
 def test_overlap_condition_block_size():

@@ -27,15 +27,15 @@ def _sends_from_reach(reach: list[int]) -> list[int]:
 
 
 def test_dead_sends_are_half_the_contiguous_ring_and_none_of_zigzag():
-    assert [costs.dead_kv_sends(n, "contiguous") for n in (1, 2, 4, 8)] == [0, 1, 6, 28]
-    assert [costs.dead_kv_sends(n, "zigzag") for n in (1, 2, 4, 8)] == [0, 0, 0, 0]
-    assert costs.dead_kv_sends(4, "contiguous", causal=False) == 0
+    assert [costs.dead_kv_sends(n, layout="contiguous") for n in (1, 2, 4, 8)] == [0, 1, 6, 28]
+    assert [costs.dead_kv_sends(n, layout="zigzag") for n in (1, 2, 4, 8)] == [0, 0, 0, 0]
+    assert costs.dead_kv_sends(4, layout="contiguous", causal=False) == 0
     assert sum(costs.pruned_kv_sends(4, r) for r in range(4)) == 12 - 6
     assert sum(costs.pruned_kv_sends(8, r) for r in range(8)) == 56 - 28
     assert [costs.pruned_kv_sends(4, r) for r in range(4)] == [1, 2, 3, 0]
     assert [costs.pruned_grad_sends(4, r) for r in range(4)] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="layout"):
-        costs.dead_kv_sends(4, "striped")
+        costs.dead_kv_sends(4, layout="striped")
     with pytest.raises(ValueError, match="rank"):
         costs.pruned_kv_sends(4, 4)
 
@@ -45,17 +45,17 @@ def test_closed_forms_equal_what_the_mask_implies(world_size):
     # The reach is derived from explicit per-step work counts; the closed forms must agree with it exactly.
     s = 2 * world_size * 3
     n = world_size
-    contiguous = layout.block_reach(s, n, "contiguous", True)
+    contiguous = layout.block_reach(s, n, layout="contiguous", causal=True)
     assert contiguous == [n - 1 - b for b in range(n)]
     assert _sends_from_reach(contiguous) == [costs.pruned_kv_sends(n, r) for r in range(n)]
     uniform = n * costs.ring_kv_sends(n)
-    assert uniform - sum(_sends_from_reach(contiguous)) == costs.dead_kv_sends(n, "contiguous")
+    assert uniform - sum(_sends_from_reach(contiguous)) == costs.dead_kv_sends(n, layout="contiguous")
     for kind, causal in (("zigzag", True), ("contiguous", False), ("zigzag", False)):
-        reach = layout.block_reach(s, n, kind, causal)
+        reach = layout.block_reach(s, n, layout=kind, causal=causal)
         assert reach == [n - 1] * n and sum(_sends_from_reach(reach)) == uniform
-        assert costs.dead_kv_sends(n, kind, causal) == 0
+        assert costs.dead_kv_sends(n, layout=kind, causal=causal) == 0
     # every rank that does work on a block lies within its reach (the pruning drops no needed key)
-    work = layout.step_work(s, n, "contiguous", True)
+    work = layout.step_work(s, n, layout="contiguous", causal=True)
     for r in range(n):
         for t in range(n):
             if work[r][t]:
@@ -73,7 +73,7 @@ def test_pruned_ring_equals_sdpa_and_the_uniform_ring_and_sends_half():
     report = pruned_demo.pruned_ring_demo(4)
     assert report.passed, report.failures
     assert len(report.checks) == 4 * 4 + 2
-    block = costs.kv_block_bytes(report.params["seq_len"], 4, report.params["kv_width"], 2, 4)
+    block = costs.kv_block_bytes(report.params["seq_len"], 4, report.params["kv_width"], batch=2, elem_size=4)
     data = report.data
     assert data.forward_bytes["pruned contiguous"] == [block, 2 * block, 3 * block, 0]
     assert data.forward_bytes["uniform contiguous"] == [3 * block] * 4
@@ -88,24 +88,24 @@ def test_pruned_ring_equals_sdpa_and_the_uniform_ring_and_sends_half():
 
 def _cut_short(ctx, spec: RingSpec):
     """Rank function: the pruned forward with block 0 stopped one hop before the last rank that reads it."""
-    q, k, v, _ = spec.inputs("float32")
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, "contiguous")
-    reach = layout.block_reach(spec.seq_len, ctx.world_size, "contiguous", True)
+    q, k, v, _ = spec.inputs(dtype="float32")
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout="contiguous")
+    reach = layout.block_reach(spec.seq_len, ctx.world_size, layout="contiguous", causal=True)
     reach[0] -= 1
-    out, _, _ = pruned_forward(ctx, *(x[:, :, rows].contiguous() for x in (q, k, v)), spec.seq_len, "contiguous",
-                               True, spec.block_size, reach=reach)
+    out, _, _ = pruned_forward(ctx, *(x[:, :, rows].contiguous() for x in (q, k, v)), seq_len=spec.seq_len,
+                               layout="contiguous", causal=True, block_size=spec.block_size, reach=reach)
     return rows.tolist(), out
 
 
 def test_pruning_one_hop_too_many_fails_the_sdpa_check():
-    spec = RingSpec(default_seq_len(4))
+    spec = RingSpec(seq_len=default_seq_len(4))
     parts = run(_cut_short, 4, spec)
-    q, k, v, dout = spec.inputs("float32")
+    q, k, v, dout = spec.inputs(dtype="float32")
     got = torch.empty(q.shape)
     for rows, out in parts:
         got[:, :, rows] = out
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    bound = tolerance(exact_attention(q, k, v, dout, True), torch.float32, spec.tile(4), spec.key_blocks(4),
+    bound = tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(4), spec.key_blocks(4),
                       grads=False).out
     c = spec.seq_len // 4
     assert bound_ratio(got[:, :, :3 * c], want[:, :, :3 * c], bound[:, :, :3 * c]) <= 1   # ranks 0-2 had block 0
@@ -121,9 +121,9 @@ def test_bad_sizes_and_a_bad_reach_are_refused_before_any_send(no_processes):
     ctx = SimpleNamespace(world_size=2, rank=0)        # refused before it would touch the ledger or a group
     q = torch.zeros(1, 1, 4, 2)
     with pytest.raises(ValueError, match="reach must be 2 hop counts"):
-        pruned_forward(ctx, q, q, q, 8, "contiguous", True, 2, reach=[1, 2])
+        pruned_forward(ctx, q, q, q, seq_len=8, layout="contiguous", causal=True, block_size=2, reach=[1, 2])
     with pytest.raises(ValueError, match="floating-point dtype"):
-        pruned_forward(ctx, q.long(), q.long(), q.long(), 8, "contiguous", True, 2)
+        pruned_forward(ctx, q.long(), q.long(), q.long(), seq_len=8, layout="contiguous", causal=True, block_size=2)
 
 
 def test_chapter_09_prose_numbers_for_dp_bytes_growing_with_context():

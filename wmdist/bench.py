@@ -217,10 +217,10 @@ def bench_ring_attention(*, world_size: int = 4, seq_len: int = 4096, repeats: i
     for SDPA on the whole sequence (torch's CPU flash kernel, which is blocked too, so the ratio is about
     the S/N tokens; against unblocked attention see the long-context demo).
     """
-    spec = RingSpec(seq_len, batch=1, heads=4, head_dim=32, block_size=256)
-    spec.check(world_size, "zigzag")
-    ring = runtime.run(time_ring_forward, world_size, spec, True, repeats)
-    (single_times, single_peak), = runtime.run(time_sdpa, 1, spec, True, repeats)
+    spec = RingSpec(seq_len=seq_len, batch=1, heads=4, head_dim=32, block_size=256)
+    spec.check(world_size, layout="zigzag")
+    ring = runtime.run(time_ring_forward, world_size, spec, causal=True, repeats=repeats)
+    (single_times, single_peak), = runtime.run(time_sdpa, 1, spec, causal=True, repeats=repeats)
     ring_s = statistics.median(max(r[0][i] for r in ring) for i in range(repeats))
     single_s = statistics.median(single_times)
     peak = max(r[1] for r in ring)

@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Literal, get_args
 
 from wmdist.costs.validate import require_bool, require_int, require_positive, require_real
+
+Layout = Literal["contiguous", "zigzag"]    # which tokens a rank holds (wmdist.ring_attention.layout)
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 
 
 def _block_tokens(seq_len: int, world_size: int) -> int:
@@ -36,7 +40,7 @@ def _block_tokens(seq_len: int, world_size: int) -> int:
     return s // n
 
 
-def ring_kv_sends(world_size: int, final_exchange: bool = False) -> int:
+def ring_kv_sends(world_size: int, *, final_exchange: bool = False) -> int:
     """KV block sends per rank in one forward sweep: N-1, or N for a loop that also sends after the last step.
 
     N-1 sends bring every other rank's block past a rank once. The loop in the
@@ -48,14 +52,14 @@ def ring_kv_sends(world_size: int, final_exchange: bool = False) -> int:
     return n if require_bool("final_exchange", final_exchange) else n - 1
 
 
-def kv_block_bytes(seq_len: int, world_size: int, kv_width: int, batch: int = 1, elem_size: int = 2) -> int:
+def kv_block_bytes(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1, elem_size: int = 2) -> int:
     """Bytes of one rank's K and V block: (S/N) * d_KV * batch * elem_size."""
     c = _block_tokens(seq_len, world_size)
     return c * require_int("kv_width", kv_width, 1) * require_int("batch", batch, 1) \
         * require_int("elem_size", elem_size, 1)
 
 
-def ring_kv_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, batch: int = 1, elem_size: int = 2,
+def ring_kv_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1, elem_size: int = 2,
                            final_exchange: bool = False) -> int:
     """KV bytes one rank sends in the forward ring: (N-1) (S/N) d_KV batch elem_size (N sends with the final exchange).
 
@@ -63,11 +67,11 @@ def ring_kv_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, batch: 
     are different quantities. Causal skipping does not reduce it in this uniform ring
     (the pruned one, pruned_ring_bytes_per_rank, drops the dead sends).
     """
-    return ring_kv_sends(world_size, final_exchange) * kv_block_bytes(seq_len, world_size, kv_width, batch,
-                                                                     elem_size)
+    return ring_kv_sends(world_size, final_exchange=final_exchange) * kv_block_bytes(
+        seq_len, world_size, kv_width, batch=batch, elem_size=elem_size)
 
 
-def ring_grad_sends(world_size: int, every_step: bool = False) -> int:
+def ring_grad_sends(world_size: int, *, every_step: bool = False) -> int:
     """dK, dV sends per rank in the backward ring: N-1, or N when a rank sends after every step (torch's template).
 
     N-1: a block's partial gradient sum starts on the rank after its owner,
@@ -80,19 +84,18 @@ def ring_grad_sends(world_size: int, every_step: bool = False) -> int:
     return n if require_bool("every_step", every_step) else n - 1
 
 
-def ring_backward_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, batch: int = 1, elem_size: int = 2,
-                                 every_step: bool = False) -> tuple[int, int]:
+def ring_backward_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1,
+                                 elem_size: int = 2, every_step: bool = False) -> tuple[int, int]:
     """(K, V bytes, dK, dV bytes) a rank sends in the backward ring: N-1 K, V blocks again, N-1 (or N) gradient blocks.
 
     dK, dV have the shapes of K, V, so each gradient message is one KV block
     (in the dtype the gradients are summed in).
     """
-    block = kv_block_bytes(seq_len, world_size, kv_width, batch, elem_size)
-    return ring_kv_sends(world_size) * block, ring_grad_sends(world_size, every_step) * block
+    block = kv_block_bytes(seq_len, world_size, kv_width, batch=batch, elem_size=elem_size)
+    return ring_kv_sends(world_size) * block, ring_grad_sends(world_size, every_step=every_step) * block
 
 
-
-def dead_kv_sends(world_size: int, layout: str, causal: bool = True) -> int:
+def dead_kv_sends(world_size: int, *, layout: Layout, causal: bool = True) -> int:
     """Forward K, V sends of the uniform ring (N(N-1) in all) whose block no later rank on its way reads.
 
     Contiguous and causal: block s is read by ranks s..N-1 only, so of its
@@ -100,7 +103,7 @@ def dead_kv_sends(world_size: int, layout: str, causal: bool = True) -> int:
     Zigzag, or no mask: every rank reads every block, none is dead.
     """
     n = require_int("world_size", world_size, 1)
-    if layout not in ("contiguous", "zigzag"):
+    if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'contiguous' or 'zigzag', got {layout!r}")
     return n * (n - 1) // 2 if require_bool("causal", causal) and layout == "contiguous" else 0
 
@@ -129,19 +132,19 @@ def pruned_grad_sends(world_size: int, rank: int) -> int:
     return require_int("rank", rank, 0, high=n - 1)
 
 
-def pruned_ring_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, batch: int = 1,
+def pruned_ring_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1,
                                elem_size: int = 2) -> list[tuple[int, int, int]]:
     """Per rank: (forward K, V bytes, backward K, V bytes, backward dK, dV bytes) of the pruned causal ring.
 
     Each message is one K, V block (kv_block_bytes); the backward K, V sweep
     is pruned exactly as the forward one.
     """
-    block = kv_block_bytes(seq_len, world_size, kv_width, batch, elem_size)
+    block = kv_block_bytes(seq_len, world_size, kv_width, batch=batch, elem_size=elem_size)
     kv = [pruned_kv_sends(world_size, r) * block for r in range(world_size)]
     return [(b, b, pruned_grad_sends(world_size, r) * block) for r, b in enumerate(kv)]
 
 
-def ring_kv_storage_bytes(seq_len: int, world_size: int, kv_width: int, batch: int = 1, elem_size: int = 2,
+def ring_kv_storage_bytes(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1, elem_size: int = 2,
                           blocks: int = 2) -> int:
     """KV bytes a rank holds at once: `blocks` blocks of S/N tokens (2: the one in use and the one arriving).
 
@@ -149,16 +152,17 @@ def ring_kv_storage_bytes(seq_len: int, world_size: int, kv_width: int, batch: i
     blocking sends one block (plus the send buffer of the same size) suffices.
     Independent of N beyond S/N: adding ranks shrinks it.
     """
-    return require_int("blocks", blocks, 1) * kv_block_bytes(seq_len, world_size, kv_width, batch, elem_size)
+    return require_int("blocks", blocks, 1) * kv_block_bytes(seq_len, world_size, kv_width, batch=batch,
+                                                               elem_size=elem_size)
 
 
-def attention_pairs(seq_len: int, causal: bool) -> int:
+def attention_pairs(seq_len: int, *, causal: bool) -> int:
     """Query-key pairs one sequence and head computes: S^2, or S(S+1)/2 under a causal mask (key j <= query i)."""
     s = require_int("seq_len", seq_len, 1)
     return s * (s + 1) // 2 if require_bool("causal", causal) else s * s
 
 
-def attention_flops(seq_len: int, head_dim: int, heads: int = 1, batch: int = 1, causal: bool = False) -> int:
+def attention_flops(seq_len: int, head_dim: int, *, heads: int = 1, batch: int = 1, causal: bool = False) -> int:
     """Forward attention FLOPs in total (all ranks together): 4 * head_dim per query-key pair, per head and sequence.
 
     Non-causal: 4 S^2 d H B. Causal: 4 d H B S(S+1)/2, i.e. half plus the
@@ -166,10 +170,10 @@ def attention_flops(seq_len: int, head_dim: int, heads: int = 1, batch: int = 1,
     this work over ranks; it does not make it less than quadratic.
     """
     return (4 * require_int("head_dim", head_dim, 1) * require_int("heads", heads, 1)
-            * require_int("batch", batch, 1) * attention_pairs(seq_len, causal))
+            * require_int("batch", batch, 1) * attention_pairs(seq_len, causal=causal))
 
 
-def score_tile_bytes(block_q: int, block_k: int, heads: int = 1, batch: int = 1, elem_size: int = 4) -> int:
+def score_tile_bytes(block_q: int, block_k: int, *, heads: int = 1, batch: int = 1, elem_size: int = 4) -> int:
     """Bytes of one temporary score tile: batch * heads * block_q * block_k * elem_size.
 
     Blockwise attention keeps a small fixed number of such tiles alive at once
@@ -179,10 +183,10 @@ def score_tile_bytes(block_q: int, block_k: int, heads: int = 1, batch: int = 1,
             * require_int("heads", heads, 1) * require_int("batch", batch, 1) * require_int("elem_size", elem_size, 1))
 
 
-def full_scores_bytes(seq_len: int, heads: int = 1, batch: int = 1, elem_size: int = 4) -> int:
+def full_scores_bytes(seq_len: int, *, heads: int = 1, batch: int = 1, elem_size: int = 4) -> int:
     """Bytes of the full S x S score matrix that unblocked attention materializes."""
     s = require_int("seq_len", seq_len, 1)
-    return score_tile_bytes(s, s, heads, batch, elem_size)
+    return score_tile_bytes(s, s, heads=heads, batch=batch, elem_size=elem_size)
 
 
 def block_pair_flops(block_size: int, hidden: int) -> int:
@@ -191,13 +195,13 @@ def block_pair_flops(block_size: int, hidden: int) -> int:
     return 4 * require_int("hidden", hidden, 1) * c * c
 
 
-def kv_step_bytes(block_size: int, hidden: int, elem_size: int = 2) -> int:
+def kv_step_bytes(block_size: int, hidden: int, *, elem_size: int = 2) -> int:
     """The paper's communication per step: the next K and V blocks, 2 c d elements (4 c d bytes in bf16)."""
     return 2 * require_int("block_size", block_size, 1) * require_int("hidden", hidden, 1) \
         * require_int("elem_size", elem_size, 1)
 
 
-def min_overlap_block_size(flops_per_s: float, link_bytes_per_s: float, elem_size: int = 2) -> int:
+def min_overlap_block_size(flops_per_s: float, link_bytes_per_s: float, *, elem_size: int = 2) -> int:
     """Smallest block c (tokens per rank) for which computing a step takes at least as long as sending the next K, V.
 
     4 d c^2 / F >= 2 c d e / B  <=>  c >= e F / (2 B), which is F / B for
@@ -210,14 +214,14 @@ def min_overlap_block_size(flops_per_s: float, link_bytes_per_s: float, elem_siz
     return max(1, math.ceil(require_int("elem_size", elem_size, 1) * f / (2 * b)))
 
 
-def min_overlap_seq_len(flops_per_s: float, link_bytes_per_s: float, world_size: int, elem_size: int = 2) -> int:
+def min_overlap_seq_len(flops_per_s: float, link_bytes_per_s: float, world_size: int, *, elem_size: int = 2) -> int:
     """Shortest total context S = c N at which each of N ranks has a block large enough to hide its sends."""
     return require_int("world_size", world_size, 1) * min_overlap_block_size(flops_per_s, link_bytes_per_s,
-                                                                             elem_size)
+                                                                             elem_size=elem_size)
 
 
 def lse_rounding_bound(head_dim: int, block_keys: int, key_blocks: int, score_abs: float, exponent_range: float,
-                       lse_abs: float, unit_roundoff: float, exp_ulps: float = 1.0) -> float:
+                       lse_abs: float, unit_roundoff: float, *, exp_ulps: float = 1.0) -> float:
     """First-order bound on |computed - exact| of a row's log-sum-exp, blockwise with online merges.
 
     Terms (u = unit_roundoff, x = 2 exp_ulps: a math call off by exp_ulps
@@ -242,7 +246,7 @@ def lse_rounding_bound(head_dim: int, block_keys: int, key_blocks: int, score_ab
 
 
 def weight_rounding_bound(head_dim: int, block_keys: int, key_blocks: int, score_abs: float, exponent_range: float,
-                          lse_abs: float, unit_roundoff: float, exp_ulps: float = 1.0) -> float:
+                          lse_abs: float, unit_roundoff: float, *, exp_ulps: float = 1.0) -> float:
     """First-order bound E on the relative error of each softmax weight as blockwise attention applies it.
 
     The output of a row then errs by at most E * sum_j p_j |v_j| (per
@@ -252,6 +256,6 @@ def weight_rounding_bound(head_dim: int, block_keys: int, key_blocks: int, score
     as in lse_rounding_bound. Terms of order E^2 are dropped: check E << 1.
     """
     lse = lse_rounding_bound(head_dim, block_keys, key_blocks, score_abs, exponent_range, lse_abs,
-                             unit_roundoff, exp_ulps)
+                             unit_roundoff, exp_ulps=exp_ulps)
     u, x, r = unit_roundoff, 2 * exp_ulps, exponent_range
     return lse + u * ((head_dim + 1) * score_abs + (r + x) + (key_blocks - 1) * (r + x + 2) + block_keys)

@@ -44,7 +44,7 @@ def attention(shard: BlockShard, x: torch.Tensor, tp: TPGroup, cp: Context, seq_
     b, c, _ = qkv.shape
     d = shard.cfg.head_dim
     q, k, v = qkv.view(b, c, 3, shard.heads, d).permute(2, 0, 3, 1, 4)                   # (b, h_r, c, D) each
-    y = ring_attention(cp, q, k, v, seq_len, "contiguous", True, block_size=c)           # (b, h_r, c, D)
+    y = ring_attention(cp, q, k, v, seq_len=seq_len, layout="contiguous", causal=True, block_size=c)  # (b, h_r, c, D)
     return row_linear(y.transpose(1, 2).reshape(b, c, shard.heads * d), shard.p("attn.out.weight"),
                       shard.p("attn.out.bias"), tp, RowSpec(site="attn.out"))
 

@@ -24,12 +24,13 @@ from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, counts_per_rank
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.demos import Cases
+from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.ring import positions, ring_forward
 from wmdist.ring_attention.spec import RingSpec
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
 from wmdist.spans import Span
 
-LAYOUTS = ("contiguous", "zigzag")
+LAYOUTS = lay.LAYOUTS
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,15 @@ class BalanceRank:
     spans: tuple[Span, ...]      # the last repeat's timeline
 
 
-def balance_rank(ctx: Context, spec: RingSpec, layout: str, repeats: int) -> BalanceRank:
+def balance_rank(ctx: Context, spec: RingSpec, *, layout: Layout, repeats: int) -> BalanceRank:
     """Rank function: the causal ring forward `repeats` times on this rank's rows of one layout."""
-    q, k, v, _ = spec.inputs("float32")
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+    q, k, v, _ = spec.inputs(dtype="float32")
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
     q, k, v = (x[:, :, rows].contiguous() for x in (q, k, v))
     cpu = []
     for _ in range(repeats):
-        out, _, trace = ring_forward(ctx, q, k, v, spec.seq_len, layout, True, spec.block_size)
+        out, _, trace = ring_forward(ctx, q, k, v, seq_len=spec.seq_len, layout=layout, causal=True,
+                                     block_size=spec.block_size)
         cpu.append(trace.compute_cpu_s)
     return BalanceRank(rows.tolist(), out, sum(trace.tiles), sum(trace.pairs), cpu, trace.spans)
 
@@ -62,13 +64,13 @@ class BalanceData:
     cpu_s: dict[str, list[float]]
     spans: dict[str, tuple[Span, ...]]
 
-    def imbalance(self, layout: str) -> float:
+    def imbalance(self, *, layout: Layout) -> float:
         """Measured max / min of the ranks' compute CPU time (1 is perfect balance)."""
         times = self.cpu_s[layout]
         return max(times) / min(times) if min(times) > 0 else float("inf")
 
 
-def balance_seq_len(world_size: int, target: int = 1024) -> int:
+def balance_seq_len(world_size: int, *, target: int = 1024) -> int:
     """The largest S <= target (at least 2N) that both layouts accept: a multiple of 2N."""
     chunk = 2 * world_size
     return max(chunk, target // chunk * chunk)
@@ -84,21 +86,21 @@ class BalanceRun:
 
     def __post_init__(self) -> None:
         for layout in LAYOUTS:
-            self.ring.check(self.world_size, layout)
+            self.ring.check(self.world_size, layout=layout)
         require_int("repeats", self.repeats, 1)
 
 
-def balance_run(world_size: int, seq_len: int | None = None, block_size: int = 64, heads: int = 2,
+def balance_run(world_size: int, *, seq_len: int | None = None, block_size: int = 64, heads: int = 2,
                 head_dim: int = 64, repeats: int = 3, seed: int = 0) -> BalanceRun:
     """The run, by default at the largest S <= 1024 both layouts accept (balance_seq_len)."""
-    ring = RingSpec(balance_seq_len(world_size) if seq_len is None else seq_len, batch=1, heads=heads,
+    ring = RingSpec(seq_len=balance_seq_len(world_size) if seq_len is None else seq_len, batch=1, heads=heads,
                     head_dim=head_dim, block_size=block_size, seed=seed)
     return BalanceRun(world_size=world_size, ring=ring, repeats=repeats)
 
 
 def balance_ranks(ctx: Context, run: BalanceRun) -> Cases[BalanceRank]:
     """Rank function: `balance_rank` under each layout in turn."""
-    return Cases(LAYOUTS, tuple(balance_rank(ctx, run.ring, layout, run.repeats) for layout in LAYOUTS))
+    return Cases(LAYOUTS, tuple(balance_rank(ctx, run.ring, layout=layout, repeats=run.repeats) for layout in LAYOUTS))
 
 
 def compare_balance(run: BalanceRun, outcomes: list[Cases[BalanceRank]]) -> Verdict:
@@ -106,9 +108,9 @@ def compare_balance(run: BalanceRun, outcomes: list[Cases[BalanceRank]]) -> Verd
     formulas; the CPU times are reported, never checked."""
     spec, world_size = run.ring, run.world_size
     results = {layout: [o[layout] for o in outcomes] for layout in LAYOUTS}
-    q, k, v, dout = spec.inputs("float32")
+    q, k, v, dout = spec.inputs(dtype="float32")
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    tol = tolerance(exact_attention(q, k, v, dout, True), torch.float32, spec.tile(world_size),
+    tol = tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(world_size),
                     spec.key_blocks(world_size), grads=False)
     checks: list[Check] = []
     exact: list[Count] = []
@@ -119,9 +121,9 @@ def compare_balance(run: BalanceRun, outcomes: list[Cases[BalanceRank]]) -> Verd
             got[:, :, rk.rows] = rk.out
         checks.append(Check(f"{layout}: output == SDPA", bound_ratio(got, want, tol.out), 1.0, REASON))
         exact += counts_per_rank("query-key pairs", [rk.pairs for rk in ranks],
-                                 lay.rank_work(spec.seq_len, world_size, layout, True), case=layout)
-        exact += counts_per_rank("tiles computed", [rk.tiles for rk in ranks],
-                                 [sum(row) for row in lay.tile_pairs(spec.seq_len, world_size, layout, tile, True)],
+                                 lay.rank_work(spec.seq_len, world_size, layout=layout, causal=True), case=layout)
+        pairs = lay.tile_pairs(spec.seq_len, world_size, layout=layout, block_size=tile, causal=True)
+        exact += counts_per_rank("tiles computed", [rk.tiles for rk in ranks], [sum(row) for row in pairs],
                                  case=layout)
     data = BalanceData({lo: [rk.pairs for rk in rs] for lo, rs in results.items()},
                        {lo: [statistics.median(rk.cpu_s) for rk in rs] for lo, rs in results.items()},
@@ -137,10 +139,11 @@ BALANCE_DEMO = Experiment(name="ring-attention-balance", chapter="06", world_siz
                           ranks=balance_ranks, compare=compare_balance)
 
 
-def balance_demo(world_size: int, seq_len: int | None = None, block_size: int = 64, heads: int = 2,
+def balance_demo(world_size: int, *, seq_len: int | None = None, block_size: int = 64, heads: int = 2,
                  head_dim: int = 64, repeats: int = 3, seed: int = 0) -> Report:
     """Causal ring forward on both layouts: exact per-rank work, measured per-rank compute time, output == SDPA."""
-    return BALANCE_DEMO.run_spec(balance_run(world_size, seq_len, block_size, heads, head_dim, repeats, seed))
+    return BALANCE_DEMO.run_spec(balance_run(world_size, seq_len=seq_len, block_size=block_size, heads=heads,
+                                             head_dim=head_dim, repeats=repeats, seed=seed))
 
 
 DEMOS = [BALANCE_DEMO]

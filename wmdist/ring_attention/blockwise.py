@@ -87,7 +87,7 @@ def _probabilities(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos:
 
 
 @torch.no_grad()
-def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, *,
                  causal: bool, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial attention of one query block over one key/value block: (output, log-sum-exp of scores).
 
@@ -120,7 +120,7 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
 
 @torch.no_grad()
 def attend_block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                          grad_out: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool,
+                          grad_out: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool,
                           scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This block pair's share of (dq, dk, dv), recomputed from the FINAL output and lse of the query rows.
 
@@ -161,7 +161,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int,
         for ks, k_pos in _tiles(k.shape[2], block_size):
             if causal and block_is_future(q_pos, k_pos):
                 continue
-            part = attend_block(q[:, :, qs], k[:, :, ks], v[:, :, ks], q_pos, k_pos, causal, scale)
+            part = attend_block(q[:, :, qs], k[:, :, ks], v[:, :, ks], q_pos, k_pos, causal=causal, scale=scale)
             largest = max(largest, math.prod(q.shape[:2]) * (qs.stop - qs.start) * (ks.stop - ks.start)
                           * q.element_size())
             acc = part if acc is None else merge(*acc, *part)
@@ -196,7 +196,7 @@ class _BlockwiseAttention(torch.autograd.Function):
                     continue
                 gq, gk, gv = attend_block_backward(q[:, :, qs], k[:, :, ks], v[:, :, ks], out[:, :, qs],
                                                    lse[:, :, qs], grad_out[:, :, qs], q_pos, k_pos,
-                                                   ctx.causal, ctx.scale)
+                                                   causal=ctx.causal, scale=ctx.scale)
                 dq[:, :, qs] += gq
                 dk[:, :, ks] += gk
                 dv[:, :, ks] += gv
@@ -212,7 +212,7 @@ class BlockwiseResult:
     largest_score_bytes: int     # bytes of the biggest (B, H, q-tile, k-tile) score tensor the forward allocated
 
 
-def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, causal: bool,
+def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_size: int, causal: bool,
                         scale: float | None = None) -> BlockwiseResult:
     """Full softmax attention computed block pair by block pair, equal to scaled_dot_product_attention.
 
@@ -243,7 +243,7 @@ class ScoreMemory:
     full_scores: int         # the S x S scores unblocked attention holds (costs.full_scores_bytes)
 
 
-def peak_score_bytes(batch: int, heads: int, seq_len: int, head_dim: int, block_size: int, causal: bool,
+def peak_score_bytes(batch: int, heads: int, seq_len: int, head_dim: int, block_size: int, *, causal: bool,
                      dtype: torch.dtype = torch.float32, seed: int = 0) -> ScoreMemory:
     """Measure forward and backward working memory of blockwise_attention on seeded random inputs.
 
@@ -255,10 +255,11 @@ def peak_score_bytes(batch: int, heads: int, seq_len: int, head_dim: int, block_
              require_int("head_dim", head_dim, 1))
     q, k, v, grad_out = (torch.randn(shape, generator=gen, dtype=dtype) for _ in range(4))
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-    result, forward = measure_allocations(lambda: blockwise_attention(q, k, v, block_size, causal))
+    result, forward = measure_allocations(lambda: blockwise_attention(q, k, v, block_size=block_size, causal=causal))
     _, backward = measure_allocations(lambda: torch.autograd.grad(result.out, (q, k, v), grad_out))
     b = min(block_size, seq_len)
     elem = q.element_size()
-    return ScoreMemory(forward=forward, backward=backward, tile=score_tile_bytes(b, b, heads, batch, elem),
+    return ScoreMemory(forward=forward, backward=backward,
+                       tile=score_tile_bytes(b, b, heads=heads, batch=batch, elem_size=elem),
                        block_rows=batch * heads * b * head_dim * elem,
-                       full_scores=full_scores_bytes(seq_len, heads, batch, elem))
+                       full_scores=full_scores_bytes(seq_len, heads=heads, batch=batch, elem_size=elem))

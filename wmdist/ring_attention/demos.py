@@ -35,7 +35,8 @@ from wmdist.ring_attention.ring import (
     ring_backward,
     ring_forward,
 )
-from wmdist.ring_attention.spec import RingSpec, default_seq_len
+from wmdist.ring_attention.layout import Layout
+from wmdist.ring_attention.spec import DTypeName, RingSpec, default_seq_len
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
 from wmdist.spans import Span
 
@@ -53,16 +54,17 @@ class RingRun:
     them (one ValueError, before any process starts)."""
     world_size: int
     ring: RingSpec
-    layouts: tuple[str, ...] = field(default=lay.LAYOUTS)
+    layouts: tuple[Layout, ...] = field(default=lay.LAYOUTS)
 
     def __post_init__(self) -> None:
         for layout in self.layouts:
-            self.ring.check(self.world_size, layout)
+            self.ring.check(self.world_size, layout=layout)
 
 
-def ring_run(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> RingRun:
+def ring_run(world_size: int, *, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> RingRun:
     """The chapter's usual run: S = default_seq_len(N) unless given, checked on both layouts."""
-    ring = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
+    ring = RingSpec(seq_len=default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size,
+                    seed=seed)
     return RingRun(world_size=world_size, ring=ring)
 
 
@@ -79,7 +81,7 @@ class Cases(Generic[T]):
         return name in self.names
 
 
-def case_name(dtype: str, causal: bool, layout: str) -> str:
+def case_name(dtype: DTypeName, *, causal: bool, layout: Layout) -> str:
     """The case key of a Report row, e.g. "float32 causal zigzag"."""
     return f"{dtype} {'causal' if causal else 'full'} {layout}"
 
@@ -95,16 +97,18 @@ class RankCase:
     backward: RingTrace | None
 
 
-def _run_case(ctx: Context, spec: RingSpec, dtype: str, causal: bool, layout: str, final_exchange: bool,
+def _run_case(ctx: Context, spec: RingSpec, dtype: DTypeName, causal: bool, layout: Layout, *, final_exchange: bool,
               backward: bool) -> RankCase:
-    q, k, v, dout = spec.inputs(dtype)
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+    q, k, v, dout = spec.inputs(dtype=dtype)
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
     q, k, v, dout = (x[:, :, rows].contiguous() for x in (q, k, v, dout))
     ctx.ledger.reset()
-    out, lse, fwd = ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size, final_exchange)
+    out, lse, fwd = ring_forward(ctx, q, k, v, seq_len=spec.seq_len, layout=layout, causal=causal,
+                                 block_size=spec.block_size, final_exchange=final_exchange)
     grads, bwd = (None, None, None), None
     if backward:
-        *grads, bwd = ring_backward(ctx, q, k, v, out, lse, dout, spec.seq_len, layout, causal, spec.block_size)
+        *grads, bwd = ring_backward(ctx, q, k, v, out, lse, dout, seq_len=spec.seq_len, layout=layout, causal=causal,
+                                    block_size=spec.block_size)
     sent = {phase: t["bytes_sent"] for phase, t in ctx.ledger.by_phase().items()}
     return RankCase(rows.tolist(), out, tuple(grads), sent, fwd, bwd)
 
@@ -112,7 +116,8 @@ def _run_case(ctx: Context, spec: RingSpec, dtype: str, causal: bool, layout: st
 def ring_cases(ctx: Context, run: RingRun) -> Cases[RankCase]:
     """Rank function: every case forward and backward, then the paper's N-sends forward (N > 1)."""
     spec = run.ring
-    out = {case_name(*c): _run_case(ctx, spec, *c, final_exchange=False, backward=True) for c in CASES}
+    out = {case_name(d, causal=c, layout=lo): _run_case(ctx, spec, d, c, lo, final_exchange=False, backward=True)
+           for d, c, lo in CASES}
     if ctx.world_size > 1:
         out[PAPER] = _run_case(ctx, spec, "float32", True, "contiguous", final_exchange=True, backward=False)
     return Cases(tuple(out), tuple(out.values()))
@@ -125,17 +130,18 @@ def _assemble(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) 
     return full
 
 
-def _checks(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: str, causal: bool,
-            layout: str) -> list[Check]:
+def _checks(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DTypeName, causal: bool,
+            layout: Layout) -> list[Check]:
     """Output and three gradients of one case against SDPA on the full sequence, in units of the rounding bound."""
-    name = case_name(dtype, causal, layout)
+    name = case_name(dtype, causal=causal, layout=layout)
     ranks = [res[name] for res in results]
     rows = [rc.rows for rc in ranks]
-    q, k, v, dout = spec.inputs(dtype)
+    q, k, v, dout = spec.inputs(dtype=dtype)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=causal)
     want_grads = torch.autograd.grad(want, leaves, dout)
-    tol = tolerance(exact_attention(q, k, v, dout, causal), getattr(torch, dtype), spec.tile(n), spec.key_blocks(n))
+    tol = tolerance(exact_attention(q, k, v, dout, causal=causal), getattr(torch, dtype), spec.tile(n),
+                    spec.key_blocks(n))
     got = {"out": _assemble(spec, [rc.out for rc in ranks], rows)}
     got.update({g: _assemble(spec, [rc.grads[i] for rc in ranks], rows) for i, g in enumerate(("dq", "dk", "dv"))})
     wanted = dict(zip(("out", "dq", "dk", "dv"), (want, *want_grads)))
@@ -143,28 +149,29 @@ def _checks(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: str, 
             for key in ("out", "dq", "dk", "dv")]
 
 
-def _counts(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: str, causal: bool,
-            layout: str) -> list[Count]:
+def _counts(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DTypeName, causal: bool,
+            layout: Layout) -> list[Count]:
     """Bytes per phase (every case), and tiles, pairs and skipped steps (float32 cases), against their formulas."""
-    name = case_name(dtype, causal, layout)
+    name = case_name(dtype, causal=causal, layout=layout)
     ranks = [res[name] for res in results]
     elem = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-    args = (spec.seq_len, n, spec.kv_width, spec.batch, elem)
-    kv_back, grad_back = costs.ring_backward_bytes_per_rank(*args)
+    args, sizes = (spec.seq_len, n, spec.kv_width), {"batch": spec.batch, "elem_size": elem}
+    kv_back, grad_back = costs.ring_backward_bytes_per_rank(*args, **sizes)
     out = counts_per_rank("bytes sent", [rc.sent.get(FORWARD, 0) for rc in ranks],
-                          [costs.ring_kv_bytes_per_rank(*args)] * n, phase=FORWARD, case=name)
+                          [costs.ring_kv_bytes_per_rank(*args, **sizes)] * n, phase=FORWARD, case=name)
     out += counts_per_rank("bytes sent", [rc.sent.get(BACKWARD_KV, 0) for rc in ranks], [kv_back] * n,
                            phase=BACKWARD_KV, case=name)
     out += counts_per_rank("bytes sent", [rc.sent.get(BACKWARD_GRAD, 0) for rc in ranks], [grad_back] * n,
                            phase=BACKWARD_GRAD, case=name)
     if dtype != "float32":
         return out
-    tiles = [sum(row) for row in lay.tile_pairs(spec.seq_len, n, layout, spec.tile(n), causal)]
-    skipped = lay.skipped_steps(spec.seq_len, n, layout) if causal else []
+    tiles = [sum(row) for row in lay.tile_pairs(spec.seq_len, n, layout=layout, block_size=spec.tile(n),
+                                                causal=causal)]
+    skipped = lay.skipped_steps(spec.seq_len, n, layout=layout) if causal else []
     for phase, pick in ((FORWARD, lambda rc: rc.forward), (BACKWARD_KV, lambda rc: rc.backward)):
         out += counts_per_rank("tiles computed", [sum(pick(rc).tiles) for rc in ranks], tiles, phase=phase, case=name)
     out += counts_per_rank("query-key pairs", [sum(rc.forward.pairs) for rc in ranks],
-                           lay.rank_work(spec.seq_len, n, layout, causal), phase=FORWARD, case=name)
+                           lay.rank_work(spec.seq_len, n, layout=layout, causal=causal), phase=FORWARD, case=name)
     out += counts_per_rank("steps skipped", [len(rc.forward.skipped) for rc in ranks],
                            [sum(1 for r, _ in skipped if r == rank) for rank in range(n)], phase=FORWARD, case=name)
     return out
@@ -185,15 +192,16 @@ def compare_ring(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
     exact = [c for case in CASES for c in _counts(spec, world_size, results, *case)]
     if world_size > 1:
         paper = [res[PAPER] for res in results]
-        base = [res[case_name("float32", True, "contiguous")] for res in results]
+        base = [res[case_name("float32", causal=True, layout="contiguous")] for res in results]
         exact += counts_per_rank("bytes sent", [rc.sent.get(FORWARD, 0) for rc in paper],
-                                 [costs.ring_kv_bytes_per_rank(spec.seq_len, world_size, spec.kv_width, spec.batch, 4,
+                                 [costs.ring_kv_bytes_per_rank(spec.seq_len, world_size, spec.kv_width,
+                                                               batch=spec.batch, elem_size=4,
                                                                final_exchange=True)] * world_size,
                                  phase=FORWARD, case=PAPER)
         checks.append(exact_check(f"{PAPER}: same output as N-1 sends", [rc.out for rc in paper],
                                   [rc.out for rc in base],
                                   "the same tiles merged in the same order; the last send only returns blocks home"))
-    zig = [res[case_name("float32", True, "zigzag")] for res in results]
+    zig = [res[case_name("float32", causal=True, layout="zigzag")] for res in results]
     data = RingDemoData(tuple(s for rc in zig for s in rc.forward.spans),
                         tuple(s for rc in zig for s in rc.backward.spans))
     params: dict[str, Any] = {"seq_len": spec.seq_len, "batch": spec.batch, "heads": spec.heads,
@@ -208,9 +216,9 @@ RING_DEMO = Experiment(name="ring-attention", chapter="06", world_sizes=tuple(ra
                              "KV bytes (N-1) S d_KV / N per rank", ranks=ring_cases, compare=compare_ring)
 
 
-def ring_attention_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
+def ring_attention_demo(world_size: int, *, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
     """Ring attention on `world_size` ranks vs SDPA, six cases forward and backward, bytes and work counted exactly."""
-    return RING_DEMO.run_spec(ring_run(world_size, seq_len, block_size, seed))
+    return RING_DEMO.run_spec(ring_run(world_size, seq_len=seq_len, block_size=block_size, seed=seed))
 
 
 DEMOS = [RING_DEMO]

@@ -73,9 +73,9 @@ def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block
     """Rank function: prefill the context with one causal ring pass, then generate `new_tokens` tokens one by one."""
     n, rank = ctx.world_size, ctx.rank
     model = Decoder.make(seq_len, width, seed)
-    rows = positions(seq_len, n, rank, "contiguous")
+    rows = positions(seq_len, n, rank, layout="contiguous")
     q, k, v = model.qkv(model.context[rows])
-    out, _, _ = ring_forward(ctx, q, k, v, seq_len, "contiguous", True, block_size)
+    out, _, _ = ring_forward(ctx, q, k, v, seq_len=seq_len, layout="contiguous", causal=True, block_size=block_size)
     last = model.next_token(out[0, 0, -1]) if rank == n - 1 else torch.empty(width, dtype=torch.float64)
     token = broadcast(ctx, last, n - 1, phase=HANDOFF)                 # the last context row lives on the last rank
     keys, values, held = k, v, rows
@@ -86,7 +86,7 @@ def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block
         if rank == n - 1:                                        # the newest positions live on the last rank
             keys, values = torch.cat([keys, kn], 2), torch.cat([values, vn], 2)
             held = torch.cat([held, torch.tensor([seq_len + g])])
-        part_o, part_lse = attend_block(qn, keys, values, torch.tensor([seq_len + g]), held, True)
+        part_o, part_lse = attend_block(qn, keys, values, torch.tensor([seq_len + g]), held, causal=True)
         parts = all_gather(ctx, torch.cat([part_o.reshape(1, width), part_lse.reshape(1, 1)], 1), phase=DECODE)
         o, lse = parts[:1, :width], parts[:1, width]             # (1, D), (1,)
         for r in range(1, n):                                    # the same order on every rank: the same bits
@@ -96,7 +96,8 @@ def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block
         tokens.append(token)
         seconds.append(time.perf_counter() - start)
     return RankGeneration(rows.tolist(), out, torch.stack(tokens), torch.stack(outputs),
-                          len(ctx.ledger.select(phase=DECODE, kind=None)), ctx.ledger.totals(phase=FORWARD)["bytes_sent"], seconds)
+                          len(ctx.ledger.select(phase=DECODE, kind=None)),
+                          ctx.ledger.totals(phase=FORWARD)["bytes_sent"], seconds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +114,7 @@ class GenerationSpec:
 
     def __post_init__(self) -> None:
         asked = default_seq_len(self.world_size) if self.seq_len is None else self.seq_len
-        s, _, _ = check_layout(asked, self.world_size, "contiguous")
+        s, _, _ = check_layout(asked, self.world_size, layout="contiguous")
         object.__setattr__(self, "context", s)
         require_int("new_tokens", self.new_tokens, 1)
         require_int("width", self.width, 1)
@@ -137,7 +138,7 @@ def compare_generation(spec: GenerationSpec, ranks: list[RankGeneration]) -> Ver
     for rk in ranks:
         got[:, :, rk.rows] = rk.prefill
     c = s // n
-    tol = tolerance(exact_attention(q, k, v, torch.zeros_like(q), True), torch.float64, min(block_size, c),
+    tol = tolerance(exact_attention(q, k, v, torch.zeros_like(q), causal=True), torch.float64, min(block_size, c),
                     n * -(-c // min(block_size, c)), grads=False)
     checks = [Check("prefill (context, all ranks at once) == SDPA", bound_ratio(got, want, tol.out), 1.0, REASON),
               exact_check("every rank generated the same tokens", [rk.tokens for rk in ranks],
@@ -149,13 +150,13 @@ def compare_generation(spec: GenerationSpec, ranks: list[RankGeneration]) -> Ver
         qs, ks, vs = model.qkv(whole[: s + step + 1])
         qn, zero = qs[:, :, -1:], torch.zeros_like(qs[:, :, -1:])
         ref = F.scaled_dot_product_attention(qn, ks, vs)        # the new token sees every earlier position and itself
-        bound = tolerance(exact_attention(qn, ks, vs, zero, False), torch.float64, c + step + 1, n, grads=False)
+        bound = tolerance(exact_attention(qn, ks, vs, zero, causal=False), torch.float64, c + step + 1, n, grads=False)
         errors.append(bound_ratio(ranks[0].outputs[step], ref[0, 0, 0], bound.out[0, 0, 0]))
     checks.append(Check("each new token's attention == SDPA over its prefix (worst step)", errors[worst(errors)], 1.0,
                         REASON))
     exact = counts_per_rank("rounds to generate", [rk.decode_rounds for rk in ranks], [g] * n, phase=DECODE)
     exact += counts_per_rank("bytes sent", [rk.prefill_bytes for rk in ranks],
-                             [costs.ring_kv_bytes_per_rank(s, n, 2 * width, 1, 8)] * n, phase=FORWARD)
+                             [costs.ring_kv_bytes_per_rank(s, n, 2 * width, batch=1, elem_size=8)] * n, phase=FORWARD)
     return Verdict(checks=checks, exact=exact,
                    params={"seq_len": s, "new_tokens": g, "width": width,
                            "decode_ms_per_token": [round(1e3 * t, 2) for t in ranks[0].step_seconds]})
@@ -168,7 +169,7 @@ GENERATION_DEMO = Experiment(name="ring-attention-generation", chapter="06", wor
                              compare=compare_generation)
 
 
-def generation_demo(world_size: int, seq_len: int | None = None, new_tokens: int = 6, width: int = 8,
+def generation_demo(world_size: int, *, seq_len: int | None = None, new_tokens: int = 6, width: int = 8,
                     block_size: int = 4, seed: int = 0) -> Report:
     """Prefill on N ranks == SDPA; each new token's attention == SDPA on its prefix; G tokens cost G rounds on any N."""
     return GENERATION_DEMO.run_spec(GenerationSpec(world_size=world_size, seq_len=seq_len, new_tokens=new_tokens,

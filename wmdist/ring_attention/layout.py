@@ -20,12 +20,11 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+from wmdist.costs.ring_attention import LAYOUTS, Layout
 from wmdist.costs.validate import require_bool, require_choice, require_int
 
-LAYOUTS = ("contiguous", "zigzag")
 
-
-def check_layout(seq_len: int, world_size: int, layout: str) -> tuple[int, int, str]:
+def check_layout(seq_len: int, world_size: int, *, layout: Layout) -> tuple[int, int, Layout]:
     """Validate (S, N, layout) and return them; ValueError says which requirement failed.
 
     Every rank needs at least one token (N <= S), contiguous needs N | S,
@@ -43,9 +42,9 @@ def check_layout(seq_len: int, world_size: int, layout: str) -> tuple[int, int, 
     return s, n, layout
 
 
-def rank_positions(seq_len: int, world_size: int, rank: int, layout: str) -> list[int]:
+def rank_positions(seq_len: int, world_size: int, rank: int, *, layout: Layout) -> list[int]:
     """Global token positions rank `rank` holds, in increasing order (S/N of them)."""
-    s, n, layout = check_layout(seq_len, world_size, layout)
+    s, n, layout = check_layout(seq_len, world_size, layout=layout)
     r = require_int("rank", rank, 0, high=n - 1)
     if layout == "contiguous":
         c = s // n
@@ -60,7 +59,7 @@ def ring_source(rank: int, step: int, world_size: int) -> int:
     return (require_int("rank", rank, 0, high=n - 1) - require_int("step", step, 0, high=n - 1)) % n
 
 
-def pair_count(q_positions: list[int], k_positions: list[int], causal: bool) -> int:
+def pair_count(q_positions: list[int], k_positions: list[int], *, causal: bool) -> int:
     """Query-key pairs computed between two sets of positions: all of them, or those with key <= query if causal."""
     if not require_bool("causal", causal):
         return len(q_positions) * len(k_positions)
@@ -68,28 +67,28 @@ def pair_count(q_positions: list[int], k_positions: list[int], causal: bool) -> 
     return sum(bisect_right(keys, i) for i in q_positions)
 
 
-def step_work(seq_len: int, world_size: int, layout: str, causal: bool) -> list[list[int]]:
+def step_work(seq_len: int, world_size: int, *, layout: Layout, causal: bool) -> list[list[int]]:
     """work[r][t]: query-key pairs rank r computes at ring step t (per sequence and head).
 
     Each row sums to that rank's total; all entries together are S^2, or
     S(S+1)/2 with a causal mask, whatever the layout.
     """
-    s, n, layout = check_layout(seq_len, world_size, layout)
-    held = [rank_positions(s, n, r, layout) for r in range(n)]
-    return [[pair_count(held[r], held[ring_source(r, t, n)], causal) for t in range(n)] for r in range(n)]
+    s, n, layout = check_layout(seq_len, world_size, layout=layout)
+    held = [rank_positions(s, n, r, layout=layout) for r in range(n)]
+    return [[pair_count(held[r], held[ring_source(r, t, n)], causal=causal) for t in range(n)] for r in range(n)]
 
 
-def rank_work(seq_len: int, world_size: int, layout: str, causal: bool) -> list[int]:
+def rank_work(seq_len: int, world_size: int, *, layout: Layout, causal: bool) -> list[int]:
     """Query-key pairs each rank computes over the whole ring.
 
     Causal, contiguous: rank r does r c^2 + c(c+1)/2 with c = S/N, so rank 0
     least and the last rank most (N-1 full blocks plus its diagonal
     block). Causal, zigzag: every rank does 2N h^2 + h with h = S/(2N).
     """
-    return [sum(row) for row in step_work(seq_len, world_size, layout, causal)]
+    return [sum(row) for row in step_work(seq_len, world_size, layout=layout, causal=causal)]
 
 
-def skipped_steps(seq_len: int, world_size: int, layout: str) -> list[tuple[int, int]]:
+def skipped_steps(seq_len: int, world_size: int, *, layout: Layout) -> list[tuple[int, int]]:
     """(rank, step) pairs whose K, V block lies entirely in the rank's future under a causal mask.
 
     Contiguous: rank r skips steps t > r (blocks from ranks after it), so
@@ -97,11 +96,12 @@ def skipped_steps(seq_len: int, world_size: int, layout: str) -> list[tuple[int,
     late chunk. In the uniform ring skipped blocks still travel on; each skipped
     step is one dead send (block_reach).
     """
-    work = step_work(seq_len, world_size, layout, True)
+    work = step_work(seq_len, world_size, layout=layout, causal=True)
     return [(r, t) for r, row in enumerate(work) for t, w in enumerate(row) if w == 0]
 
 
-def tile_pairs(seq_len: int, world_size: int, layout: str, block_size: int, causal: bool) -> list[list[int]]:
+def tile_pairs(seq_len: int, world_size: int, *, layout: Layout, block_size: int,
+               causal: bool) -> list[list[int]]:
     """tiles[r][t]: score tiles rank r computes at step t when its queries and the visiting block are cut in block_size rows.
 
     Both sides are cut in consecutive runs of block_size of the rank's own
@@ -109,10 +109,10 @@ def tile_pairs(seq_len: int, world_size: int, layout: str, block_size: int, caus
     keys all lie after its queries is skipped, the rule
     blockwise.block_is_future applies, so a rank's loop must count the same.
     """
-    s, n, layout = check_layout(seq_len, world_size, layout)
+    s, n, layout = check_layout(seq_len, world_size, layout=layout)
     b = require_int("block_size", block_size, 1, high=s // n)
     require_bool("causal", causal)
-    held = [rank_positions(s, n, r, layout) for r in range(n)]
+    held = [rank_positions(s, n, r, layout=layout) for r in range(n)]
     cuts = [[pos[i:i + b] for i in range(0, len(pos), b)] for pos in held]
 
     def live(q: list[int], k: list[int]) -> bool:
@@ -122,7 +122,7 @@ def tile_pairs(seq_len: int, world_size: int, layout: str, block_size: int, caus
             for r in range(n)]
 
 
-def block_reach(seq_len: int, world_size: int, layout: str, causal: bool) -> list[int]:
+def block_reach(seq_len: int, world_size: int, *, layout: Layout, causal: bool) -> list[int]:
     """reach[s]: ring hops block s must make, up to the last rank along the ring whose queries see one of its keys.
 
     Block s sits on rank (s + t) mod N after t hops. It has to travel as far
@@ -132,6 +132,6 @@ def block_reach(seq_len: int, world_size: int, layout: str, causal: bool) -> lis
     the block stops at the last rank, so N(N-1)/2 of the N(N-1) sends of the
     uniform ring carry a block nobody downstream reads.
     """
-    work = step_work(seq_len, world_size, layout, causal)
+    work = step_work(seq_len, world_size, layout=layout, causal=causal)
     n = len(work)
     return [max(t for t in range(n) if work[(s + t) % n][t] > 0) for s in range(n)]

@@ -56,11 +56,12 @@ class RankMemory:
 
 def ring_memory(ctx: Context, spec: RingSpec) -> RankMemory:
     """Rank function: this rank's causal ring forward under allocation tracking."""
-    q, k, v, _ = spec.inputs("float32")
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, "contiguous")
+    q, k, v, _ = spec.inputs(dtype="float32")
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout="contiguous")
     q, k, v = (x[:, :, rows].contiguous() for x in (q, k, v))
     (out, lse, _), alloc = measure_allocations(
-        lambda: ring_forward(ctx, q, k, v, spec.seq_len, "contiguous", True, spec.block_size))
+        lambda: ring_forward(ctx, q, k, v, seq_len=spec.seq_len, layout="contiguous", causal=True,
+                             block_size=spec.block_size))
     elem = q.element_size()
     return RankMemory(3 * q.numel() * elem, alloc.peak, 2 * (k.numel() + v.numel()) * elem,
                       (out.numel() + lse.numel()) * elem)
@@ -68,7 +69,7 @@ def ring_memory(ctx: Context, spec: RingSpec) -> RankMemory:
 
 def single_memory(spec: RingSpec) -> int:
     """Bytes one process holds for full attention: q, k, v plus the MATH backend's peak (it materializes S x S)."""
-    q, k, v, _ = spec.inputs("float32")
+    q, k, v, _ = spec.inputs(dtype="float32")
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         _, alloc = measure_allocations(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
     return 3 * q.numel() * q.element_size() + alloc.peak
@@ -97,7 +98,7 @@ def _sizes(world_size: int, long_target: int, fit_target: int, budget: int) -> t
         if require_int(name, s, 1) < n:
             raise ValueError(f"world_size must be <= {name} (each rank needs a token), got world_size={n}, {name}={s}")
     long_seq, fit_seq = n * (long_target // n), n * (fit_target // n)
-    full = costs.full_scores_bytes(long_seq, SHAPE["heads"], SHAPE["batch"], 4)
+    full = costs.full_scores_bytes(long_seq, heads=SHAPE["heads"], batch=SHAPE["batch"], elem_size=4)
     if full <= budget:
         raise ValueError(f"long_seq={long_seq}: its S x S scores ({full} B) fit the {budget} B budget; choose a longer S")
     return long_seq, fit_seq
@@ -122,7 +123,7 @@ class LongRun:
 
     def spec(self, seq_len: int) -> RingSpec:
         """The sizes at one of the two lengths."""
-        return RingSpec(seq_len, **SHAPE)
+        return RingSpec(seq_len=seq_len, **SHAPE)
 
 
 @dataclass(frozen=True)
@@ -144,9 +145,10 @@ def compare_long(run: LongRun, results: list[MemoryRanks]) -> Verdict:
     specs = {s: run.spec(s) for s in (long_seq, fit_seq)}
     ranks = {long_seq: [m.long for m in results], fit_seq: [m.fit for m in results]}
     data = LongContextData(budget, long_seq, fit_seq, ranks, single_memory(specs[fit_seq]),
-                           {s: costs.full_scores_bytes(s, SHAPE["heads"], SHAPE["batch"], 4) for s in specs})
+                           {s: costs.full_scores_bytes(s, heads=SHAPE["heads"], batch=SHAPE["batch"], elem_size=4)
+                            for s in specs})
     b, h, d = SHAPE["block_size"], SHAPE["heads"], SHAPE["head_dim"]
-    tile = costs.score_tile_bytes(b, b, h, SHAPE["batch"], 4)
+    tile = costs.score_tile_bytes(b, b, heads=h, batch=SHAPE["batch"], elem_size=4)
     block_rows = SHAPE["batch"] * h * b * d * 4
     # What blockwise attention holds at once beyond its S/N-token tensors (as in the chapter's single-process test):
     # two score tiles, the boolean causal mask, five (B, H, block, D) tensors, eight (B, H, block) row vectors.
@@ -175,7 +177,7 @@ LONG_DEMO = Experiment(name="ring-attention-long-context", chapter="06", world_s
                        spec=lambda n: LongRun(world_size=n), ranks=memory_ranks, compare=compare_long)
 
 
-def long_context_demo(world_size: int, long_seq: int = 2048, fit_seq: int = 512, budget: int = BUDGET) -> Report:
+def long_context_demo(world_size: int, *, long_seq: int = 2048, fit_seq: int = 512, budget: int = BUDGET) -> Report:
     """Run S = long_seq (scores over budget) and S = fit_seq on N ranks; measure per-rank and single-process memory."""
     return LONG_DEMO.run_spec(LongRun(world_size=world_size, long_target=long_seq, fit_target=fit_seq, budget=budget))
 

@@ -19,7 +19,8 @@ from wmdist.comm import Context, barrier, exchange
 from wmdist.costs import ring_attention as ra
 from wmdist.ring_attention.profiling import measure_allocations
 from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, positions, ring_backward, ring_forward
-from wmdist.ring_attention.spec import RingSpec
+from wmdist.ring_attention.layout import Layout
+from wmdist.ring_attention.spec import DTypeName, RingSpec
 from wmdist.ring_attention.traffic import RingMeasurement, TrafficConfig
 from wmdist.runtime import run
 from wmdist.experiment import OnProgress
@@ -27,32 +28,33 @@ from wmdist.experiment import OnProgress
 RUN_MAX_SEQ, RUN_MAX_RANKS, RUN_MAX_WIDTH = 1024, 8, 1024
 
 
-def run_setting(c: TrafficConfig) -> tuple[RingSpec, str]:
+def run_setting(c: TrafficConfig) -> tuple[RingSpec, Layout]:
     """The spec "run it" uses for a widget setting (S capped at RUN_MAX_SEQ), and its layout; ValueError if too big."""
     if c.world_size > RUN_MAX_RANKS:
         raise ValueError(f"run it starts at most {RUN_MAX_RANKS} local ranks; set N <= {RUN_MAX_RANKS}")
     if c.batch * c.width > RUN_MAX_WIDTH:
         raise ValueError(f"run it needs batch x heads x head width <= {RUN_MAX_WIDTH} on this machine, "
                          f"got {c.batch * c.width}")
-    spec = RingSpec(min(c.seq_len, RUN_MAX_SEQ), batch=c.batch, heads=c.heads, head_dim=c.head_dim,
+    spec = RingSpec(seq_len=min(c.seq_len, RUN_MAX_SEQ), batch=c.batch, heads=c.heads, head_dim=c.head_dim,
                     block_size=c.block_size)
-    layout = "zigzag" if c.causal else "contiguous"
-    spec.check(c.world_size, layout)
+    layout: Layout = "zigzag" if c.causal else "contiguous"
+    spec.check(c.world_size, layout=layout)
     return spec, layout
 
 
-def _measure_rank(ctx: Context, spec: RingSpec, layout: str, causal: bool, dtype: str) -> tuple[int, int, int]:
-    q, k, v, dout = spec.inputs(dtype)
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+def _measure_rank(ctx: Context, spec: RingSpec, layout: Layout, causal: bool,
+                  dtype: DTypeName) -> tuple[int, int, int]:
+    q, k, v, dout = spec.inputs(dtype=dtype)
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
     q, k, v, dout = (x[:, :, rows].contiguous() for x in (q, k, v, dout))
-    (out, lse, _), alloc = measure_allocations(
-        lambda: ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size))
-    ring_backward(ctx, q, k, v, out, lse, dout, spec.seq_len, layout, causal, spec.block_size)
+    sizes = {"seq_len": spec.seq_len, "layout": layout, "causal": causal, "block_size": spec.block_size}
+    (out, lse, _), alloc = measure_allocations(lambda: ring_forward(ctx, q, k, v, **sizes))
+    ring_backward(ctx, q, k, v, out, lse, dout, **sizes)
     back = ctx.ledger.totals(phase=BACKWARD_KV)["bytes_sent"] + ctx.ledger.totals(phase=BACKWARD_GRAD)["bytes_sent"]
     return ctx.ledger.totals(phase=FORWARD)["bytes_sent"], back, alloc.peak
 
 
-def measure_ring(c: TrafficConfig, progress: OnProgress | None = None) -> RingMeasurement:
+def measure_ring(c: TrafficConfig, *, progress: OnProgress | None = None) -> RingMeasurement:
     """Run the setting (scaled down) on local ranks; bytes from the ledger, peaks from the allocator."""
     spec, layout = run_setting(c)
     n, e = c.world_size, c.elem
@@ -61,10 +63,10 @@ def measure_ring(c: TrafficConfig, progress: OnProgress | None = None) -> RingMe
     out = run(_measure_rank, n, spec, layout, c.causal, c.dtype)
     if progress:
         progress(1, 1, f"measured S={spec.seq_len} on {n} rank(s)")
-    args = (spec.seq_len, n, spec.kv_width, spec.batch, e)
-    return RingMeasurement(spec.seq_len, n, [o[0] for o in out], ra.ring_kv_bytes_per_rank(*args),
-                           [o[1] for o in out], sum(ra.ring_backward_bytes_per_rank(*args)), [o[2] for o in out],
-                           ra.ring_kv_storage_bytes(*args))
+    args, sizes = (spec.seq_len, n, spec.kv_width), {"batch": spec.batch, "elem_size": e}
+    return RingMeasurement(spec.seq_len, n, [o[0] for o in out], ra.ring_kv_bytes_per_rank(*args, **sizes),
+                           [o[1] for o in out], sum(ra.ring_backward_bytes_per_rank(*args, **sizes)),
+                           [o[2] for o in out], ra.ring_kv_storage_bytes(*args, **sizes))
 
 
 def _time_exchange(ctx: Context, numel: int, repeats: int) -> list[float]:
@@ -78,7 +80,7 @@ def _time_exchange(ctx: Context, numel: int, repeats: int) -> list[float]:
     return times
 
 
-def measure_link(mib: int = 8, repeats: int = 7) -> float:
+def measure_link(*, mib: int = 8, repeats: int = 7) -> float:
     """Bytes per second one way between two gloo ranks, both sending at once (median over repeats)."""
     numel = mib * 2 ** 20 // 4
     out = run(_time_exchange, 2, numel, repeats)
@@ -96,33 +98,34 @@ def _time_matmul(ctx: Context, size: int, repeats: int) -> list[float]:
     return times
 
 
-def measure_matmul_flops(size: int = 512, repeats: int = 7) -> float:
+def measure_matmul_flops(*, size: int = 512, repeats: int = 7) -> float:
     """float32 FLOP/s of one rank (one thread) on a size x size matrix product: 2 size^3 / median time."""
     return 2 * size ** 3 / statistics.median(run(_time_matmul, 1, size, repeats)[0])
 
 
-def time_ring_forward(ctx: Context, spec: RingSpec, causal: bool, repeats: int) -> tuple[list[float], int]:
+def time_ring_forward(ctx: Context, spec: RingSpec, *, causal: bool, repeats: int) -> tuple[list[float], int]:
     """Rank function: seconds of each ring forward (after a barrier), and the bytes held at peak in one more, tracked.
 
     Bytes held = this rank's q, k, v rows plus the allocator's peak during the call.
     """
-    layout = "zigzag" if causal else "contiguous"
-    q, k, v, _ = spec.inputs("float32")
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+    layout: Layout = "zigzag" if causal else "contiguous"
+    q, k, v, _ = spec.inputs(dtype="float32")
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
     q, k, v = (x[:, :, rows].contiguous() for x in (q, k, v))
+    sizes = {"seq_len": spec.seq_len, "layout": layout, "causal": causal, "block_size": spec.block_size}
     times = []
     for _ in range(repeats):
         barrier(ctx)
         start = time.perf_counter()
-        ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size)
+        ring_forward(ctx, q, k, v, **sizes)
         times.append(time.perf_counter() - start)
-    _, alloc = measure_allocations(lambda: ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size))
+    _, alloc = measure_allocations(lambda: ring_forward(ctx, q, k, v, **sizes))
     return times, 3 * q.numel() * q.element_size() + alloc.peak
 
 
-def time_sdpa(ctx: Context, spec: RingSpec, causal: bool, repeats: int) -> tuple[list[float], int]:
+def time_sdpa(ctx: Context, spec: RingSpec, *, causal: bool, repeats: int) -> tuple[list[float], int]:
     """Rank function (one rank): seconds of torch's default SDPA on the whole sequence, and its bytes held at peak."""
-    q, k, v, _ = spec.inputs("float32")
+    q, k, v, _ = spec.inputs(dtype="float32")
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

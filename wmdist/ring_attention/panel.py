@@ -98,4 +98,4 @@ class TrafficPanel(Panel):
 
     def measure(self, config: TrafficConfig, progress: Any) -> RingMeasurement:
         """Ring attention forward and backward at this setting, S capped to what local ranks hold."""
-        return measure_ring(config, progress)
+        return measure_ring(config, progress=progress)

@@ -30,8 +30,8 @@ import torch
 
 from wmdist.comm import Context, Pending, irecv, isend
 from wmdist.ring_attention.blockwise import block_is_future, check_shapes
-from wmdist.ring_attention.layout import block_reach, ring_source
-from wmdist.ring_attention.ring import (BACKWARD_GRAD, BACKWARD_KV, FORWARD, RingTrace, _Clock, forward_step,
+from wmdist.ring_attention.layout import Layout, block_reach, ring_source
+from wmdist.ring_attention.ring import (BACKWARD_GRAD, BACKWARD_KV, FORWARD, RingTrace, _Clock, _forward_step,
                                         _grad_step, _layout_args, _trace, _wait_all, positions)
 
 
@@ -56,19 +56,19 @@ def _kv_moves(ctx: Context, reach: list[int], t: int, kv: torch.Tensor, spare: t
     return pending, receives
 
 
-def _setup(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, layout: str,
+def _setup(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, layout: Layout,
            block_size: int, causal: bool, reach: list[int] | None) -> tuple:
     """What both directions start from, checked before any message: N, rank, query positions, tile, each block's
     reach, the softmax scale, the key width and the packed K, V block (B, H, c, Dk + Dv)."""
     check_shapes(q, k, v)
     n = ctx.world_size
     q_pos, block = _layout_args(ctx, q, seq_len, layout, block_size)
-    reach = block_reach(seq_len, n, layout, causal) if reach is None else _checked_reach(reach, n)
+    reach = block_reach(seq_len, n, layout=layout, causal=causal) if reach is None else _checked_reach(reach, n)
     return (n, ctx.rank, q_pos, block, reach, 1.0 / math.sqrt(q.shape[-1]), k.shape[-1],
             torch.cat([k, v], dim=-1).contiguous())
 
 
-def pruned_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, layout: str,
+def pruned_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, seq_len: int, layout: Layout,
                    causal: bool, block_size: int,
                    reach: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, RingTrace]:
     """This rank's attention output (B, H, c, Dv) and lse (B, H, c), sending each block only as far as it is read.
@@ -85,10 +85,10 @@ def pruned_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     clock, work, skipped = _Clock(rank), [], []
     for t in range(n):
         source = ring_source(rank, t, n)
-        k_pos = positions(seq_len, n, source, layout)
+        k_pos = positions(seq_len, n, source, layout=layout)
         pending, receives = _kv_moves(ctx, reach, t, kv, spare, FORWARD)
-        forward_step(clock, work, skipped, t, t > reach[source] or (causal and block_is_future(q_pos, k_pos)),
-                     q, q_pos, kv, k_pos, dk, block, causal, scale, out, lse)
+        _forward_step(clock, work, skipped, t, t > reach[source] or (causal and block_is_future(q_pos, k_pos)),
+                      q, q_pos, kv, k_pos, dk, block, causal, scale, out, lse)
         if pending:
             clock.timed("comm", f"kv {t}", _wait_all, tuple(pending))
         if receives:
@@ -97,7 +97,7 @@ def pruned_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 def pruned_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    lse: torch.Tensor, dout: torch.Tensor, seq_len: int, layout: str, causal: bool,
+                    lse: torch.Tensor, dout: torch.Tensor, *, seq_len: int, layout: Layout, causal: bool,
                     block_size: int,
                     reach: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RingTrace]:
     """(dq, dk, dv) of this rank's rows from the forward's final (out, lse); K, V and dK, dV go only as far as needed.
@@ -119,7 +119,7 @@ def pruned_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     own = grad_send = None
     for t in range(n):
         source = ring_source(rank, t, n)
-        k_pos = positions(seq_len, n, source, layout)
+        k_pos = positions(seq_len, n, source, layout=layout)
         holds = t <= reach[source]
         grad_recv = irecv(ctx, incoming, left, phase=BACKWARD_GRAD) if holds and t >= 2 else None
         pending, receives = _kv_moves(ctx, reach, t, kv, spare, BACKWARD_KV)

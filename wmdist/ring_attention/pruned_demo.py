@@ -15,7 +15,7 @@ evens the work and sends every block N-1 hops.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,16 +27,19 @@ from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.demos import Cases, RingRun, ring_run
+from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.pruned import pruned_backward, pruned_forward
 from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, positions, ring_backward, ring_forward
 from wmdist.ring_attention.spec import RingSpec
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
 
-CASES = (("pruned", "contiguous"), ("uniform", "contiguous"), ("uniform", "zigzag"), ("pruned", "zigzag"))
+Ring = Literal["pruned", "uniform"]     # the pruned ring (pruned.py) or the uniform one (ring.py)
+CASES: tuple[tuple[Ring, Layout], ...] = (("pruned", "contiguous"), ("uniform", "contiguous"), ("uniform", "zigzag"),
+                                          ("pruned", "zigzag"))
 PHASES = (FORWARD, BACKWARD_KV, BACKWARD_GRAD)
 
 
-def case_name(ring: str, layout: str) -> str:
+def case_name(ring: Ring, *, layout: Layout) -> str:
     """The case key of a Report row, e.g. "pruned contiguous"."""
     return f"{ring} {layout}"
 
@@ -56,40 +59,42 @@ class PrunedRank:
 def pruned_cases(ctx: Context, run: RingRun) -> Cases[PrunedRank]:
     """Rank function: every case, causal, float32, forward and backward, each with a fresh ledger."""
     spec = run.ring
-    q, k, v, dout = spec.inputs("float32")
+    q, k, v, dout = spec.inputs(dtype="float32")
     out: dict[str, PrunedRank] = {}
     for ring, layout in CASES:
         forward, backward = (pruned_forward, pruned_backward) if ring == "pruned" else (ring_forward, ring_backward)
-        rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+        rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
         mine = [x[:, :, rows].contiguous() for x in (q, k, v, dout)]
         ctx.ledger.reset()
-        o, lse, trace = forward(ctx, *mine[:3], spec.seq_len, layout, True, spec.block_size)
-        *grads, _ = backward(ctx, *mine[:3], o, lse, mine[3], spec.seq_len, layout, True, spec.block_size)
+        o, lse, trace = forward(ctx, *mine[:3], seq_len=spec.seq_len, layout=layout, causal=True,
+                                block_size=spec.block_size)
+        *grads, _ = backward(ctx, *mine[:3], o, lse, mine[3], seq_len=spec.seq_len, layout=layout, causal=True,
+                             block_size=spec.block_size)
         phases = ctx.ledger.by_phase()
-        out[case_name(ring, layout)] = PrunedRank(
+        out[case_name(ring, layout=layout)] = PrunedRank(
             rows.tolist(), o, tuple(grads), {p: t["bytes_sent"] for p, t in phases.items()},
             {p: t["messages"] for p, t in phases.items()}, sum(trace.pairs), len(trace.skipped))
     return Cases(tuple(out), tuple(out.values()))
 
 
-def predicted_sends(world_size: int, ring: str, layout: str) -> dict[str, list[int]]:
+def predicted_sends(world_size: int, *, ring: Ring, layout: Layout) -> dict[str, list[int]]:
     """Messages each rank sends per phase: the pruned formulas on contiguous, the uniform ring's N-1 otherwise."""
     n = world_size
-    if ring == "pruned" and costs.dead_kv_sends(n, layout):
+    if ring == "pruned" and costs.dead_kv_sends(n, layout=layout):
         kv = [costs.pruned_kv_sends(n, r) for r in range(n)]
         return {FORWARD: kv, BACKWARD_KV: kv, BACKWARD_GRAD: [costs.pruned_grad_sends(n, r) for r in range(n)]}
     return {FORWARD: [costs.ring_kv_sends(n)] * n, BACKWARD_KV: [costs.ring_kv_sends(n)] * n,
             BACKWARD_GRAD: [costs.ring_grad_sends(n)] * n}
 
 
-def predicted_bytes(spec: RingSpec, world_size: int, ring: str, layout: str) -> dict[str, list[int]]:
+def predicted_bytes(spec: RingSpec, world_size: int, *, ring: Ring, layout: Layout) -> dict[str, list[int]]:
     """Bytes each rank sends per phase, from costs.ring_attention (float32: 4-byte elements)."""
-    args = (spec.seq_len, world_size, spec.kv_width, spec.batch, 4)
-    if ring == "pruned" and costs.dead_kv_sends(world_size, layout):
-        rows = costs.pruned_ring_bytes_per_rank(*args)
+    args, sizes = (spec.seq_len, world_size, spec.kv_width), {"batch": spec.batch, "elem_size": 4}
+    if ring == "pruned" and costs.dead_kv_sends(world_size, layout=layout):
+        rows = costs.pruned_ring_bytes_per_rank(*args, **sizes)
         return {phase: [row[i] for row in rows] for i, phase in enumerate(PHASES)}
-    kv_back, grad_back = costs.ring_backward_bytes_per_rank(*args)
-    return {FORWARD: [costs.ring_kv_bytes_per_rank(*args)] * world_size, BACKWARD_KV: [kv_back] * world_size,
+    kv_back, grad_back = costs.ring_backward_bytes_per_rank(*args, **sizes)
+    return {FORWARD: [costs.ring_kv_bytes_per_rank(*args, **sizes)] * world_size, BACKWARD_KV: [kv_back] * world_size,
             BACKWARD_GRAD: [grad_back] * world_size}
 
 
@@ -107,17 +112,18 @@ def _full(spec: RingSpec, ranks: list[PrunedRank]) -> list[torch.Tensor]:
         [_assemble(spec, [rk.grads[i] for rk in ranks], rows) for i in range(3)]
 
 
-def _counts(spec: RingSpec, n: int, name: str, ring: str, layout: str, ranks: list[PrunedRank]) -> list[Count]:
-    want_bytes, want_sends = predicted_bytes(spec, n, ring, layout), predicted_sends(n, ring, layout)
+def _counts(spec: RingSpec, n: int, name: str, ring: Ring, layout: Layout, ranks: list[PrunedRank]) -> list[Count]:
+    want_bytes = predicted_bytes(spec, n, ring=ring, layout=layout)
+    want_sends = predicted_sends(n, ring=ring, layout=layout)
     out: list[Count] = []
     for phase in PHASES:
         out += counts_per_rank("bytes sent", [rk.sent.get(phase, 0) for rk in ranks], want_bytes[phase],
                                phase=phase, case=name)
         out += counts_per_rank("sends", [rk.sends.get(phase, 0) for rk in ranks], want_sends[phase],
                                phase=phase, case=name)
-    skipped = lay.skipped_steps(spec.seq_len, n, layout)
-    out += counts_per_rank("query-key pairs", [rk.pairs for rk in ranks], lay.rank_work(spec.seq_len, n, layout, True),
-                           phase=FORWARD, case=name)
+    skipped = lay.skipped_steps(spec.seq_len, n, layout=layout)
+    out += counts_per_rank("query-key pairs", [rk.pairs for rk in ranks],
+                           lay.rank_work(spec.seq_len, n, layout=layout, causal=True), phase=FORWARD, case=name)
     out += counts_per_rank("steps skipped", [rk.skipped for rk in ranks],
                            [sum(1 for r, _ in skipped if r == rank) for rank in range(n)], phase=FORWARD, case=name)
     return out
@@ -135,18 +141,18 @@ def compare_pruned(run: RingRun, results: list[Cases[PrunedRank]]) -> Verdict:
     """Every case against SDPA in units of its rounding bound, pruned against uniform (exact), bytes, sends and work
     against the formulas."""
     spec, world_size = run.ring, run.world_size
-    q, k, v, dout = spec.inputs("float32")
+    q, k, v, dout = spec.inputs(dtype="float32")
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=True)
     wanted = [want.detach(), *torch.autograd.grad(want, leaves, dout)]
-    tol = tolerance(exact_attention(q, k, v, dout, True), torch.float32, spec.tile(world_size),
+    tol = tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(world_size),
                     spec.key_blocks(world_size))
     bounds = (tol.out, tol.dq, tol.dk, tol.dv)
     checks: list[Check] = []
     exact: list[Count] = []
     full: dict[str, list[torch.Tensor]] = {}
     for ring, layout in CASES:
-        name = case_name(ring, layout)
+        name = case_name(ring, layout=layout)
         ranks = [res[name] for res in results]
         full[name] = _full(spec, ranks)
         checks += [Check(f"{name}: {key} == SDPA", bound_ratio(got, ref, bound), 1.0, REASON)
@@ -161,7 +167,7 @@ def compare_pruned(run: RingRun, results: list[Cases[PrunedRank]]) -> Verdict:
                       {c: sum(sum(res[c].sent.values()) for res in results) for c in full})
     params: dict[str, Any] = {"seq_len": spec.seq_len, "batch": spec.batch, "heads": spec.heads,
                               "head_dim": spec.head_dim, "kv_width": spec.kv_width, "block_size": spec.block_size,
-                              "dead forward sends (contiguous)": costs.dead_kv_sends(world_size, "contiguous")}
+                              "dead forward sends (contiguous)": costs.dead_kv_sends(world_size, layout="contiguous")}
     return Verdict(checks=checks, exact=exact, params=params, data=data)
 
 
@@ -171,9 +177,9 @@ PRUNED_DEMO = Experiment(name="ring-attention-pruned", chapter="06", world_sizes
                          ranks=pruned_cases, compare=compare_pruned)
 
 
-def pruned_ring_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
+def pruned_ring_demo(world_size: int, *, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
     """Pruned causal ring vs uniform ring vs zigzag on `world_size` ranks: == SDPA, bytes and sends exact."""
-    return PRUNED_DEMO.run_spec(ring_run(world_size, seq_len, block_size, seed))
+    return PRUNED_DEMO.run_spec(ring_run(world_size, seq_len=seq_len, block_size=block_size, seed=seed))
 
 
 DEMOS = [PRUNED_DEMO]

@@ -34,7 +34,7 @@ import torch
 
 from wmdist.comm import Context, Pending, irecv, isend
 from wmdist.ring_attention.blockwise import attend_block, attend_block_backward, block_is_future, check_shapes, merge
-from wmdist.ring_attention.layout import rank_positions, ring_source
+from wmdist.ring_attention.layout import Layout, rank_positions, ring_source
 from wmdist.spans import Span
 
 FORWARD, BACKWARD_KV, BACKWARD_GRAD = "ring kv", "backward kv", "backward dkv"
@@ -50,9 +50,9 @@ class RingTrace:
     compute_cpu_s: float         # this thread's CPU seconds in block work: proportional to work, not to contention
 
 
-def positions(seq_len: int, world_size: int, rank: int, layout: str) -> torch.Tensor:
+def positions(seq_len: int, world_size: int, rank: int, *, layout: Layout) -> torch.Tensor:
     """This rank's global token positions as a tensor (c,)."""
-    return torch.tensor(rank_positions(seq_len, world_size, rank, layout))
+    return torch.tensor(rank_positions(seq_len, world_size, rank, layout=layout))
 
 
 def _cuts(length: int, block: int) -> list[slice]:
@@ -89,7 +89,8 @@ def _attend_step(q: torch.Tensor, q_pos: torch.Tensor, kv: torch.Tensor, k_pos: 
         for ks in _cuts(kv.shape[2], block):
             if causal and block_is_future(q_pos[qs], k_pos[ks]):
                 continue
-            part = attend_block(q[:, :, qs], kv[:, :, ks, :dk], kv[:, :, ks, dk:], q_pos[qs], k_pos[ks], causal, scale)
+            part = attend_block(q[:, :, qs], kv[:, :, ks, :dk], kv[:, :, ks, dk:], q_pos[qs], k_pos[ks],
+                                causal=causal, scale=scale)
             acc = merge(*acc, *part)
             tiles, pairs = tiles + 1, pairs + _live(q_pos[qs], k_pos[ks], causal)
             del part
@@ -108,7 +109,8 @@ def _grad_step(q: torch.Tensor, q_pos: torch.Tensor, kv: torch.Tensor, k_pos: to
             if causal and block_is_future(q_pos[qs], k_pos[ks]):
                 continue
             gq, gk, gv = attend_block_backward(q[:, :, qs], kv[:, :, ks, :dk], kv[:, :, ks, dk:], out[:, :, qs],
-                                               lse[:, :, qs], dout[:, :, qs], q_pos[qs], k_pos[ks], causal, scale)
+                                               lse[:, :, qs], dout[:, :, qs], q_pos[qs], k_pos[ks],
+                                               causal=causal, scale=scale)
             dq[:, :, qs] += gq
             share[:, :, ks, :dk] += gk
             share[:, :, ks, dk:] += gv
@@ -122,8 +124,8 @@ def _wait_all(pending: tuple[Pending, ...]) -> None:
         p.wait()
 
 
-def forward_step(clock: _Clock, work: list[tuple[int, int]], skipped: list[int], t: int, skip: bool,
-                 *step: Any) -> None:
+def _forward_step(clock: _Clock, work: list[tuple[int, int]], skipped: list[int], t: int, skip: bool,
+                  *step: Any) -> None:
     """Step t of a forward ring: recorded as skipped (no key it holds is visible), or one block attended (timed)."""
     if skip:
         skipped.append(t)
@@ -143,14 +145,15 @@ def _post(ctx: Context, send_buf: torch.Tensor, recv_buf: torch.Tensor, phase: s
     return isend(ctx, send_buf, right, phase=phase), irecv(ctx, recv_buf, left, phase=phase)
 
 
-def _layout_args(ctx: Context, q: torch.Tensor, seq_len: int, layout: str, block_size: int) -> tuple[torch.Tensor, int]:
-    q_pos = positions(seq_len, ctx.world_size, ctx.rank, layout)
+def _layout_args(ctx: Context, q: torch.Tensor, seq_len: int, layout: Layout,
+                 block_size: int) -> tuple[torch.Tensor, int]:
+    q_pos = positions(seq_len, ctx.world_size, ctx.rank, layout=layout)
     if q.shape[2] != q_pos.numel():
         raise ValueError(f"rank {ctx.rank} holds {q.shape[2]} query rows, the {layout} layout gives it {q_pos.numel()}")
     return q_pos, max(1, min(block_size, q_pos.numel()))
 
 
-def ring_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, layout: str,
+def ring_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, seq_len: int, layout: Layout,
                  causal: bool, block_size: int, final_exchange: bool = False,
                  scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, RingTrace]:
     """This rank's attention output (B, H, c, Dv) and row lse (B, H, c) over the whole sequence, and its trace.
@@ -171,10 +174,10 @@ def ring_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     clock, work, skipped = _Clock(rank), [], []
     sends = (n if final_exchange else n - 1) if n > 1 else 0
     for t in range(n):
-        k_pos = positions(seq_len, n, ring_source(rank, t, n), layout)
+        k_pos = positions(seq_len, n, ring_source(rank, t, n), layout=layout)
         pending = _post(ctx, kv, spare, FORWARD) if t < sends else ()
-        forward_step(clock, work, skipped, t, causal and block_is_future(q_pos, k_pos),
-                     q, q_pos, kv, k_pos, dk, block, causal, scale, out, lse)
+        _forward_step(clock, work, skipped, t, causal and block_is_future(q_pos, k_pos),
+                      q, q_pos, kv, k_pos, dk, block, causal, scale, out, lse)
         if pending:
             clock.timed("comm", f"kv {t}", _wait_all, pending)
             kv, spare = spare, kv
@@ -182,7 +185,8 @@ def ring_forward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def ring_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                  lse: torch.Tensor, dout: torch.Tensor, seq_len: int, layout: str, causal: bool, block_size: int,
+                  lse: torch.Tensor, dout: torch.Tensor, *, seq_len: int, layout: Layout, causal: bool,
+                  block_size: int,
                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RingTrace]:
     """(dq, dk, dv) of this rank's rows, from the forward's FINAL (out, lse) and the output gradient dout.
 
@@ -202,7 +206,7 @@ def ring_backward(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     right, left = (rank + 1) % n, (rank - 1) % n
     grad_send: Pending | None = None
     for t in range(n):
-        k_pos = positions(seq_len, n, ring_source(rank, t, n), layout)
+        k_pos = positions(seq_len, n, ring_source(rank, t, n), layout=layout)
         # Same-size messages between the same two ranks are matched in the order they are posted, so each
         # rank posts its receives in the order its left neighbour sends: dK, dV of step t-1, then K, V of step t.
         grad_recv = irecv(ctx, incoming, left, phase=BACKWARD_GRAD) if t >= 2 else None
@@ -236,8 +240,9 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context, seq_len: int,
-                layout: str, causal: bool, block_size: int, final_exchange: bool) -> torch.Tensor:
-        out, lse, _ = ring_forward(ctx, q, k, v, seq_len, layout, causal, block_size, final_exchange)
+                layout: Layout, causal: bool, block_size: int, final_exchange: bool) -> torch.Tensor:
+        out, lse, _ = ring_forward(ctx, q, k, v, seq_len=seq_len, layout=layout, causal=causal,
+                                   block_size=block_size, final_exchange=final_exchange)
         fctx.save_for_backward(q, k, v, out, lse)
         fctx.args = (ctx, seq_len, layout, causal, block_size)
         return out
@@ -246,11 +251,12 @@ class _RingAttention(torch.autograd.Function):
     def backward(fctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
         q, k, v, out, lse = fctx.saved_tensors
         ctx, seq_len, layout, causal, block_size = fctx.args
-        dq, dk, dv, _ = ring_backward(ctx, q, k, v, out, lse, dout.contiguous(), seq_len, layout, causal, block_size)
+        dq, dk, dv, _ = ring_backward(ctx, q, k, v, out, lse, dout.contiguous(), seq_len=seq_len, layout=layout,
+                                      causal=causal, block_size=block_size)
         return dq, dk, dv, None, None, None, None, None, None
 
 
-def ring_attention(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, layout: str,
+def ring_attention(ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, seq_len: int, layout: Layout,
                    causal: bool, block_size: int, final_exchange: bool = False) -> torch.Tensor:
     """Differentiable ring attention of this rank's rows (B, H, c, Dv): the forward ring now, the backward one later."""
     return _RingAttention.apply(q, k, v, ctx, seq_len, layout, causal, block_size, final_exchange)

@@ -50,7 +50,7 @@ class ExactAttention:
     lse_abs: float           # M: max |lse| and |score| over unmasked pairs
 
 
-def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
                     causal: bool) -> ExactAttention:
     """Float64 attention of the full sequence (SDPA's is_causal mask: key j visible to query i when j <= i)."""
     q, k, v, dout = (x.detach().double() for x in (q, k, v, dout))
@@ -80,7 +80,7 @@ class AttentionBounds:
     dk: torch.Tensor | None  # (B, H, Sk, D)
     dv: torch.Tensor | None  # (B, H, Sk, Dv)
 
-    def plus(self, other: AttentionBounds, factor: float = 1.0) -> AttentionBounds:
+    def plus(self, other: AttentionBounds, *, factor: float = 1.0) -> AttentionBounds:
         """factor * (self + other): the gap two implementations can have."""
         def add(a: Any, b: Any) -> Any:
             return None if a is None or b is None else factor * (a + b)
@@ -88,7 +88,7 @@ class AttentionBounds:
 
 
 def rounding_bounds(ex: ExactAttention, unit_roundoff: float, block_keys: int, key_blocks: int,
-                    exp_ulps: float, grads: bool = True) -> AttentionBounds:
+                    exp_ulps: float, *, grads: bool = True) -> AttentionBounds:
     """First-order elementwise bounds of one blockwise implementation (see costs.weight_rounding_bound).
 
     Forward: |d out| <= E sum_j p |v|, |d lse| <= L. Backward recomputes
@@ -100,9 +100,9 @@ def rounding_bounds(ex: ExactAttention, unit_roundoff: float, block_keys: int, k
     """
     u = unit_roundoff
     d, dv_dim, s_q, s_k = ex.q.shape[-1], ex.v.shape[-1], ex.q.shape[-2], ex.k.shape[-2]
-    args = (d, block_keys, key_blocks, ex.score_abs, ex.exponent_range, ex.lse_abs, u, exp_ulps)
-    lse_err = lse_rounding_bound(*args)
-    weight_err = weight_rounding_bound(*args)
+    args = (d, block_keys, key_blocks, ex.score_abs, ex.exponent_range, ex.lse_abs, u)
+    lse_err = lse_rounding_bound(*args, exp_ulps=exp_ulps)
+    weight_err = weight_rounding_bound(*args, exp_ulps=exp_ulps)
     if weight_err >= 0.01:
         raise ValueError(f"relative weight error bound {weight_err:.3g} is not small: the first-order bound does "
                          "not hold (use float64 or smaller scores)")
@@ -120,14 +120,14 @@ def rounding_bounds(ex: ExactAttention, unit_roundoff: float, block_keys: int, k
     return AttentionBounds(out_err, lse_err, dq_err, dk_err, dv_err)
 
 
-def sdpa_bounds(ex: ExactAttention, dtype: torch.dtype, grads: bool = True) -> AttentionBounds:
+def sdpa_bounds(ex: ExactAttention, dtype: torch.dtype, *, grads: bool = True) -> AttentionBounds:
     """SDPA's (or any fused kernel's) bounds taken at their worst: every key its own block, a 2-ulp exp."""
     s_k = ex.k.shape[-2]
-    return rounding_bounds(ex, ROUNDOFF[dtype], s_k, s_k, 2.0, grads)
+    return rounding_bounds(ex, ROUNDOFF[dtype], s_k, s_k, 2.0, grads=grads)
 
 
-def tolerance(ex: ExactAttention, dtype: torch.dtype, block_keys: int, key_blocks: int,
+def tolerance(ex: ExactAttention, dtype: torch.dtype, block_keys: int, key_blocks: int, *,
               grads: bool = True) -> AttentionBounds:
     """Allowed gap between ours (tiles of block_keys keys, key_blocks merges a row) and SDPA: the sum of both bounds."""
-    ours = rounding_bounds(ex, ROUNDOFF[dtype], block_keys, key_blocks, 1.0, grads)
-    return ours.plus(sdpa_bounds(ex, dtype, grads), SECOND_ORDER)
+    ours = rounding_bounds(ex, ROUNDOFF[dtype], block_keys, key_blocks, 1.0, grads=grads)
+    return ours.plus(sdpa_bounds(ex, dtype, grads=grads), factor=SECOND_ORDER)

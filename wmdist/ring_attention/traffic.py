@@ -19,6 +19,7 @@ bandwidth in one direction), not measurements.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from wmdist.costs import ring_attention as ra
 from wmdist.costs.collectives import ring_allreduce_bytes
@@ -26,7 +27,8 @@ from wmdist.costs.tensor_parallel import BlockShape, block_params, megatron_laye
 from wmdist.costs.validate import require_bool, require_choice, require_int, require_positive
 from wmdist.knobs import knob
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+TrafficDType = Literal["bfloat16", "float16", "float32"]     # the widget's dtypes, by element size
+DTYPE_BYTES: dict[TrafficDType, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 # name -> (FLOP/s, link bytes/s one way, source). Datasheet peaks: dense bf16 Tensor Core throughput;
 # NVLink totals are both directions together, so one way is half; InfiniBand rates are per port and direction.
 DEVICES: dict[str, tuple[float, float, str]] = {
@@ -40,7 +42,7 @@ CUSTOM = "custom (F, B sliders)"
 POW2 = tuple(2 ** i for i in range(10, 21))                     # 1,024 .. 1,048,576 tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrafficConfig:
     """One setting of the widget: sizes, ring degree, tile, dtype, mask, device."""
     seq_len: int = knob(65536, "S (tokens)", options=POW2)
@@ -49,7 +51,7 @@ class TrafficConfig:
     world_size: int = knob(8, "N ranks", options=(1, 2, 4, 8, 16, 32, 64))
     block_size: int = knob(512, "score tile (rows)", options=(16, 32, 64, 128, 256, 512, 1024, 2048))
     batch: int = knob(1, "batch (sequences)", options=(1, 2, 4, 8, 16))
-    dtype: str = knob("bfloat16", "dtype", options=("float32", "bfloat16", "float16"))   # by size: a step changes bytes
+    dtype: TrafficDType = knob("bfloat16", "dtype", options=("float32", "bfloat16", "float16"))   # by size
     causal: bool = knob(True, "causal mask")
     device: str = knob("A100 SXM, NVLink 3", "device, link", options=tuple(DEVICES))
     flops: float = knob(1e11, "custom F (FLOP/s)", low=1e8, high=1e16, log=True, step=0.1, fmt=".3s")
@@ -87,9 +89,9 @@ def parallel_bytes(c: TrafficConfig, seq_len: int, width: int) -> dict[str, int]
     """Bytes one rank sends per layer and training step: DP (gradients), TP (Megatron), CP (ring + gradients)."""
     n, e, b = c.world_size, c.elem, c.batch
     params = block_params(BlockShape(batch=b, seq=seq_len, width=width, heads=1, hidden=4 * width))
-    grads = ring_allreduce_bytes(params, n, 0, e)
-    fwd = ra.ring_kv_bytes_per_rank(seq_len, n, 2 * width, b, e)
-    kv_back, grad_back = ra.ring_backward_bytes_per_rank(seq_len, n, 2 * width, b, e)
+    grads = ring_allreduce_bytes(params, n, 0, elem_size=e)
+    fwd = ra.ring_kv_bytes_per_rank(seq_len, n, 2 * width, batch=b, elem_size=e)
+    kv_back, grad_back = ra.ring_backward_bytes_per_rank(seq_len, n, 2 * width, batch=b, elem_size=e)
     return {"DP": grads, "TP": round(megatron_layer_bytes(b, seq_len, width, n, sequence_parallel=False, elem_size=e)),
             "CP": fwd + kv_back + grad_back + grads}
 
@@ -138,24 +140,24 @@ def traffic_model(c: TrafficConfig) -> TrafficResult:
     f, link = c.device_figures
     half = 2 if c.causal else 1
     s_grid = tuple(s for s in POW2 if s % (2 * n) == 0) or (c.seq_len,)
-    fwd = lambda s, final=False: ra.ring_kv_bytes_per_rank(s, n, 2 * h, b, e, final)
-    flops = lambda s: ra.attention_flops(s, c.head_dim, c.heads, b, c.causal)
+    fwd = lambda s, final=False: ra.ring_kv_bytes_per_rank(s, n, 2 * h, batch=b, elem_size=e, final_exchange=final)
+    flops = lambda s: ra.attention_flops(s, c.head_dim, heads=c.heads, batch=b, causal=c.causal)
     widths = tuple(sorted({c.head_dim * k for k in (1, 2, 4, 8, 16, 32, 64, 128)} | {h}))
     by_s = [parallel_bytes(c, s, h) for s in s_grid]
     by_w = [parallel_bytes(c, c.seq_len, w) for w in widths]
     return TrafficResult(
         sent=fwd(c.seq_len), sent_paper=fwd(c.seq_len, True),
-        backward=ra.ring_backward_bytes_per_rank(c.seq_len, n, 2 * h, b, e), flops=flops(c.seq_len),
-        kv_storage=ra.ring_kv_storage_bytes(c.seq_len, n, 2 * h, b, e),
-        scores_blocked=2 * ra.score_tile_bytes(tile, tile, c.heads, b, e),
-        scores_full=ra.full_scores_bytes(c.seq_len, c.heads, b, e), tokens_per_rank=tokens,
+        backward=ra.ring_backward_bytes_per_rank(c.seq_len, n, 2 * h, batch=b, elem_size=e), flops=flops(c.seq_len),
+        kv_storage=ra.ring_kv_storage_bytes(c.seq_len, n, 2 * h, batch=b, elem_size=e),
+        scores_blocked=2 * ra.score_tile_bytes(tile, tile, heads=c.heads, batch=b, elem_size=e),
+        scores_full=ra.full_scores_bytes(c.seq_len, heads=c.heads, batch=b, elem_size=e), tokens_per_rank=tokens,
         step_compute_s=b * ra.block_pair_flops(tokens, h) / half / f,
-        step_comm_s=b * ra.kv_step_bytes(tokens, h, e) / link,
-        min_block=half * ra.min_overlap_block_size(f, link, e), parallel=parallel_bytes(c, c.seq_len, h),
+        step_comm_s=b * ra.kv_step_bytes(tokens, h, elem_size=e) / link,
+        min_block=half * ra.min_overlap_block_size(f, link, elem_size=e), parallel=parallel_bytes(c, c.seq_len, h),
         s_grid=s_grid, sent_s=tuple(fwd(s) for s in s_grid), sent_paper_s=tuple(fwd(s, True) for s in s_grid),
         flops_s=tuple(flops(s) for s in s_grid), total_sent_s=tuple(n * fwd(s) for s in s_grid),
-        kv_storage_s=tuple(ra.ring_kv_storage_bytes(s, n, 2 * h, b, e) for s in s_grid),
-        scores_full_s=tuple(ra.full_scores_bytes(s, c.heads, b, e) for s in s_grid),
+        kv_storage_s=tuple(ra.ring_kv_storage_bytes(s, n, 2 * h, batch=b, elem_size=e) for s in s_grid),
+        scores_full_s=tuple(ra.full_scores_bytes(s, heads=c.heads, batch=b, elem_size=e) for s in s_grid),
         parallel_s={k: tuple(d[k] for d in by_s) for k in ("DP", "TP", "CP")}, width_grid=widths,
         parallel_w={k: tuple(d[k] for d in by_w) for k in ("DP", "TP", "CP")})
 

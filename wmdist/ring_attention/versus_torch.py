@@ -34,7 +34,8 @@ from wmdist.report import Check, Count, Report, counts_per_rank
 from wmdist.ring_attention.profiling import op_input_bytes
 from wmdist.ring_attention.ring import positions, ring_backward, ring_forward
 from wmdist.ring_attention.demos import RingRun
-from wmdist.ring_attention.spec import RingSpec, default_seq_len
+from wmdist.ring_attention.layout import Layout
+from wmdist.ring_attention.spec import DTypeName, RingSpec, default_seq_len
 from wmdist.ring_attention.tolerance import REASON, SECOND_ORDER, exact_attention, sdpa_bounds, tolerance
 
 CASES = (("float64", False, "contiguous"), ("float64", True, "contiguous"), ("float64", True, "zigzag"),
@@ -52,11 +53,11 @@ class TorchCase:
     sent: tuple[int, int]               # their input bytes
 
 
-def _torch_ring(ctx: Context, spec: RingSpec, dtype: str, causal: bool, layout: str) -> TorchCase:
+def _torch_ring(ctx: Context, spec: RingSpec, dtype: DTypeName, causal: bool, layout: Layout) -> TorchCase:
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp
 
-    q, k, v, dout = spec.inputs(dtype)
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout)
+    q, k, v, dout = spec.inputs(dtype=dtype)
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
     q, k, v, dout = (x[:, :, rows].contiguous() for x in (q, k, v, dout))
     group, elem = ctx.group_of(range(ctx.world_size)), q.element_size()
     options = cp._cp_options
@@ -73,8 +74,9 @@ def _torch_ring(ctx: Context, spec: RingSpec, dtype: str, causal: bool, layout: 
             is_causal=causal, dropout_p=0.0)[:3], A2A, elem)
     finally:
         options.rotate_method, options.enable_load_balance, options.convert_to_f32 = saved
-    o, l2, _ = ring_forward(ctx, q, k, v, spec.seq_len, layout, causal, spec.block_size)
-    ours = (o, *ring_backward(ctx, q, k, v, o, l2, dout, spec.seq_len, layout, causal, spec.block_size)[:3])
+    sizes = {"seq_len": spec.seq_len, "layout": layout, "causal": causal, "block_size": spec.block_size}
+    o, l2, _ = ring_forward(ctx, q, k, v, **sizes)
+    ours = (o, *ring_backward(ctx, q, k, v, o, l2, dout, **sizes)[:3])
     return TorchCase(rows.tolist(), (out, *grads), ours, (fwd_calls, bwd_calls), (fwd_bytes, bwd_bytes))
 
 
@@ -114,15 +116,16 @@ def _full(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> t
     return full
 
 
-def _case_report(spec: RingSpec, n: int, ranks: list[TorchCase], dtype: str, causal: bool,
-                 layout: str) -> tuple[list[Check], list[Count]]:
+def _case_report(spec: RingSpec, n: int, ranks: list[TorchCase], dtype: DTypeName, causal: bool,
+                 layout: Layout) -> tuple[list[Check], list[Count]]:
     name = f"{dtype} {'causal' if causal else 'full'} {layout}"
-    q, k, v, dout = spec.inputs(dtype)
+    q, k, v, dout = spec.inputs(dtype=dtype)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=causal)
     wanted = (want, *torch.autograd.grad(want, leaves, dout))
-    ex = exact_attention(q, k, v, dout, causal)
-    theirs_tol = sdpa_bounds(ex, getattr(torch, dtype)).plus(sdpa_bounds(ex, getattr(torch, dtype)), SECOND_ORDER)
+    ex = exact_attention(q, k, v, dout, causal=causal)
+    theirs_tol = sdpa_bounds(ex, getattr(torch, dtype)).plus(sdpa_bounds(ex, getattr(torch, dtype)),
+                                                             factor=SECOND_ORDER)
     ours_tol = tolerance(ex, getattr(torch, dtype), spec.tile(n), spec.key_blocks(n))
     rows = [rc.rows for rc in ranks]
     checks = []
@@ -134,9 +137,9 @@ def _case_report(spec: RingSpec, n: int, ranks: list[TorchCase], dtype: str, cau
                    Check(f"{name}: our {key} == torch's", bound_ratio(ours, theirs, getattr(ours_tol, key)), 1.0,
                          REASON)]
     elem = q.element_size()
-    kv_back, grad_back = costs.ring_backward_bytes_per_rank(spec.seq_len, n, spec.kv_width, spec.batch, elem,
-                                                            every_step=True)
-    fwd = costs.ring_kv_bytes_per_rank(spec.seq_len, n, spec.kv_width, spec.batch, elem)
+    kv_back, grad_back = costs.ring_backward_bytes_per_rank(spec.seq_len, n, spec.kv_width, batch=spec.batch,
+                                                            elem_size=elem, every_step=True)
+    fwd = costs.ring_kv_bytes_per_rank(spec.seq_len, n, spec.kv_width, batch=spec.batch, elem_size=elem)
     counts = counts_per_rank("torch all_to_all bytes", [rc.sent[0] for rc in ranks], [fwd] * n, phase="forward",
                              case=name)
     counts += counts_per_rank("torch all_to_all bytes", [rc.sent[1] for rc in ranks], [kv_back + grad_back] * n,
@@ -147,9 +150,10 @@ def _case_report(spec: RingSpec, n: int, ranks: list[TorchCase], dtype: str, cau
     return checks, counts
 
 
-def torch_run(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> RingRun:
+def torch_run(world_size: int, *, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> RingRun:
     """The run: S = default_seq_len(N) unless given, checked on every case's layout."""
-    ring = RingSpec(default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size, seed=seed)
+    ring = RingSpec(seq_len=default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size,
+                    seed=seed)
     return RingRun(world_size=world_size, ring=ring, layouts=tuple(dict.fromkeys(layout for *_, layout in CASES)))
 
 
@@ -171,12 +175,12 @@ TORCH_DEMO = Experiment(name="ring-attention-vs-torch", chapter="06", world_size
                               "sends dK, dV N times per rank, we N-1", ranks=torch_cases, compare=compare_torch)
 
 
-def versus_torch_demo(world_size: int, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
+def versus_torch_demo(world_size: int, *, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:
     """Our ring and torch's private ring template on the same ranks, both against SDPA; torch's traffic profiled.
 
     A torch without the template is refused here, before any process starts (RuntimeError); `wmdist verify`'s
     run meets the same error on the ranks and reports it as a failed row."""
-    run = torch_run(world_size, seq_len, block_size, seed)
+    run = torch_run(world_size, seq_len=seq_len, block_size=block_size, seed=seed)
     _require_template()
     return TORCH_DEMO.run_spec(run)
 
