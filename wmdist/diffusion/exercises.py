@@ -50,6 +50,6 @@ TOKEN_STEP = Exercise(
            "shard_tolerance's bound for 64 tokens and outputs below 4",
     hint="a token's attention reads the keys and values of all S tokens, so gather them from every rank "
          "(ring_all_gather takes each rank's flat chunk and the chunk sizes, token_shard_bounds gives the "
-         "shards); and pass `start` on: it sets your tokens' position embedding.",
+         "shards); and pass `start=start` on: it sets your tokens' position embedding.",
 )
 EXERCISES = [TOKEN_STEP]
