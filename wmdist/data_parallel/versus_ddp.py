@@ -16,7 +16,7 @@ from torch import nn
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, counted
 from wmdist.compare import bound_ratio
-from wmdist.data_parallel.training import (DPRun, TrainSpec, dp_train, make_optimizer, param_tolerance,
+from wmdist.data_parallel.training import (DPRun, TrainSpec, Weighting, dp_train, make_optimizer, param_tolerance,
                                            single_process_train, step_batch)
 from wmdist.experiment import Experiment, Verdict
 from wmdist.models import WorldModelConfig, flat_grads, flat_params, make_model, shard_batch
@@ -88,7 +88,7 @@ class TrainComparison:
     ours_vs_single: float
     ddp_vs_single: float
     shard_sizes: tuple[int, ...]
-    weighting: str                 # what our run used: "mean" for equal shards, "examples" otherwise
+    weighting: Weighting           # what our run used: "mean" for equal shards, "examples" otherwise
 
     @property
     def bitwise_equal(self) -> bool:

@@ -57,6 +57,7 @@ def gaussian_exact_grad(mu: float, sigma: float) -> tuple[float, float]:
 
 
 def bernoulli_cost(b: torch.Tensor, *, target: float = TARGET) -> torch.Tensor:
+    """g(b) = (b - target)^2 for a 0/1 (or relaxed) sample b: a cost whose gradient in b is affine."""
     return (b - target) ** 2
 
 
