@@ -84,7 +84,7 @@ def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             parser.error(f"-n {world} disagrees with torchrun's WORLD_SIZE={env_world}")
         world = env_world
     try:
-        _, left_out = plan(args.names or None, world)    # every size checked before anything runs
+        _, left_out = plan(args.names or None, world_size=world)    # every size checked before anything runs
     except ValueError as err:
         parser.error(f"-n {world}: {err}")
     printing = not runtime.under_torchrun() or int(os.environ["RANK"]) == 0

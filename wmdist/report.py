@@ -66,16 +66,17 @@ class Check:
     def line(self) -> str:
         """One line that is the same on every machine while the check passes (for notebooks' checked outputs).
 
-        A passing check says how it passed, not by how much: "bit for bit" (error 0 at tolerance 0),
-        "within its tolerance", or "differs by at least T" (T to 2 digits). A failing one gives the
-        whole `describe()`, numbers and all: there the numbers are the point.
+        A passing check says how it passed, not by how much: "bit for bit" (an exact check, tolerance
+        0), "within its tolerance", or "differs by at least T" (T to 2 digits). A check with room for
+        rounding says "within" even when its error happens to be 0 here: on another machine's kernels
+        it may not be. A failing one gives the whole `describe()`: there the numbers are the point.
         """
         if not self.passed:
             return self.describe()
         if self.must_differ:
             how = f"differs by at least {self.tolerance:.2g}"
         else:
-            how = "bit for bit" if self.error == 0 else "within its tolerance"
+            how = "bit for bit" if self.tolerance == 0 else "within its tolerance"
         return f"PASS {self.name}: {how}"
 
     def _where(self) -> str:
