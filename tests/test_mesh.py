@@ -28,6 +28,7 @@ from wmdist.mesh import demos as D
 from wmdist.mesh.exercises import axis_group_cases, axis_group_solution
 from wmdist.mesh.patterns import PatternsConfig, patterns, place
 from wmdist.mesh.reference import agreement, reference_step
+from wmdist.mesh.scenarios import LONG_CONTEXT, MESH_3D, MESH_CP, TINY, WIDE
 from wmdist.mesh.spec import MeshSpec
 from wmdist.mesh.stage import MeshStage, full_model
 from wmdist.mesh.step import mesh_step
@@ -98,12 +99,7 @@ def test_axis_in_node_matches_the_groups_of_a_mesh():
 
 
 def test_no_universal_ranking_and_the_best_order_beats_every_other():
-    tiny = PatternsConfig()
-    wide = dataclasses.replace(tiny, width=8192, heads=64, seq_len=2048, batch=512, layers=32, microbatches=8,
-                               dp=8, tp=8, pp=4, ranks_per_node=8)
-    long = dataclasses.replace(tiny, width=1024, heads=16, seq_len=131072, batch=16, layers=24, microbatches=4,
-                               dp=4, tp=4, cp=8, ranks_per_node=8)
-    results = [patterns(c) for c in (tiny, wide, long)]
+    results = [patterns(c) for c in (TINY, WIDE, LONG_CONTEXT)]          # notebook 09's three models
     assert [r.by_bytes[0] for r in results] == ["dp", "tp", "cp"]            # three different leaders
     assert set(results[0].latency_bound()) == {"dp", "tp", "pp"}             # tiny messages: latency-bound
     assert results[1].latency_bound() == []                                 # huge ones: bandwidth-bound
@@ -122,7 +118,7 @@ def test_bad_sizes_are_refused_with_the_argument_named(no_processes):
                         (lambda: MeshSpec(seq_len=65), "seq_len must be an integer from 1 to 64"),
                         (lambda: D.mesh_3d_demo(4), "world_size 4 does not fit the mesh 2dp x 2tp x 2pp"),
                         (lambda: D.mesh_2d_demo(8), "needs exactly dp \\* tp \\* pp \\* cp = 4 ranks"),
-                        (lambda: D.run_mesh(D.MESH_CP, 4), "world_size 4 does not fit the mesh 2dp x 2cp x 2tp"),
+                        (lambda: D.run_mesh(MESH_CP, 4), "world_size 4 does not fit the mesh 2dp x 2cp x 2tp"),
                         (lambda: MemoryConfig(tp=2, param_pieces=(1, 2, 3)), "param_pieces must be a tuple of"),
                         (lambda: PatternsConfig(inter_gbps=0.0), "inter_gbps must be > 0")]:
         with pytest.raises(ValueError, match=words):
@@ -234,11 +230,11 @@ def test_a_wrong_gradient_fails_the_check(mesh3d):
     name = next(iter(steps[3].grads))
     steps[3].grads[name] += 1e-3 * steps[3].grads[name].abs().max()
     checks = agreement(spec, reference_step(spec), steps)
-    assert [c.passed for c in checks] == [True, False, True] and "on rank 3" in checks[1].name
+    assert [c.passed for c in checks] == [True, False, True] and "on rank 3" in checks[1].detail
 
 
 def test_1f1b_order_gives_the_same_step_and_bytes(mesh3d):
-    report = D.run_mesh(dataclasses.replace(D.MESH_3D, schedule="1f1b", microbatches=4), 8, "mesh-3d 1f1b")
+    report = D.run_mesh(dataclasses.replace(MESH_3D, schedule="1f1b", microbatches=4), 8, name="mesh-3d 1f1b")
     assert report.passed, report.failures
     assert [m["pp"].messages for m in report.data.measured] == [4] * 8       # M = 4 each way, in another order
 

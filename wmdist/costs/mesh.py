@@ -38,7 +38,7 @@ from wmdist.costs.validate import require_int, require_real
 TRAFFIC_AXES = ("dp", "tp", "pp", "cp")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepShape:
     """The sizes one mesh training step depends on: model, data, the four degrees, buckets, element size."""
     width: int                 # H
@@ -141,7 +141,8 @@ def bucket_sizes(shape: StepShape, tp_rank: int, pp_rank: int) -> list[int]:
 def _gradient_sum(shape: StepShape, coords: dict[str, int], axis: str) -> Traffic:
     n, r = getattr(shape, axis), coords[axis]
     sizes = bucket_sizes(shape, coords["tp"], coords["pp"])
-    return Traffic(sum(ring_allreduce_bytes(s, n, r, elem_size=shape.elem_size) for s in sizes), 2 * (n - 1) * len(sizes))
+    return Traffic(sum(ring_allreduce_bytes(s, n, r, elem_size=shape.elem_size) for s in sizes),
+                   2 * (n - 1) * len(sizes))
 
 
 def axis_traffic(shape: StepShape, coords: dict[str, int]) -> dict[str, Traffic]:

@@ -4,6 +4,7 @@ The capstone: the only chapter that imports the others, through their
 public functions (tests/test_layers.py allows it for this folder alone).
 
     spec.py       MeshSpec: model, data, the four degrees; refused before any process starts (pure)
+    scenarios.py  the named meshes the demos run and the models the notebook compares (pure)
     stage.py      one rank's share of the model: chapter 04's BlockShard, chapter 06's ring attention
     step.py       the rank function: four axis views of the context (ctx.along), chapter 05's mailbox
                   and schedules, ring all-reduce of gradient buckets over cp and dp, SGD with momentum

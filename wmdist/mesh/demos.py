@@ -12,7 +12,7 @@
 
 Demos: "mesh-3d" (2 dp x 2 tp x 2 pp) and "mesh-cp" (2 dp x 2 cp x 2 tp) on
 8 ranks, "mesh-2d" (2 dp x 2 tp) on 4, the one the two-"node" torchrun test
-runs. Each is an `Experiment`: its spec is the MeshSpec (any other world size
+runs (their specs are the named scenarios of scenarios.py). Each is an `Experiment`: its spec is the MeshSpec (any other world size
 is refused there, before a process starts), its rank function `mesh_step`, and
 `compare_mesh` makes the three kinds of checks and the `MeshRun` figures read.
 """
@@ -25,16 +25,13 @@ from wmdist.experiment import OnProgress
 from wmdist.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.mesh.reference import agreement, reference_step
+from wmdist.mesh.scenarios import MESH_2D, MESH_3D, MESH_CP
 from wmdist.mesh.spec import MeshRun, MeshSpec
 from wmdist.mesh.step import HELD, RankStep, mesh_step
 from wmdist.report import Count, Report, counts_per_rank
 
 __all__ = ["MESH_2D", "MESH_3D", "MESH_CP", "DEMOS", "MeshRun", "compare_mesh", "memory_config", "mesh_experiment",
            "run_mesh", "mesh_2d_demo", "mesh_3d_demo", "mesh_cp_demo"]
-
-MESH_3D = MeshSpec(dp=2, tp=2, pp=2, cp=1)
-MESH_CP = MeshSpec(dp=2, tp=2, pp=1, cp=2)
-MESH_2D = MeshSpec(dp=2, tp=2, pp=1, cp=1)
 
 
 def memory_config(spec: MeshSpec) -> MemoryConfig:
@@ -52,7 +49,7 @@ def compare_mesh(spec: MeshSpec, runs: list[RankStep]) -> Verdict:
     checks = agreement(spec, reference_step(spec), runs)
     predicted = [axis_traffic(spec.shape, r.coords) for r in runs]
     memory = memory_config(spec)
-    held_predicted = [{k: per_rank_bytes(memory, r.rank)[k] for k in HELD} for r in runs]
+    held_predicted = [{k: per_rank_bytes(memory, rank=r.rank)[k] for k in HELD} for r in runs]
     case = spec.degrees
     exact: list[Count] = []
     for axis in TRAFFIC_AXES:
@@ -78,7 +75,7 @@ def mesh_experiment(name: str, title: str, spec: MeshSpec) -> Experiment[MeshSpe
                       ranks=mesh_step, compare=compare_mesh)
 
 
-def run_mesh(spec: MeshSpec, world_size: int, name: str = "mesh", progress: OnProgress | None = None) -> Report:
+def run_mesh(spec: MeshSpec, world_size: int, *, name: str = "mesh", progress: OnProgress | None = None) -> Report:
     """One step of `spec` on `world_size` local ranks (or under torchrun), checked against one device, the
     per-axis formulas and the memory calculator. The world size is checked before any process starts;
     `progress(done, total, text)` hears about each part."""

@@ -114,5 +114,5 @@ class PatternsPanel(Panel):
 
     def measure(self, config: PatternsConfig, progress: OnProgress) -> MeshRun:
         spec = run_spec(config)
-        self.report = run_mesh(spec, spec.world_size, "mesh (widget)", progress)
+        self.report = run_mesh(spec, spec.world_size, name="mesh (widget)", progress=progress)
         return self.report.data

@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import permutations
 
-from wmdist.comm.mesh import COORD_AXES
-from wmdist.comm.mesh import DEFAULT_ORDER
+from wmdist.comm.mesh import COORD_AXES, DEFAULT_ORDER
 from wmdist.costs.mesh import TRAFFIC_AXES, Link, StepShape, Traffic, axis_in_node, axis_traffic, strides
 from wmdist.costs.validate import require_int, require_positive, require_real
 from wmdist.knobs import knob
@@ -40,7 +39,7 @@ PATTERNS = {"dp": "DP: gradient buckets (ring all-reduce)", "tp": "TP: 4 all-red
             "pp": "PP: boundary activations / gradients", "cp": "CP: ring K, V sends (+ grad sum)"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PatternsConfig:
     """One world model on one mesh on one two-level machine. Knobs: the widget's controls."""
     width: int = knob(32, "width H", options=pow2(4, 14))
@@ -148,7 +147,7 @@ class PatternsResult:
                 out[a] = (slow - fast) * ((1 - c.dp_hidden) if a == "dp" else 1.0)
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
-    def latency_bound(self, placement: Placement | None = None) -> list[str]:
+    def latency_bound(self, *, placement: Placement | None = None) -> list[str]:
         """Axes whose latency term is larger than their bandwidth term, on `placement`'s links (default: best)."""
         p = placement or self.best
         return [a for a in TRAFFIC_AXES if self.traffic[a].messages and p.latency[a] > p.transfer[a]]

@@ -13,16 +13,18 @@ it without importing the runner.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from wmdist.comm.mesh import Mesh
 from wmdist.costs.mesh import StepShape, Traffic
 from wmdist.costs.validate import require_choice, require_int, require_real
 
-SCHEDULES = ("gpipe", "1f1b")
+Schedule = Literal["gpipe", "1f1b"]    # chapter 05's two pipeline orders
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
 MAX_CONTEXT = 64          # the demos' model learns at most this many positions
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MeshSpec:
     """A training step of the transformer world model on a dp x tp x pp x cp mesh (defaults: 2 x 2 x 2 x 1)."""
     width: int = 32            # H
@@ -37,7 +39,7 @@ class MeshSpec:
     pp: int = 2
     cp: int = 1
     buckets: int = 2           # gradient buckets per rank
-    schedule: str = "gpipe"
+    schedule: Schedule = "gpipe"
     lr: float = 0.05           # SGD with momentum 0.9
     seed: int = 0
 
