@@ -69,7 +69,8 @@ class RankGeneration:
     step_seconds: list[float]        # wall time of each decode step
 
 
-def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block_size: int, seed: int) -> RankGeneration:
+def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block_size: int,
+                  seed: int) -> RankGeneration:
     """Rank function: prefill the context with one causal ring pass, then generate `new_tokens` tokens one by one."""
     n, rank = ctx.world_size, ctx.rank
     model = Decoder.make(seq_len, width, seed)

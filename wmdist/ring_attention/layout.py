@@ -102,7 +102,7 @@ def skipped_steps(seq_len: int, world_size: int, *, layout: Layout) -> list[tupl
 
 def tile_pairs(seq_len: int, world_size: int, *, layout: Layout, block_size: int,
                causal: bool) -> list[list[int]]:
-    """tiles[r][t]: score tiles rank r computes at step t when its queries and the visiting block are cut in block_size rows.
+    """tiles[r][t]: score tiles rank r computes at step t, its queries and the visiting block cut in block_size rows.
 
     Both sides are cut in consecutive runs of block_size of the rank's own
     rows (the last shorter when block_size does not divide S/N); a tile whose

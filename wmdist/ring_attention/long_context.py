@@ -100,7 +100,8 @@ def _sizes(world_size: int, long_target: int, fit_target: int, budget: int) -> t
     long_seq, fit_seq = n * (long_target // n), n * (fit_target // n)
     full = costs.full_scores_bytes(long_seq, heads=SHAPE["heads"], batch=SHAPE["batch"], elem_size=4)
     if full <= budget:
-        raise ValueError(f"long_seq={long_seq}: its S x S scores ({full} B) fit the {budget} B budget; choose a longer S")
+        raise ValueError(f"long_seq={long_seq}: its S x S scores ({full} B) fit the {budget} B budget; "
+                         "choose a longer S")
     return long_seq, fit_seq
 
 

@@ -15,7 +15,7 @@ evens the work and sends every block N-1 hops.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from wmdist.comm import Context
 from wmdist.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
+from wmdist.costs.validate import require_choice
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
@@ -34,6 +35,7 @@ from wmdist.ring_attention.spec import RingSpec
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
 
 Ring = Literal["pruned", "uniform"]     # the pruned ring (pruned.py) or the uniform one (ring.py)
+RINGS: tuple[Ring, ...] = get_args(Ring)
 CASES: tuple[tuple[Ring, Layout], ...] = (("pruned", "contiguous"), ("uniform", "contiguous"), ("uniform", "zigzag"),
                                           ("pruned", "zigzag"))
 PHASES = (FORWARD, BACKWARD_KV, BACKWARD_GRAD)
@@ -80,7 +82,7 @@ def pruned_cases(ctx: Context, run: RingRun) -> Cases[PrunedRank]:
 def predicted_sends(world_size: int, *, ring: Ring, layout: Layout) -> dict[str, list[int]]:
     """Messages each rank sends per phase: the pruned formulas on contiguous, the uniform ring's N-1 otherwise."""
     n = world_size
-    if ring == "pruned" and costs.dead_kv_sends(n, layout=layout):
+    if require_choice("ring", ring, RINGS) == "pruned" and costs.dead_kv_sends(n, layout=layout):
         kv = [costs.pruned_kv_sends(n, r) for r in range(n)]
         return {FORWARD: kv, BACKWARD_KV: kv, BACKWARD_GRAD: [costs.pruned_grad_sends(n, r) for r in range(n)]}
     return {FORWARD: [costs.ring_kv_sends(n)] * n, BACKWARD_KV: [costs.ring_kv_sends(n)] * n,
@@ -90,7 +92,7 @@ def predicted_sends(world_size: int, *, ring: Ring, layout: Layout) -> dict[str,
 def predicted_bytes(spec: RingSpec, world_size: int, *, ring: Ring, layout: Layout) -> dict[str, list[int]]:
     """Bytes each rank sends per phase, from costs.ring_attention (float32: 4-byte elements)."""
     args, sizes = (spec.seq_len, world_size, spec.kv_width), {"batch": spec.batch, "elem_size": 4}
-    if ring == "pruned" and costs.dead_kv_sends(world_size, layout=layout):
+    if require_choice("ring", ring, RINGS) == "pruned" and costs.dead_kv_sends(world_size, layout=layout):
         rows = costs.pruned_ring_bytes_per_rank(*args, **sizes)
         return {phase: [row[i] for row in rows] for i, phase in enumerate(PHASES)}
     kv_back, grad_back = costs.ring_backward_bytes_per_rank(*args, **sizes)
