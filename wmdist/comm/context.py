@@ -1,14 +1,15 @@
 """What a rank function receives: who it is, its ledger, and its process groups.
 
 Process groups are an OS resource, so they live in the rank process's
-`wmdist.runtime.resources.RankResources`, which outlives one call (the
-runtime makes it and hands it to every Context); everything that is demo
-state (the ledger) is made fresh for every call.
+resources (`wmdist.runtime.resources.RankResources`, which outlives one call:
+the runtime makes it and hands it to every Context). comm sits below the
+runtime, so it names only what it needs of them (`ProcessResources`);
+everything that is demo state (the ledger) is made fresh for every call.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -17,13 +18,19 @@ from wmdist.comm.ledger import Ledger
 
 if TYPE_CHECKING:
     from wmdist.comm.mesh import Mesh
-    from wmdist.runtime.resources import RankResources
 
 
-def _own_resources() -> RankResources:
-    """Resources of its own for a Context made outside the runtime (a test in one process)."""
-    from wmdist.runtime.resources import RankResources     # runtime imports comm: only the type at import time
-    return RankResources()
+class ProcessResources(Protocol):
+    """What a Context asks of its rank process's resources (wmdist.runtime.resources.RankResources is one)."""
+    groups: dict[tuple[int, ...], dist.ProcessGroup]
+
+    def group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        """The process group of these global ranks, made on first use."""
+        ...
+
+    def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A reusable receive buffer of `numel` elements."""
+        ...
 
 
 @dataclass
@@ -41,7 +48,7 @@ class Context:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = "gloo"
     group: dist.ProcessGroup | None = None
-    resources: RankResources = field(default_factory=_own_resources, repr=False)
+    resources: ProcessResources | None = field(default=None, repr=False)
     phase_prefix: str = ""
 
     def group_of(self, ranks: Iterable[int]) -> dist.ProcessGroup:
@@ -55,11 +62,12 @@ class Context:
             raise ValueError(f"ranks must be distinct integers in [0, {self.world_size}), got {list(ranks)}")
         if self.rank not in key:
             raise ValueError(f"rank {self.rank} asked for group {list(key)} it is not a member of")
-        if key in self.resources.groups:
-            return self.resources.groups[key]
+        resources = self._resources()
+        if key in resources.groups:
+            return resources.groups[key]
         # Making a group waits for every member: noted like a communication, so a hang here is named.
         self.ledger.enter(f"create group {list(key)} (every member must ask for it)")
-        group = self.resources.group(key)
+        group = resources.group(key)
         self.ledger.leave()
         return group
 
@@ -85,4 +93,11 @@ class Context:
 
     def scratch(self, numel: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A reusable receive buffer (see RankResources.scratch); its contents are garbage."""
-        return self.resources.scratch(numel, dtype, self.device)
+        return self._resources().scratch(numel, dtype, self.device)
+
+    def _resources(self) -> ProcessResources:
+        if self.resources is None:
+            raise ValueError("this Context has no process resources (groups, buffers): the runtime gives every "
+                             "Context it makes its rank's; pass resources=wmdist.runtime.RankResources() to one "
+                             "made by hand")
+        return self.resources
