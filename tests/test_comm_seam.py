@@ -149,7 +149,8 @@ def test_groups_are_cached_on_warm_ranks():
 
 def test_group_of_refuses_bad_ranks_with_a_clear_message():
     def not_a_member(ctx):
-        return ctx.group_of([1])
+        ctx.group_of([1])           # rank 1 gets its group; rank 0 is refused
+        return None                 # (a group cannot travel back: only rank 0's refusal may end the call)
     with pytest.raises(RankFailure, match="rank 0 asked for group \\[1\\] it is not a member of"):
         run(not_a_member, 2, timeout=30)
     with pytest.raises(RankFailure, match="ranks must be distinct integers in \\[0, 2\\)"):
