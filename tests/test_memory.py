@@ -112,11 +112,12 @@ def test_config_validation(kwargs, word):
 
 
 def test_the_choices_a_signature_names_are_the_tables_it_reads():
-    """Dtype, Optimizer and Preset (the Literal annotations) list exactly the names the run-time checks accept."""
+    """Dtype, Optimizer, Kind and Preset (the Literal annotations) list exactly the names the run-time checks accept."""
     from typing import get_args
 
     from wmdist.memory import presets
     assert set(get_args(M.Dtype)) == set(M.DTYPE_BYTES) and set(get_args(M.Optimizer)) == set(M.OPTIMIZER_SLOTS)
+    assert get_args(M.Kind) == KINDS
     assert set(get_args(presets.Preset)) == set(presets.PRESETS)
     with pytest.raises(ValueError, match="model must be one of"):
         presets.preset_fields("llama")

@@ -64,7 +64,8 @@ Dtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 Optimizer = Literal["sgd", "momentum", "adam", "adamw"]
 DTYPE_BYTES: dict[Dtype, int] = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 OPTIMIZER_SLOTS: dict[Optimizer, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}   # state tensors per parameter
-KINDS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations", "batch")
+Kind = Literal["parameters", "gradients", "optimizer_state", "master_weights", "activations", "batch"]
+KINDS: tuple[Kind, ...] = ("parameters", "gradients", "optimizer_state", "master_weights", "activations", "batch")
 PANEL_DTYPES = ("fp32", "bf16", "fp16", "fp8")
 DEGREE = dict(options=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256))   # stops of each parallel degree's slider
 
@@ -108,8 +109,9 @@ class MemoryConfig:
                      "act_replicated_bytes_per_token_per_layer"):
             require_real(name, getattr(self, name))
         if self.act_replicated_bytes_per_token_per_layer > self.act_bytes_per_token_per_layer:
-            raise ValueError(f"act_replicated_bytes_per_token_per_layer ({self.act_replicated_bytes_per_token_per_layer})"
-                             f" must be <= act_bytes_per_token_per_layer ({self.act_bytes_per_token_per_layer})")
+            raise ValueError(f"act_replicated_bytes_per_token_per_layer "
+                             f"({self.act_replicated_bytes_per_token_per_layer}) must be <= "
+                             f"act_bytes_per_token_per_layer ({self.act_bytes_per_token_per_layer})")
         require_choice("param_dtype", self.param_dtype, DTYPE_BYTES)
         if self.grad_dtype is not None:
             require_choice("grad_dtype", self.grad_dtype, DTYPE_BYTES)

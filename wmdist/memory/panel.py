@@ -66,7 +66,7 @@ class MemoryPanel(Panel):
             "parameters yourself.")
     control_groups = GROUPS
 
-    def __init__(self, params: float | None = None, config: MemoryConfig | None = None):
+    def __init__(self, *, params: float | None = None, config: MemoryConfig | None = None):
         """No arguments: a GPT-3 6.7B preset on 8 ranks. `params` or `config`: that custom setting instead."""
         style, width = {"description_width": LABEL_WIDTH}, W.Layout(width=CONTROL_WIDTH)
         custom = params is not None or config is not None
@@ -77,7 +77,8 @@ class MemoryPanel(Panel):
                  "binary": W.Checkbox(value=False, description="binary units (GiB)", indent=False, layout=width)}
         self.measure_ranks = W.IntSlider(value=4, min=2, max=4, description="ranks to measure on", style=style,
                                          layout=width)
-        self.measure_note = W.HTML("<div style='font-size:90%; white-space:normal; line-height:1.35'>The button trains the course's "
+        self.measure_note = W.HTML("<div style='font-size:90%; white-space:normal; line-height:1.35'>"
+                                   "The button trains the course's "
                                    "tiny model (2,105 fp32 parameters, Adam) at this ZeRO stage on real ranks: "
                                    "it checks the rules, not the size, dtypes or degrees set above.</div>",
                                    layout=width)
@@ -170,7 +171,8 @@ class MemoryPanel(Panel):
             return ""
         rows = "".join(f"<tr><td>{c.rank}</td><td>{html.escape(c.case)}</td><td style='text-align:right'>"
                        f"{c.measured:,}</td><td style='text-align:right'>{c.predicted:,}</td>"
-                       f"<td>{'ok' if c.passed else 'MISMATCH'}</td></tr>" for c in report.counts(quantity="held bytes"))
+                       f"<td>{'ok' if c.passed else 'MISMATCH'}</td></tr>"
+                       for c in report.counts(quantity="held bytes"))
         return (f"<p><b>Measured</b>: {html.escape(report.name)} on {report.world_size} ranks training the course's "
                 f"tiny model ({report.params['params']:,} fp32 parameters, Adam), not the configuration above: "
                 f"<b>{'PASS' if report.passed else 'FAIL'}</b></p><table><tr><th>rank</th><th>kind</th>"

@@ -14,10 +14,11 @@ Of the 34 bytes per token and unit of width, 10 (LayerNorm inputs, dropout
 masks, the first linears' inputs) stay whole on every tensor-parallel rank
 unless sequence parallelism splits them too: the preset marks them as the
 TP-replicated part, so the memory model gives their sbh(10 + 24/t + 5as/(ht))
-with tp = t. The embedding, the logits and the loss are not counted. With full recomputation a layer keeps only its 16-bit input,
-2*h bytes per token. The shapes are GPT-2 XL and GPT-3 models, whose blocks
-are what the formula describes; other architectures (SwiGLU MLPs, grouped
-query attention, flash attention) store different amounts.
+with tp = t. The embedding, the logits and the loss are not counted. With full
+recomputation a layer keeps only its 16-bit input, 2*h bytes per token. The
+shapes are GPT-2 XL and GPT-3 models, whose blocks are what the formula
+describes; other architectures (SwiGLU MLPs, grouped query attention, flash
+attention) store different amounts.
 """
 from __future__ import annotations
 

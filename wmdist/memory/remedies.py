@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wmdist.memory.footprint import KINDS
+from wmdist.memory.footprint import KINDS, Kind
 
 
-def limiting_kind(breakdown: dict[str, int]) -> str:
+def limiting_kind(breakdown: dict[str, int]) -> Kind:
     """The kind holding the most bytes (first in KINDS order on ties)."""
     return max(KINDS, key=lambda k: breakdown.get(k, 0))
 
@@ -14,7 +14,7 @@ def limiting_kind(breakdown: dict[str, int]) -> str:
 @dataclass(frozen=True)
 class Remedy:
     name: str
-    targets: tuple[str, ...]   # kinds whose per-rank bytes it divides
+    targets: tuple[Kind, ...]   # kinds whose per-rank bytes it divides
     how: str
 
 
@@ -38,8 +38,8 @@ REMEDIES = (
 )
 
 
-def remedies_for(kind: str) -> list[Remedy]:
-    """Remedies that shrink `kind` on each rank, most specific (fewest targets) first."""
+def remedies_for(kind: Kind) -> list[Remedy]:
+    """Remedies that shrink `kind` on each rank, most specific (fewest targets) first; another name is refused."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     return sorted((r for r in REMEDIES if kind in r.targets), key=lambda r: len(r.targets))

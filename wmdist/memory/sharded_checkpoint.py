@@ -72,6 +72,8 @@ def _own_chunks(state: RankState) -> dict[str, torch.Tensor]:
 
 def assemble(results: list[ResumableRun], which: Literal["loaded", "final"]) -> dict[str, torch.Tensor]:
     """Concatenate every rank's chunks ('loaded' or 'final') into full flat vectors, in rank order."""
+    if which not in ("loaded", "final"):
+        raise ValueError(f"which must be 'loaded' or 'final', got {which!r}")
     return {k: torch.cat([getattr(r, which)[k] for r in results]) for k in SHARDED}
 
 
@@ -139,7 +141,8 @@ def compare_resume(spec: ResumeSpec, results: list[ResumeRuns]) -> Verdict:
     checks = [exact_check(f"{k} loaded on {m} ranks == saved on {n}", loaded[k], saved[k],
                           "a checkpoint stores bytes: bitwise equal") for k in SHARDED]
     checks += [exact_check("resumed from the saved step", runs.resumed[0].resumed_from, spec.save_at, "an integer"),
-               close_check("resumed run == uninterrupted run", final, runs.uninterrupted, 2 * tol, "both within: " + why),
+               close_check("resumed run == uninterrupted run", final, runs.uninterrupted, 2 * tol,
+                           "both within: " + why),
                close_check("resumed run == single-process Adam", final, reference_adam(cfg), tol, why)]
     return Verdict(checks=checks, params={"resume_on": m, "stage": cfg.stage, "save_at": spec.save_at,
                                           "until": cfg.steps})
@@ -212,8 +215,9 @@ def crash_jobs(spec: CrashSpec, launch: Launch) -> CrashRuns:
         committed = latest_checkpoint(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    evidence = CrashEvidence(str(failure).splitlines()[0] if failure else "", partial)
-    return CrashRuns(evidence, failure is not None, latest and latest.name, resumed, committed and committed.name)
+    name = lambda path: None if path is None else path.name   # noqa: E731 - what LATEST named, if anything
+    return CrashRuns(CrashEvidence(str(failure).splitlines()[0] if failure else "", partial), failure is not None,
+                     name(latest), resumed, name(committed))
 
 
 def _named(name: str | None, expected: str) -> float:

@@ -37,7 +37,8 @@ def reference_run(cfg: ZeroConfig, *, perturb: tuple[list[torch.Tensor], int] | 
         batch = make_batch(cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed + k)
         opt.zero_grad()
         terms = linear_term_sums(model, lambda m: m.per_example_loss(batch).sum() / cfg.batch_size)
-        bounds.append(costs.reordered_sum_bound(cfg.batch_size * cfg.seq_len, 1.0, extra_roundings=EXTRA_ROUNDINGS) * terms)
+        rows = cfg.batch_size * cfg.seq_len
+        bounds.append(costs.reordered_sum_bound(rows, 1.0, extra_roundings=EXTRA_ROUNDINGS) * terms)
         if perturb is not None:
             sign = torch.randint(0, 2, terms.shape, generator=signs) * 2 - 1            # (P,) of +-1
             set_flat_grads(model, (flat_grads(model).double() + sign * perturb[0][k]).float())
