@@ -1,6 +1,8 @@
 """The `wmdist` command: list, verify (table, JSON, exit status), usage errors, pipes and signals."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import json
 import os
 import signal
@@ -31,33 +33,37 @@ def test_verify_json_is_a_list_of_report_dicts(capsys):
 
 def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
     failing = Report("broken", 2, [Check("deliberately wrong", 1.0, 0.0, "test")])
-    monkeypatch.setattr("wmdist.cli.verify", lambda names, world, progress=None: [failing])
+    monkeypatch.setattr("wmdist.cli.verify", lambda names, *, world_size=None, progress=None: [failing])
     assert main(["verify"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "deliberately wrong" in out
 
 
-def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monkeypatch, capsys, no_processes):
-    """Only errors raised before any process starts are usage errors: a ValueError from a demo's own run (here a
+def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monkeypatch, capsys, one_thread):
+    """Only errors raised before any process starts are usage errors: a ValueError from a demo's comparison (here a
     tolerance turned NaN after its ranks ran) is that demo's FAIL row with its reason, and the next demo runs."""
-    from wmdist.report import Demo
+    from wmdist.experiment import Experiment, Verdict
 
-    def breaks(n):
+    @dataclass(frozen=True)
+    class Sized:
+        world_size: int
+
+    def breaks(spec, results):
         raise ValueError("tolerance must be a finite number >= 0.0, got nan")
-    demos = {"breaks": Demo("breaks", "raises while running", breaks, world_sizes=(2,)),
-             "fine": Demo("fine", "passes", lambda n: Report("fine", n, [Check("x", 0.0, 1.0, "r")]),
-                          world_sizes=(2,)),
-             "wrong-size": Demo("wrong-size", "reports another size", lambda n: Report("wrong-size", 1), world_sizes=(2,))}
+
+    def toy(name, compare):
+        return Experiment(name=name, title=name, chapter="99", world_sizes=(2,), spec=Sized,
+                          ranks=lambda ctx, spec: ctx.rank, compare=compare)
+    demos = {"breaks": toy("breaks", breaks),
+             "fine": toy("fine", lambda spec, results: Verdict(checks=[Check("x", 0.0, 1.0, "r")]))}
     monkeypatch.setattr("wmdist.demos.registry", lambda: demos)
     monkeypatch.setattr("wmdist.cli.registry", lambda: demos)
     assert main(["verify"]) == 1
     captured = capsys.readouterr()
     assert "usage" not in captured.err
-    rows = [line.split() for line in captured.out.splitlines()[1:4]]
-    assert [(r[0], r[1], r[-1]) for r in rows] == [("breaks", "2", "FAIL"), ("fine", "2", "PASS"),
-                                                  ("wrong-size", "2", "FAIL")]
+    rows = [line.split() for line in captured.out.splitlines()[1:3]]
+    assert [(r[0], r[1], r[-1]) for r in rows] == [("breaks", "2", "FAIL"), ("fine", "2", "PASS")]
     assert "broke while running: ValueError: tolerance must be a finite number >= 0.0, got nan" in captured.out
-    assert "asked for wrong-size on 2 rank(s), its report is wrong-size on 1" in captured.out
 
 
 @pytest.mark.parametrize("args, message", [
@@ -66,7 +72,8 @@ def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monke
     (["verify", "-n", "two"], "expected a positive integer, got 'two'"),
     (["verify", "-n", "64", "ring-allreduce"], "world size 64 is more local ranks than wmdist starts (at most 32)"),
     (["verify", "-n", "1", "latent-seeds"], "latent-seeds: seeds_demo needs world_size >= 2"),
-    (["verify", "-n", "2", "activation-checkpointing"], "activation-checkpointing runs in one process only, got 2"),
+    (["verify", "-n", "2", "activation-checkpointing"],
+     "activation-checkpointing: world_size must be 1 (the demo runs in this process and starts no ranks), got 2"),
     (["bench", "nope"], "unknown benchmark(s): nope"),
 ])
 def test_usage_errors_are_one_clear_line(args, message, capsys):
@@ -120,7 +127,7 @@ def test_verify_refuses_a_named_demo_outside_its_sizes_before_anything_runs(no_p
 
     with pytest.raises(ValueError, match="latent-seeds: seeds_demo needs world_size >= 2"):
         verify(["latent-seeds"], world_size=1)
-    with pytest.raises(ValueError, match="activation-checkpointing runs in one process only, got 2"):
+    with pytest.raises(ValueError, match=r"activation-checkpointing: world_size must be 1 \(the demo runs in this process"):
         verify(["activation-checkpointing"], world_size=2)
     with pytest.raises(ValueError, match="at most 32"):
         verify(["ring-allreduce"], world_size=64)
@@ -131,7 +138,7 @@ def test_verify_at_one_size_leaves_out_the_demos_that_cannot_run_there():
 
     from wmdist.demos import plan
     runs, left_out = plan(None, world_size=np.int64(2))
-    assert ("activation-checkpointing", 2) not in runs and "one process only" in left_out["activation-checkpointing"]
+    assert ("activation-checkpointing", 2) not in runs and "runs in this process" in left_out["activation-checkpointing"]
     assert ("ring-allreduce", 2) in runs and all(n == 2 for _, n in runs)
     assert "latent-seeds" in plan(None, world_size=1)[1]
 

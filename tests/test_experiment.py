@@ -10,7 +10,7 @@ import pytest
 import wmdist.demos as registry_module
 from wmdist.comm import Context
 from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Demo, Report
+from wmdist.report import Check, Count, Report
 
 
 @dataclass(frozen=True)
@@ -88,25 +88,26 @@ def _broken_rank(ctx: Context, spec: Pairs) -> Got:
 def test_verify_tells_a_refused_size_from_a_demo_that_breaks(monkeypatch, one_thread):
     broken = pairs(name="toy-broken", ranks=_broken_rank)
     nan = pairs(name="toy-nan", compare=lambda spec, results: Verdict(checks=[Check("x", math.nan, 1.0, "why")]))
-    legacy = Demo("toy-legacy", "hand-written", lambda n: Report("toy-legacy", n), world_sizes=(2,), chapter="99")
-    demos = {d.name: d for d in (pairs(), broken, nan, legacy)}
+    odd = pairs(name="toy-odd", spec=lambda n: Pairs(n), world_sizes=(3,))
+    demos = {d.name: d for d in (pairs(), broken, nan, odd)}
     monkeypatch.setattr(registry_module, "registry", lambda: demos)
     with pytest.raises(ValueError, match="toy-pairs: world_size must be an even number"):
         registry_module.verify(["toy-pairs"], world_size=3)            # a usage error, before any process
     runs, left_out = registry_module.plan(None, world_size=3)
-    assert runs == [("toy-legacy", 3)] and set(left_out) == {"toy-pairs", "toy-broken", "toy-nan"}
+    assert runs == [("toy-odd", 3)] and set(left_out) == {"toy-pairs", "toy-broken", "toy-nan"}
     reports = registry_module.verify(None, world_size=2)                          # each breaks in its own row; verify goes on
     by_name = {r.name: r for r in reports}
-    assert [r.name for r in reports] == list(demos) and by_name["toy-pairs"].passed and by_name["toy-legacy"].passed
+    assert [r.name for r in reports] == list(demos) and by_name["toy-pairs"].passed and by_name["toy-odd"].passed
     assert not by_name["toy-broken"].passed and "a bug after the spec accepted" in by_name["toy-broken"].error
     assert not by_name["toy-nan"].passed and by_name["toy-nan"].error is None
 
 
-def test_the_converted_chapters_are_typed_through_and_through(no_processes):
-    """Chapters 01, 05 and 09 (docs/architecture.md) register only Experiments, each accepting its declared sizes."""
-    typed = {}
+def test_every_chapter_registers_only_experiments_each_accepting_its_declared_sizes(no_processes):
+    """All ten chapters' demos are the one typed shape (docs/architecture.md), with exactly one way to run."""
+    chapters = set()
     for demo in registry_module.registry().values():
-        typed.setdefault(demo.chapter, set()).add(isinstance(demo, Experiment))
-        if isinstance(demo, Experiment):
-            assert all(demo.spec(n).world_size == n for n in demo.world_sizes)
-    assert all(typed[c] == {True} for c in ("01", "02", "04", "05", "06", "08", "09"))
+        assert isinstance(demo, Experiment), demo
+        assert sum(f is not None for f in (demo.ranks, demo.local, demo.jobs)) == 1
+        assert all(demo.spec(n).world_size == n for n in demo.world_sizes)
+        chapters.add(demo.chapter)
+    assert chapters >= {"01", "02", "03", "04", "05", "06", "07", "08", "09"}

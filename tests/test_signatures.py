@@ -33,7 +33,8 @@ POSITIONAL_DATA = {
 }                                          # check's own statement (it has a default only for "same ops, same order")
 # Parameters whose string default is free text (a label, a title, a path), not one of a few choices.
 FREE_TEXT = {"label", "title", "name", "prefix", "text", "reason", "phase", "case", "description", "unit", "tag",
-             "root", "path", "style", "sep", "suffix", "what", "note", "op", "kind_label", "fmt", "question"}
+             "root", "path", "style", "sep", "suffix", "what", "note", "op", "kind_label", "fmt", "question",
+             "formula_text", "why", "row_label"}
 
 
 def _public_functions(tree: ast.Module) -> list[ast.FunctionDef]:

@@ -2,23 +2,19 @@
 
 Built explicitly from each chapter module's DEMOS and EXERCISES lists (no
 import-time registration side effects): adding a chapter means adding its
-modules here. A demo is an `experiment.Experiment` (spec, ranks, compare: the
-typed shape) or, in the chapters not yet converted, a `report.Demo` whose
-`run(world_size)` is written out by hand. Both answer `refuses(n)` without
-starting a process and `run(n)` with a Report under their name.
+modules here. Every demo is an `experiment.Experiment`: it answers `refuses(n)`
+without starting a process and `run(n)` with a Report under its own name and
+size (the runner makes the Report, so it cannot name another demo or size).
 """
 from __future__ import annotations
 
 import time
 from types import ModuleType
-from typing import Callable
 
 from wmdist import runtime
 from wmdist.exercises import Exercise
-from wmdist.experiment import Experiment
-from wmdist.report import Demo, Report
-
-Registered = Demo | Experiment        # the typed shape, and the hand-written one it replaces chapter by chapter
+from wmdist.experiment import Experiment, OnProgress
+from wmdist.report import Report
 
 
 def _chapter_modules() -> list[ModuleType]:
@@ -41,7 +37,7 @@ def _chapter_modules() -> list[ModuleType]:
             ra_demos, ra_pruned, ra_torch, ra_balance, ra_long, ra_generation, ra_exercises, mesh_demos, mesh_exercises]
 
 
-def registry() -> dict[str, Registered]:
+def registry() -> dict[str, Experiment]:
     """All demos, in course order."""
     demos = [d for m in _chapter_modules() for d in getattr(m, "DEMOS", [])]
     return {d.name: d for d in sorted(demos, key=lambda d: d.chapter)}
@@ -79,24 +75,18 @@ def plan(names: list[str] | None = None, *, world_size: int | None = None) -> tu
     return [(name, world_size) for name in names or demos if name not in refused], refused
 
 
-def _run_one(demo: Registered, world_size: int) -> Report:
-    """`demo.run(world_size)`, or a failed Report saying why it broke or why its report is not the one asked for."""
+def _run_one(demo: Experiment, world_size: int) -> Report:
+    """`demo.run(world_size)`, or a failed Report saying why it broke."""
     start = time.perf_counter()
     try:
-        report = demo.run(world_size)
+        return demo.run(world_size)
     except Exception as err:     # a demo's failure is a row of the table, not the end of verify
         return Report(demo.name, world_size, seconds=time.perf_counter() - start,
                       error=f"{type(err).__name__}: {err}")
-    if report.world_size != world_size or report.name != demo.name:
-        return Report(demo.name, world_size, seconds=report.seconds,
-                      error=f"asked for {demo.name} on {world_size} rank(s), its report is {report.name} on "
-                            f"{report.world_size}; a demo declares the sizes it accepts (its spec, or "
-                            f"min/max_world_size)")
-    return report
 
 
 def verify(names: list[str] | None = None, *, world_size: int | None = None,
-           progress: Callable[[int, int, str], None] | None = None) -> list[Report]:
+           progress: OnProgress | None = None) -> list[Report]:
     """Run demos (all, or those named) at their world sizes (or only at `world_size`).
 
     `progress(done, total, text)` is called before each run and once at the end.
@@ -105,8 +95,7 @@ def verify(names: list[str] | None = None, *, world_size: int | None = None,
     anything runs. Those are the only errors raised: once the runs begin, a
     demo that breaks (any exception, a ValueError included, since the size was
     accepted) is a failed Report whose `error` says why, and the next demo
-    runs. So is a report at another world size than asked for: never a silent
-    PASS at the wrong size.
+    runs.
     """
     runs, _ = plan(names, world_size=world_size)
     demos = registry()

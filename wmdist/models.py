@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
+from wmdist.costs.validate import require_fields
+
 
 @dataclass(frozen=True, kw_only=True)
 class WorldModelConfig:
@@ -25,9 +27,7 @@ class WorldModelConfig:
     batchnorm: bool = False  # put a BatchNorm in the encoder (for the local-statistics pitfall)
 
     def __post_init__(self) -> None:
-        for name in ("obs_dim", "action_dim", "latent_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_fields(self, ("obs_dim", "action_dim", "latent_dim"), 1)
 
 
 class FrameEncoder(nn.Module):

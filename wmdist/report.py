@@ -271,45 +271,6 @@ def differ_check(name: str, got: Any, expected: Any, at_least: float, reason: st
     return Check(name, max_abs_error(got, expected), at_least, reason, must_differ=True)
 
 
-@dataclass(frozen=True)
-class Demo:
-    """A registered experiment written out by hand: `run(world_size)` returns a Report.
-
-    The shape the chapters not yet built on `experiment.Experiment` still use
-    (their `run` validates, times, calls `runtime.run` and builds the Report).
-    `world_sizes` are the sizes `wmdist verify` runs by default; `min_world_size`
-    is the smallest it makes sense at (a demo comparing ranks needs two) and
-    `max_world_size` the largest (None: no limit of its own; 1 for a
-    single-process demo), so a size outside them is refused before anything runs.
-    """
-    name: str
-    title: str
-    run: Callable[[int], Report]
-    world_sizes: tuple[int, ...] = (2, 4)
-    chapter: str = "00"
-    min_world_size: int = 1
-    max_world_size: int | None = None
-
-    def __post_init__(self) -> None:
-        top = self.max_world_size
-        if not 1 <= self.min_world_size <= (self.min_world_size if top is None else top):
-            raise ValueError(f"demo {self.name!r}: need 1 <= min_world_size <= max_world_size, "
-                             f"got {self.min_world_size} and {top}")
-        if not self.world_sizes or any(self.refuses(n) for n in self.world_sizes):
-            raise ValueError(f"demo {self.name!r}: world_sizes {self.world_sizes} must be non-empty and within "
-                             f"[{self.min_world_size}, {top}]")
-
-    def refuses(self, world_size: int) -> str | None:
-        """Why this demo cannot run on `world_size` ranks, or None if it can."""
-        if world_size < self.min_world_size:
-            return f"{self.name} needs at least {self.min_world_size} ranks, got {world_size}"
-        if self.max_world_size is not None and world_size > self.max_world_size:
-            only = "runs in one process only" if self.max_world_size == 1 else \
-                f"runs on at most {self.max_world_size} ranks"
-            return f"{self.name} {only}, got {world_size}"
-        return None
-
-
 def format_table(reports: Iterable[Report], *, seconds: bool = True) -> str:
     """Plain-text table of reports, one row per (demo, world size).
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wmdist.costs.validate import require_int
+from wmdist.costs.validate import require_fields, require_heads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,10 +32,8 @@ class TransformerConfig:
     max_len: int = 64        # longest sequence (learned positions)
 
     def __post_init__(self) -> None:
-        for name in ("width", "heads", "mlp_ratio", "layers", "obs_dim", "action_dim", "max_len"):
-            require_int(name, getattr(self, name), 1)
-        if self.width % self.heads:
-            raise ValueError(f"width {self.width} must be divisible by heads {self.heads}")
+        require_fields(self, ("width", "heads", "mlp_ratio", "layers", "obs_dim", "action_dim", "max_len"), 1)
+        require_heads(self.width, self.heads)
 
     @property
     def head_dim(self) -> int:

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from wmdist.costs.collectives import ring_allreduce_bytes, ring_chunk_sizes
-from wmdist.costs.validate import require_int, require_real
+from wmdist.costs.validate import require_fields, require_heads, require_int, require_real
 
 # The four axes in the order the patterns above are told, and every table and figure of chapter 09 lists
 # them (axis_traffic's keys); not the rank layout (wmdist.comm.mesh.DEFAULT_ORDER).
@@ -59,11 +59,9 @@ class StepShape:
     elem_size: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("width", "heads", "hidden", "layers", "seq_len", "batch", "microbatches", "dp", "tp", "pp",
-                     "cp", "buckets", "obs_dim", "action_dim", "elem_size"):
-            require_int(name, getattr(self, name), 1)
-        if self.width % self.heads:
-            raise ValueError(f"width {self.width} must be divisible by heads {self.heads}")
+        require_fields(self, ("width", "heads", "hidden", "layers", "seq_len", "batch", "microbatches", "dp", "tp",
+                              "pp", "cp", "buckets", "obs_dim", "action_dim", "elem_size"), 1)
+        require_heads(self.width, self.heads)
         if self.tp > self.heads:
             raise ValueError(f"tp {self.tp} is more than the {self.heads} heads: a tensor-parallel rank would hold "
                              "none")

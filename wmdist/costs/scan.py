@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from wmdist.costs.collectives import ring_all_gather_bytes, ring_chunk_sizes
-from wmdist.costs.validate import require_bool, require_choice, require_int, require_real
+from wmdist.costs.validate import require_bool, require_choice, require_fields, require_int, require_real
 
 Combine = Literal["gathered", "handoff"]   # how a rank learns the state entering its chunk (affine_ranks)
 COMBINES: tuple[Combine, ...] = get_args(Combine)
@@ -32,8 +32,7 @@ class OpCount:
     depth: int      # longest chain of dependent compose/apply steps
 
     def __post_init__(self) -> None:
-        for name in ("composes", "applies", "depth"):
-            require_int(name, getattr(self, name), 0)
+        require_fields(self, ("composes", "applies", "depth"), 0)
 
 
 def time_chunk_sizes(steps: int, chunks: int) -> list[int]:

@@ -6,24 +6,18 @@ Pure Python. Sources, and what each assumes:
   attention split by heads (QKV column-wise, output projection row-wise),
   need one all-reduce of the (b, s, h) activations in forward and one in
   backward each: 4 all-reduces of b*s*h elements per layer per training step.
-* Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models"): outside the matmuls
-  (LayerNorm, dropout, residual) activations are split along the sequence,
-  and each all-reduce becomes a reduce-scatter (into the sequence-split
-  region) plus an all-gather (out of it). A ring all-reduce *is* a
-  reduce-scatter followed by an all-gather, so the bytes are the same.
-  Megatron-LM's code keeps only the sequence shard of a linear layer's
-  input and all-gathers it again in backward for the weight gradient
-  ("sp-regather"): activation memory then divides by t exactly, for one
-  more all-gather per sublayer. Keeping the gathered input instead ("sp")
-  costs no extra bytes but leaves that input whole on every rank. With SP,
-  LayerNorm weights and row-parallel biases see only the rank's tokens, so
-  their gradients are summed over the group once per step (one small
-  all-reduce).
+* Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models"): outside the matmuls (LayerNorm, dropout, residual) activations are split along the sequence, and
+  each all-reduce becomes a reduce-scatter (into the sequence-split region) plus an all-gather (out of it).
+  A ring all-reduce *is* a reduce-scatter followed by an all-gather, so the bytes are the same.
+  Megatron-LM's code keeps only the sequence shard of a linear layer's input and all-gathers it again in
+  backward for the weight gradient ("sp-regather"): activation memory then divides by t exactly, for one
+  more all-gather per sublayer. Keeping the gathered input instead ("sp") costs no extra bytes but leaves
+  that input whole on every rank. With SP, LayerNorm weights and row-parallel biases see only the rank's
+  tokens, so their gradients are summed over the group once per step (one small all-reduce).
 
-Counts are exact integers for the ring collectives in wmdist.comm: chunk
-sizes are given per rank, so shards that N does not divide (tensor_split
-layout: the first n % N ranks hold one more) are counted exactly.
+Counts are exact integers for the ring collectives in wmdist.comm: chunk sizes are given per rank, so shards
+that N does not divide (tensor_split layout: the first n % N ranks hold one more) are counted exactly.
 """
 from __future__ import annotations
 
@@ -31,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from wmdist.costs.collectives import ring_allreduce_bytes, ring_chunk_sizes
-from wmdist.costs.validate import require_bool, require_choice, require_int
+from wmdist.costs.validate import require_bool, require_choice, require_fields, require_heads, require_int
 
 Op = Literal["all-reduce", "reduce-scatter", "all-gather"]
 BlockLayout = Literal["tp", "sp", "sp-regather"]                       # how a TP block splits its activations
@@ -100,10 +94,8 @@ class BlockShape:
     hidden: int
 
     def __post_init__(self) -> None:
-        for name in ("batch", "seq", "width", "heads", "hidden"):
-            require_int(name, getattr(self, name), 1)
-        if self.width % self.heads:
-            raise ValueError(f"width {self.width} must be divisible by heads {self.heads}")
+        require_fields(self, ("batch", "seq", "width", "heads", "hidden"), 1)
+        require_heads(self.width, self.heads)
 
     @property
     def head_dim(self) -> int:

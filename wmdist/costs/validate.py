@@ -24,6 +24,19 @@ def require_int(name: str, value: int, low: int, *, high: int | None = None) -> 
     return int(value)
 
 
+def require_fields(config: Any, names: Iterable[str], low: int) -> None:
+    """Each named field of `config` (a dataclass being built) an integer >= low; a ValueError names the first not."""
+    for name in names:
+        require_int(name, getattr(config, name), low)
+
+
+def require_heads(width: int, heads: int) -> int:
+    """The head dimension width / heads, if `heads` divides `width` (a ValueError naming both otherwise)."""
+    if width % heads:
+        raise ValueError(f"width {width} must be divisible by heads {heads}")
+    return width // heads
+
+
 def require_real(name: str, value: float, *, low: float = 0.0, high: float | None = None) -> float:
     """Return `value` as a float if it is a finite number in [low, high], else a ValueError naming `name`."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wmdist.costs.rounding import reordered_sum_bound
-from wmdist.costs.validate import require_int, require_real
+from wmdist.costs.validate import require_fields, require_int, require_real
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,8 +49,7 @@ class DenoiserConfig:
     seed: int = 0        # the weights depend only on this
 
     def __post_init__(self) -> None:
-        for name in ("frames", "height", "width", "channels", "heads", "hidden"):
-            require_int(name, getattr(self, name), 1)
+        require_fields(self, ("frames", "height", "width", "channels", "heads", "hidden"), 1)
         require_int("seed", self.seed, 0)
         dim = require_int("dim", self.dim, 2)
         if dim % (2 * self.heads):

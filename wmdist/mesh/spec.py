@@ -17,7 +17,7 @@ from typing import Literal, get_args
 
 from wmdist.comm.mesh import Mesh
 from wmdist.costs.mesh import StepShape, Traffic
-from wmdist.costs.validate import require_choice, require_int, require_real
+from wmdist.costs.validate import require_choice, require_fields, require_int, require_real
 
 Schedule = Literal["gpipe", "1f1b"]    # chapter 05's two pipeline orders
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
@@ -44,9 +44,8 @@ class MeshSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("width", "heads", "mlp_ratio", "layers", "seq_len", "batch", "microbatches", "dp", "tp", "pp",
-                     "cp", "buckets"):
-            require_int(name, getattr(self, name), 1)
+        require_fields(self, ("width", "heads", "mlp_ratio", "layers", "seq_len", "batch", "microbatches", "dp", "tp",
+                              "pp", "cp", "buckets"), 1)
         require_int("seq_len", self.seq_len, 1, high=MAX_CONTEXT)
         require_int("seed", self.seed, 0)
         require_choice("schedule", self.schedule, SCHEDULES)

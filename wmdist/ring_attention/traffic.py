@@ -24,7 +24,7 @@ from typing import Literal
 from wmdist.costs import ring_attention as ra
 from wmdist.costs.collectives import ring_allreduce_bytes
 from wmdist.costs.tensor_parallel import BlockShape, block_params, megatron_layer_bytes
-from wmdist.costs.validate import require_bool, require_choice, require_int, require_positive
+from wmdist.costs.validate import require_bool, require_choice, require_fields, require_positive
 from wmdist.knobs import knob
 
 TrafficDType = Literal["bfloat16", "float16", "float32"]     # the widget's dtypes, by element size
@@ -58,8 +58,7 @@ class TrafficConfig:
     link: float = knob(1e9, "custom B (bytes/s)", low=1e6, high=1e12, log=True, step=0.1, fmt=".3s")
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "heads", "head_dim", "world_size", "block_size", "batch"):
-            require_int(name, getattr(self, name), 1)
+        require_fields(self, ("seq_len", "heads", "head_dim", "world_size", "block_size", "batch"), 1)
         require_choice("dtype", self.dtype, DTYPE_BYTES)
         require_bool("causal", self.causal)
         require_choice("device", self.device, DEVICES)

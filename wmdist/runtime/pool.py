@@ -38,6 +38,7 @@ __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "Pool", "PoolRestartWarning", "
 DEFAULT_TIMEOUT_S = 300.0      # generous: Binder CPUs are slow and shared
 MAX_TIMEOUT_S = 7200.0         # two hours; the ranks' own gloo timeout sits just above it
 START_TIMEOUT_S = 120.0
+ROOT_CAUSE_GRACE_S = 0.5       # how long a rank's error waits for a peer's death, the likelier cause, to show
 
 class Pool:
     """N warm gloo ranks serving calls over pipes. Use via `run`, or directly.
@@ -167,13 +168,36 @@ class Pool:
             # Replies first: a rank may send its result and exit in the same instant.
             for rank in sorted({waitables[w] for w in ready}):
                 if conns[rank].poll():
-                    body = self._receive(rank, starting)
+                    try:
+                        body = self._receive(rank, starting)
+                    except RankFailure as failure:
+                        raise self._root_cause(failure, pending - {rank}) from None
                     if body is not None:
                         replies[rank] = body
                         pending.discard(rank)
                         continue
                 raise exit_failure(rank, procs[rank], self._last_comm(rank))
         return replies
+
+    def _root_cause(self, failure: RankFailure, others: set[int], grace: float = ROOT_CAUSE_GRACE_S) -> RankFailure:
+        """`failure`, unless another rank died without replying: then that one, the likelier cause.
+
+        When a rank is killed, its peers' next collective fails at once and they report an error, which can
+        reach us a moment before the dead rank's exit does. So a rank's error waits up to `grace` seconds
+        for any other pending rank's process to end without a reply.
+        """
+        if failure.reason not in ("raised", "start") or not others:
+            return failure
+        deadline = time.monotonic() + grace
+        while True:
+            for r in sorted(others):
+                if self._procs[r].exitcode is not None and not self._conns[r].poll():
+                    return exit_failure(r, self._procs[r], self._last_comm(r))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return failure
+            with contextlib.suppress(OSError, ValueError):
+                wait([self._procs[r].sentinel for r in others], timeout=remaining)
 
     def _receive(self, rank: int, starting: bool) -> list | None:
         """Read one reply's body (None if the rank is gone); a failure it reports raises RankFailure."""
