@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import socket
 
+import time
+
 import psutil
 import pytest
 
@@ -24,6 +26,14 @@ def alive(pids: list[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def alive_after(pids: list[int], seconds: float = 5.0) -> list[int]:
+    """The pids among `pids` still alive after waiting up to `seconds` for them to end (a pool being replaced)."""
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(pids)
 
 
 def descendants() -> set[int]:

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import alive, descendants
+from conftest import alive, alive_after, descendants
 from wmdist import runtime as launch
 from wmdist.comm import all_reduce, exchange, ring_all_reduce
 from wmdist.runtime import Pool, RankFailure, run
@@ -91,10 +91,7 @@ def _fails(fn, n, *args, timeout=60.0):
     pids = launch.warm_pids()[n]
     with pytest.raises(RankFailure) as info:
         run(fn, n, *args, timeout=timeout)
-    deadline = time.monotonic() + 5
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert alive(pids) == [], "a rank of the failed pool survived"
+    assert alive_after(pids) == [], "a rank of the failed pool survived"
     assert n not in launch.warm_pids()
     assert run(rank_and_size, n) == [(r, n) for r in range(n)], "the next call must work"
     return info.value

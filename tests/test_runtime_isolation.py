@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import alive
+from conftest import alive_after
 from wmdist import runtime as launch
 from wmdist.comm import exchange, isend, ring_all_reduce
 from wmdist.demos import verify
@@ -131,10 +131,7 @@ def test_unmatched_message_fails_its_own_call_and_the_next_call_runs(fn, culprit
     assert time.monotonic() - start < 60, "found by counting at the end of the call, not by a timeout"
     assert info.value.reason == "unmatched" and info.value.rank == culprit
     assert says in str(info.value)
-    deadline = time.monotonic() + 5
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert alive(pids) == [], "the pool that held the stray message must be gone"
+    assert alive_after(pids) == [], "the pool that held the stray message must be gone"
     assert run(ring_sum, n, timeout=120) == [[6.0] * 6] * n, "the next correct call must not hang"
 
 

@@ -17,9 +17,11 @@ without deadlock and without a message landing in the wrong buffer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
-from wmdist.costs.validate import require_bool, require_choice, require_int, require_positive, require_real
+from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.pipeline import SCHEDULES, ScheduleName
+from wmdist.costs.validate import require_bool, require_choice, require_int, require_positive, require_real
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Schedule
 
 ACTIVATION, GRADIENT = "activation", "gradient"
@@ -37,9 +39,8 @@ def stage_blocks(layers: int, virtual_stages: int) -> list[range]:
     if n > n_layers:
         raise ValueError(f"the pipeline has {n} (virtual) stages but the model has only {n_layers} blocks: "
                          f"every stage needs at least one block (lower P or v, or use more layers)")
-    base, extra = divmod(n_layers, n)
-    starts = [s * base + min(s, extra) for s in range(n + 1)]
-    return [range(starts[s], starts[s + 1]) for s in range(n)]
+    starts = [0, *accumulate(ring_chunk_sizes(n_layers, n))]       # tensor_split's layout, as a ring's chunks
+    return [range(a, b) for a, b in zip(starts, starts[1:])]
 
 
 def microbatch_sizes(batch_size: int, microbatches: int) -> list[int]:
@@ -49,8 +50,7 @@ def microbatch_sizes(batch_size: int, microbatches: int) -> list[int]:
     if m > b:
         raise ValueError(f"microbatches ({m}) must not exceed batch_size ({b}): a microbatch holds whole "
                          f"trajectories, at least one")
-    base, extra = divmod(b, m)
-    return [base + (1 if i < extra else 0) for i in range(m)]
+    return ring_chunk_sizes(b, m)
 
 
 def owner(schedule: Schedule, stage: int) -> int:
