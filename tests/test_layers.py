@@ -105,3 +105,44 @@ def test_chapters_count_through_comm_only(path):
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_file_reads_in_one_sitting(path):
     assert len(path.read_text().splitlines()) <= 300
+
+
+def _module_path(name: str) -> Path | None:
+    """The file of wmdist module `name` (a package's __init__.py), or None outside wmdist."""
+    if not name.startswith("wmdist"):
+        return None
+    base = ROOT.parent.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+def _reaches(path: Path) -> set[Path]:
+    """Every wmdist file importing `path` loads (imports inside functions included, and each package's __init__)."""
+    seen, todo = set(), [path]
+    while todo:
+        here = todo.pop()
+        if here in seen:
+            continue
+        seen.add(here)
+        for name in _imports(here):
+            parts = name.split(".")
+            todo += [p for i in range(1, len(parts) + 1) if (p := _module_path(".".join(parts[:i])))]
+    return seen
+
+
+def _registers(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    return any(isinstance(n, (ast.Assign, ast.AnnAssign)) and any(
+        getattr(t, "id", None) in ("DEMOS", "EXERCISES") for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+        for n in tree.body)
+
+
+@pytest.mark.parametrize("path", sorted(p for p in ROOT.rglob("*.py") if p.name in ("figures.py", "tables.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_figures_read_results_and_never_load_a_runner(path):
+    """A chapter's figures and tables take records (results.py, spec.py, the pure models) and reach no module
+    that registers demos or exercises, so drawing a stored result never loads what runs one."""
+    runners = sorted(str(p.relative_to(ROOT)) for p in _reaches(path) if _registers(p))
+    assert not runners, f"{path.relative_to(ROOT)} loads {runners}"

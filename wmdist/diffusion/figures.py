@@ -10,8 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from wmdist.costs import diffusion as dcost
-from wmdist.diffusion.picard_ranks import PicardRun
-from wmdist.diffusion.step_parallel import StepTimelines
+from wmdist.diffusion.results import PicardRun, StepTimelines
 from wmdist.diffusion.tradeoff import TradeoffRow
 from wmdist.ui import timelines_figure
 

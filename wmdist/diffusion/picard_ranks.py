@@ -31,6 +31,7 @@ from wmdist.comm import Context, ring_all_gather
 from wmdist.costs import diffusion as dcost
 from wmdist.costs.validate import require_int, require_real
 from wmdist.diffusion.denoiser import Denoiser
+from wmdist.diffusion.results import PicardRun
 from wmdist.diffusion.sampler import PicardResult, RoundEvaluator, picard_sample, running_sum_tolerance
 from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, reference_trajectory, require_world
 from wmdist.experiment import Experiment, Verdict
@@ -77,21 +78,6 @@ def picard_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, refer
     rounds = [ctx.ledger.totals(phase=f"round {i}") for i in range(result.rounds)]
     return PicardRank(result, tuple(counts), tuple(r["bytes_sent"] for r in rounds),
                       tuple(r["bytes_recv"] for r in rounds))
-
-
-@dataclass(frozen=True)
-class PicardRun:
-    """One Picard run on N ranks, next to the sequential sampler's K evaluations in K slots."""
-    result: PicardResult                 # rank 0's (every rank holds the same trajectory, bitwise)
-    steps: int                           # K
-    world_size: int                      # N
-    rounding_level: float                # running_sum_tolerance of the sequential trajectory
-    first_at_rounding: int | None        # first round whose whole trajectory is within rounding_level
-
-    @property
-    def critical_path(self) -> int:
-        """Evaluation slots on the busiest rank, summed over rounds: the sequential sampler needs K."""
-        return dcost.picard_critical_path(self.result.evaluations, self.world_size)
 
 
 def _check_run(iterations: int, window: int | None, tol: float | None) -> None:

@@ -34,6 +34,7 @@ from wmdist.costs import diffusion as dcost
 from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.validate import require_int, require_real
 from wmdist.diffusion.denoiser import Denoiser
+from wmdist.diffusion.results import StepTimelines
 from wmdist.diffusion.sampler import euler_update, time_grid
 from wmdist.diffusion.sampler import sample as sequential_sample
 from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, require_world
@@ -115,16 +116,6 @@ def samples_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval
         x = euler_update(x, _evaluate(model, x, ts[k], eval_seconds), ts[k + 1] - ts[k])
         spans.append(Span(ctx.rank, t0, time.perf_counter(), "compute", f"samples {start}..{start + len(x) - 1}, step {k}"))
     return _case_rank(ctx, x, spans, None)
-
-
-@dataclass(frozen=True)
-class StepTimelines:
-    """Per case (keys of CASES): every rank's spans from time 0, and what they add up to."""
-    timelines: dict[str, list[Span]]
-    elapsed: dict[str, float]          # first start to last end, seconds
-    concurrency: dict[str, float]      # busy compute seconds / elapsed: ranks computing at once, on average
-    ideal: dict[str, float]            # the same for the ideal schedule (sample-evaluations / slots)
-    cross_rank_overlap: dict[str, float]   # seconds two different ranks computed at the same time, summed over pairs
 
 
 def _from_zero(spans: list[Span]) -> list[Span]:

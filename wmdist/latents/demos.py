@@ -28,34 +28,8 @@ from wmdist.experiment import Experiment, Verdict
 from wmdist.latents.estimators import (ESTIMATES, LOGIT, MU, SEED_MODES, SIGMA, TARGET, SeedMode, bernoulli_score_grads, cubic,
                                        draw_normal, exact_values, pathwise_grads, rank_generator,
                                        score_function_grads, straight_through_expectation, straight_through_grads)
+from wmdist.latents.results import EstimatorStats, SeedStats
 from wmdist.report import Check, Report, counts_per_rank, exact_check
-
-
-@dataclass(frozen=True)
-class EstimatorStats:
-    """One estimator over all draws: its exact expectation, sample mean, bias, variance per draw, standard error."""
-    name: str
-    exact: float
-    mean: float
-    bias: float
-    variance: float
-    se: float
-
-    @property
-    def bias_in_se(self) -> float:
-        return self.bias / self.se
-
-
-@dataclass(frozen=True)
-class SeedStats:
-    """One seeding mode: correlation of ranks 0 and 1, variances of one rank and of the rank average."""
-    mode: SeedMode
-    corr_rank0_rank1: float
-    cov_rank0_rank1: float
-    var_one_rank: float
-    var_average: float
-    var_ratio: float          # N var(average) / var(one rank): 1 for independent ranks
-    rse: float                # relative standard error of that ratio
 
 
 @dataclass(frozen=True)

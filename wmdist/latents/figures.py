@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from wmdist.latents.demos import EstimatorStats, SeedStats
+from wmdist.latents.results import EstimatorStats, SeedStats
 
 
 def estimator_figure(stats: dict[str, EstimatorStats]) -> Figure:

@@ -13,7 +13,6 @@ affine_ranks.scan_rank on the spec's ScanSpec.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
@@ -34,6 +33,7 @@ from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, close_check, counts_per_rank, exact_check
 from wmdist.scan.affine import sequential
 from wmdist.scan.affine_ranks import AffineCase, ScanRank, ScanSpec, gather_states, scan_rank
+from wmdist.scan.results import BytesRow, ByteSweep
 
 
 def tolerance(case: AffineCase, world_size: int) -> float:
@@ -141,44 +141,6 @@ def affine_demo(world_size: int, *, steps: int = 37, batch: int = 2, state_sizes
     """The time axis split over N ranks, both combines, against the loop in one process (float32)."""
     return AFFINE_DEMO.run_spec(AffineSpec(world_size=world_size, steps=steps, batch=batch,
                                            state_sizes=tuple(state_sizes), seed=seed))
-
-
-@dataclass(frozen=True)
-class BytesRow:
-    """Measured bytes one configuration sent, per rank (sum over ranks in `total`)."""
-    steps: int
-    state_size: int
-    diagonal: bool
-    combine: Combine
-    sent_per_rank: tuple[int, ...]
-
-    @property
-    def total(self) -> int:
-        return sum(self.sent_per_rank)
-
-
-Sweep = Literal["steps", "state_size"]     # what a ByteSweep row list runs over
-SWEEPS: tuple[Sweep, ...] = ("steps", "state_size")
-
-
-@dataclass(frozen=True)
-class ByteSweep:
-    """Ledger bytes of the chunked scan over a sweep of T (at one n) and of n (at one T)."""
-    world_size: int
-    batch: int
-    fixed_state_size: int     # n in the sweep over T
-    fixed_steps: int          # T in the sweep over n
-    rows: tuple[BytesRow, ...]
-
-    def select(self, combine: Combine, *, diagonal: bool, over: Sweep) -> list[BytesRow]:
-        """Rows of one combine and A structure, sweeping `over` = "steps" or "state_size" (the other fixed)."""
-        require_choice("combine", combine, COMBINES)
-        if require_choice("over", over, SWEEPS) == "steps":
-            keep = [r for r in self.rows if r.state_size == self.fixed_state_size]
-        else:
-            keep = [r for r in self.rows if r.steps == self.fixed_steps]
-        keep = [r for r in keep if r.combine == combine and r.diagonal == diagonal]
-        return sorted({getattr(r, over): r for r in keep}.values(), key=lambda r: getattr(r, over))
 
 
 @dataclass(frozen=True, kw_only=True)

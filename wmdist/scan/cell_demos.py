@@ -22,7 +22,7 @@ from wmdist.report import Count, Report, close_check, counts_per_rank, differ_ch
 from wmdist.scan.boundaries import SCHEMES, BoundaryRank, CellInputs, boundaries_rank, stitch, timeline, waits
 from wmdist.scan.bounds import propagated_bound
 from wmdist.scan.cell import GRUCell, rollout, step_errors
-from wmdist.spans import Span
+from wmdist.scan.results import CellSplit
 
 
 def episodes(*, batch: int = 8, steps: int = 37, state_size: int = 16, input_size: int = 8, seed: int = 0,
@@ -34,18 +34,6 @@ def episodes(*, batch: int = 8, steps: int = 37, state_size: int = 16, input_siz
                     dtype=torch.float64)
     h0 = torch.rand(batch, state_size, generator=g, dtype=torch.float64) * 2 - 1
     return cell, x.to(dtype), h0.to(dtype)
-
-
-@dataclass(frozen=True)
-class CellSplit:
-    """What scan-cell measured: the pitfall's error per step, the bound, timelines and waits."""
-    chunk_sizes: tuple[int, ...]
-    from_zero_errors: tuple[float, ...]   # max |from zero - loop| at each step t = 1 .. T
-    bound: float                          # largest gap rounding alone could open (bounds.propagated_bound)
-    timelines: dict[str, list[Span]]      # scheme -> spans, each from 0 at its first span
-    waits: tuple[float, ...]              # seconds each rank waited for its boundary state (hand-off)
-    least_waits: tuple[float, ...]        # what the sleeps alone force: the steps of every earlier chunk
-    step_seconds: float
 
 
 @dataclass(frozen=True, kw_only=True)

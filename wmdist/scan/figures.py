@@ -8,10 +8,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from wmdist.costs.scan import blelloch_ops, brent_steps, chunked_ops, hillis_steele_ops, sequential_ops
-from wmdist.scan.affine_demos import ByteSweep
-from wmdist.scan.cell_demos import CellSplit
-from wmdist.scan.one_process import ScanTimes
-from wmdist.scan.picard_ranks import PicardSweeps
+from wmdist.scan.results import ByteSweep, CellSplit, PicardSweeps, ScanTimes
 from wmdist.spans import Span
 from wmdist.ui import timelines_figure
 

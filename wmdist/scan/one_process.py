@@ -37,6 +37,7 @@ from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, close_check
 from wmdist.scan.affine import Tally, associative_scan, chunked, compose, sequential, time_scans, torch_associative_scan
 from wmdist.scan.affine_ranks import AffineCase
+from wmdist.scan.results import ScanTimes
 
 
 def torch_scan_ops(steps: int) -> OpCount:
@@ -164,21 +165,6 @@ def scan_demo(world_size: int, *, steps: int = 37, state_size: int = 4, batch: i
     """
     return SCAN_DEMO.run_spec(OneProcessSpec(world_size=world_size, steps=steps, state_size=state_size, batch=batch,
                                              seed=seed))
-
-
-@dataclass(frozen=True)
-class ScanTimes:
-    """Best-of wall seconds of the loop, Hillis-Steele and torch's scan at each T, for one kind of A."""
-    state_size: int
-    diagonal: bool
-    steps: tuple[int, ...]
-    loop_s: tuple[float, ...]
-    hillis_steele_s: tuple[float, ...]
-    torch_scan_s: tuple[float, ...]
-
-    def speedup(self, i: int) -> float:
-        """Loop time / Hillis-Steele time at steps[i] (> 1: the scan is faster in this process)."""
-        return self.loop_s[i] / self.hillis_steele_s[i]
 
 
 def measure_times(*, steps: tuple[int, ...] = (16, 64, 256, 1024), state_size: int = 8, diagonal: bool = True,

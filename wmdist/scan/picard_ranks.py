@@ -30,6 +30,7 @@ from wmdist.runtime import run
 from wmdist.scan.boundaries import CellInputs, CountingStep, relative, time_chunk
 from wmdist.scan.cell import GRUCell, picard, rollout
 from wmdist.scan.cell_demos import episodes
+from wmdist.scan.results import PicardSweeps
 from wmdist.spans import Span
 
 BOUNDARIES, CONVERGENCE = "picard boundaries", "picard convergence"
@@ -114,23 +115,6 @@ def sweeps_needed(changes: list[float], stop_below: float) -> int:
         if change <= stop_below:
             return k + 1
     return len(changes)
-
-
-@dataclass(frozen=True)
-class PicardSweeps:
-    """What scan-picard measured, per sweep k = 1 .. K: error, start change, work and depth so far."""
-    chunk_sizes: tuple[int, ...]
-    errors: tuple[float, ...]       # max |trajectory after sweep k - loop|
-    changes: tuple[float, ...]      # max |start moved| in sweep k: what the ranks can see (0: done)
-    work: tuple[int, ...]           # cell evaluations per sequence after k sweeps: k * T
-    depth: tuple[int, ...]          # dependent cell evaluations after k sweeps: k * longest chunk
-    loop_steps: int                 # the loop's work and depth alike: T
-    stop_below: float
-    spans: tuple[Span, ...]         # every rank's compute and comm per sweep, from 0
-
-    @property
-    def sweeps(self) -> int:
-        return len(self.errors)
 
 
 @dataclass(frozen=True, kw_only=True)
