@@ -16,7 +16,7 @@ from wmdist.costs import scan as costs
 from wmdist.experiment import Experiment
 from wmdist.scan import affine_demos, affine_ranks, boundaries, bounds, cell_demos, figures, one_process, picard_ranks
 from wmdist.scan.cell import GRUCell, rollout
-from wmdist.scan.demos import DEMOS, EXERCISES
+from wmdist.scan.chapter import DEMOS, EXERCISES
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 matplotlib.use("Agg")

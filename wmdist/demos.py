@@ -1,8 +1,8 @@
 """The registries: every experiment `wmdist verify` knows, and every exercise, by name.
 
-Built explicitly from each chapter module's DEMOS and EXERCISES lists (no
-import-time registration side effects): adding a chapter means adding its
-modules here. Every demo is an `experiment.Experiment`: it answers `refuses(n)`
+Built explicitly from each chapter's `chapter.py`, which lists its DEMOS and
+EXERCISES (no import-time registration side effects): adding a chapter means
+adding its `chapter.py` here. Every demo is an `experiment.Experiment`: it answers `refuses(n)`
 without starting a process and `run(n)` with a Report under its own name and
 size (the runner makes the Report, so it cannot name another demo or size).
 """
@@ -18,23 +18,18 @@ from wmdist.report import Report
 
 
 def _chapter_modules() -> list[ModuleType]:
-    from wmdist.data_parallel import buckets, pitfalls, ring, versus_ddp
-    from wmdist.diffusion import exercises as diffusion_exercises, picard_ranks, step_parallel, token_parallel
-    from wmdist.latents import demos as latent_demos, training as latent_training
-    from wmdist.memory import activation_recompute, exercises as memory_exercises, sharded_checkpoint, zero_demos
-    from wmdist.mesh import demos as mesh_demos, exercises as mesh_exercises
-    from wmdist.pipeline import (demos as pp_demos, exercises as pp_exercises, measure as pp_measure,
-                                 rollout as pp_rollout, versus_torch as pp_torch)
-    from wmdist.ring_attention import (balance as ra_balance, demos as ra_demos, exercises as ra_exercises,
-                                       generation as ra_generation, long_context as ra_long, pruned_demo as ra_pruned,
-                                       versus_torch as ra_torch)
-    from wmdist.scan import demos as scan_demos
-    from wmdist.tensor_parallel import demos as tp_demos, exercises as tp_exercises
+    """Each chapter's `chapter.py` (its DEMOS and EXERCISES), in course order."""
+    from wmdist.data_parallel import chapter as ch01
+    from wmdist.diffusion import chapter as ch08
+    from wmdist.latents import chapter as ch02
+    from wmdist.memory import chapter as ch03
+    from wmdist.mesh import chapter as ch09
+    from wmdist.pipeline import chapter as ch05
+    from wmdist.ring_attention import chapter as ch06
+    from wmdist.scan import chapter as ch07
+    from wmdist.tensor_parallel import chapter as ch04
 
-    return [ring, versus_ddp, pitfalls, buckets, latent_training, latent_demos, zero_demos, activation_recompute,
-            sharded_checkpoint, memory_exercises, scan_demos, token_parallel, step_parallel, picard_ranks,
-            diffusion_exercises, tp_demos, tp_exercises, pp_demos, pp_torch, pp_measure, pp_rollout, pp_exercises,
-            ra_demos, ra_pruned, ra_torch, ra_balance, ra_long, ra_generation, ra_exercises, mesh_demos, mesh_exercises]
+    return [ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09]
 
 
 def registry() -> dict[str, Experiment]:

@@ -1,4 +1,7 @@
-"""Chapter 07's registered demos and exercise, gathered from the modules that define them (in course order)."""
+"""Chapter 07: its registered demos and exercises, gathered from the modules that define them, in course order.
+
+`wmdist.demos.registry()` reads one such file per chapter; a new demo is added here and in its own module.
+"""
 from __future__ import annotations
 
 from wmdist.scan import affine_demos, affine_ranks, cell_demos, one_process, picard_ranks

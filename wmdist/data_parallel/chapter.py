@@ -1,0 +1,10 @@
+"""Chapter 01 (and chapter 00's ring-pass exercise): its registered demos and exercises, gathered from the modules that define them, in course order.
+
+`wmdist.demos.registry()` reads one such file per chapter; a new demo is added here and in its own module.
+"""
+from __future__ import annotations
+
+from wmdist.data_parallel import buckets, pitfalls, ring, versus_ddp
+
+DEMOS = ring.DEMOS + versus_ddp.DEMOS + pitfalls.DEMOS + buckets.DEMOS
+EXERCISES = ring.EXERCISES + pitfalls.EXERCISES

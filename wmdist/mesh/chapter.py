@@ -1,0 +1,10 @@
+"""Chapter 09: its registered demos and exercises, gathered from the modules that define them, in course order.
+
+`wmdist.demos.registry()` reads one such file per chapter; a new demo is added here and in its own module.
+"""
+from __future__ import annotations
+
+from wmdist.mesh import demos, exercises
+
+DEMOS = list(demos.DEMOS)
+EXERCISES = list(exercises.EXERCISES)
