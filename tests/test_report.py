@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from wmdist.report import Check, Count, Report, counts_per_rank, format_table, to_json
+from wmdist.report import Check, Count, Report, counts_per_rank, fact_check, format_table, to_json
 
 
 def _report() -> Report:
@@ -60,3 +60,29 @@ def test_text_html_and_json_views():
 def test_count_label_names_its_keys():
     assert Count("bytes sent", 0, 1, 1, phase="ring", step=2).label == "bytes sent [phase ring, step 2]"
     assert Count("rounds", 0, 1, 1).label == "rounds"
+
+
+def test_the_listing_says_how_each_check_passed_without_its_machine_dependent_numbers():
+    """A passing line carries no error value (it would differ between machines); a failing one carries them all."""
+    checks = [Check("exact", 0.0, 0.0, "same ops"), Check("lucky zero", 0.0, 1e-6, "rounding"),
+              Check("close", 3.1e-7, 1e-6, "rounding"), Check("pitfall", 0.5, 1e-3, "r", must_differ=True),
+              fact_check("pointer moved", holds=True, reason="rename"),
+              Check("worst", 2e-7, 1e-6, "r", detail="w on 1")]
+    report = Report("demo", 2, checks, [Count("bytes", 0, 8, 8), Count("bytes", 1, 8, 8)])
+    assert report.listing(counts=True).splitlines() == [
+        "PASS exact: bit for bit", "PASS lucky zero: within its tolerance", "PASS close: within its tolerance",
+        "PASS pitfall: differs by at least 0.001", "PASS pointer moved: holds", "PASS worst: within its tolerance",
+        "PASS bytes: equal to its formula on every rank"]
+    assert report.listing(only=lambda c: c.must_differ) == "PASS pitfall: differs by at least 0.001"
+    assert "[worst: w on 1]" in report.checks[-1].describe() and "w on 1" not in report.checks[-1].name
+
+
+def test_failing_lines_keep_their_numbers_and_a_fact_that_does_not_hold_fails():
+    wrong = Report("demo", 2, [Check("close", 2e-6, 1e-6, "rounding"), Check("nan", float("nan"), 1e-6, "rounding"),
+                               fact_check("pointer moved", holds=False, reason="rename")], [Count("bytes", 0, 9, 8)])
+    lines = wrong.listing(counts=True).splitlines()
+    assert lines[0] == "FAIL close: max abs error 2e-06 > 1e-06 (rounding)"
+    assert lines[1].startswith("FAIL nan: not finite")
+    assert lines[2] == "FAIL pointer moved: does NOT hold (rename)" and not wrong.passed
+    assert lines[3] == "FAIL bytes: measured [9], predicted [8]"
+    assert Report("demo", 2, error="boom").listing() == "FAIL demo broke while running: boom"

@@ -34,6 +34,7 @@ class Check:
     reason: str
     must_differ: bool = False
     detail: str = ""          # where the error was largest ("fc1.weight on rank 2"): shown, never part of the name
+    fact: bool = False        # a yes/no statement (fact_check): error 0 when it holds, 1 when it does not
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -52,16 +53,15 @@ class Check:
 
     def describe(self) -> str:
         mark = "ok  " if self.passed else "FAIL"
+        if self.fact:
+            return f"{mark} {self.name}: {'holds' if self.passed else 'does NOT hold'} ({self.reason})"
         if not self.finite:
             return (f"{mark} {self.name}: not finite: error {self.error:.3g}, tolerance {self.tolerance:.3g} (a NaN or "
                     f"inf in a result, its reference or its tolerance, or shapes that differ) ({self.reason})")
-        if self.must_differ:
-            sign = ">=" if self.passed else "<"
-            return (f"{mark} {self.name}: differs by {self.error:.3g} {sign} {self.tolerance:.3g}{self._where()} "
-                    f"({self.reason})")
-        sign = "<=" if self.passed else ">"
-        return (f"{mark} {self.name}: max abs error {self.error:.3g} {sign} {self.tolerance:.3g}{self._where()} "
-                f"({self.reason})")
+        where = f" [worst: {self.detail}]" if self.detail else ""
+        sign = (">=" if self.passed else "<") if self.must_differ else ("<=" if self.passed else ">")
+        what = "differs by" if self.must_differ else "max abs error"
+        return f"{mark} {self.name}: {what} {self.error:.3g} {sign} {self.tolerance:.3g}{where} ({self.reason})"
 
     def line(self) -> str:
         """One line that is the same on every machine while the check passes (for notebooks' checked outputs).
@@ -73,14 +73,13 @@ class Check:
         """
         if not self.passed:
             return self.describe()
-        if self.must_differ:
+        if self.fact:
+            how = "holds"
+        elif self.must_differ:
             how = f"differs by at least {self.tolerance:.2g}"
         else:
             how = "bit for bit" if self.tolerance == 0 else "within its tolerance"
         return f"PASS {self.name}: {how}"
-
-    def _where(self) -> str:
-        return f" [worst: {self.detail}]" if self.detail else ""
 
     __str__ = describe
 
@@ -264,6 +263,11 @@ def exact_check(name: str, got: Any, expected: Any,
                 reason: str = "same operations in the same order: bitwise equal") -> Check:
     """Check bitwise equality (tolerance 0)."""
     return Check(name, max_abs_error(got, expected), 0.0, reason)
+
+
+def fact_check(name: str, *, holds: bool, reason: str) -> Check:
+    """A yes/no statement the demo checks (the save failed, LATEST names step 2, a count equals its value)."""
+    return Check(name, 0.0 if holds else 1.0, 0.0, reason, fact=True)
 
 
 def differ_check(name: str, got: Any, expected: Any, at_least: float, reason: str) -> Check:

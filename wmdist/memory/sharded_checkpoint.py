@@ -28,7 +28,7 @@ from wmdist.memory.dcp_store import (POINTER, SHARDED, latest_checkpoint, load_c
                                      parse_key, range_key, save_checkpoint)
 from wmdist.memory.zero import RankState, ZeroConfig, init_state, train_step, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
-from wmdist.report import Check, Report, close_check, exact_check
+from wmdist.report import Report, close_check, exact_check, fact_check
 from wmdist.runtime import RankFailure
 
 __all__ = ["POINTER", "SHARDED", "latest_checkpoint", "load_checkpoint", "load_latest", "overlaps", "parse_key",
@@ -140,7 +140,8 @@ def compare_resume(spec: ResumeSpec, results: list[ResumeRuns]) -> Verdict:
     tol, why = adam_tolerance(cfg, max(n, m))
     checks = [exact_check(f"{k} loaded on {m} ranks == saved on {n}", loaded[k], saved[k],
                           "a checkpoint stores bytes: bitwise equal") for k in SHARDED]
-    checks += [exact_check("resumed from the saved step", runs.resumed[0].resumed_from, spec.save_at, "an integer"),
+    checks += [fact_check("resumed from the saved step", holds=runs.resumed[0].resumed_from == spec.save_at,
+                          reason="the step the checkpoint holds"),
                close_check("resumed run == uninterrupted run", final, runs.uninterrupted, 2 * tol,
                            "both within: " + why),
                close_check("resumed run == single-process Adam", final, reference_adam(cfg), tol, why)]
@@ -220,23 +221,21 @@ def crash_jobs(spec: CrashSpec, launch: Launch) -> CrashRuns:
                      name(latest), resumed, name(committed))
 
 
-def _named(name: str | None, expected: str) -> float:
-    return 0.0 if name == expected else 1.0
-
-
 def compare_crash(spec: CrashSpec, results: list[CrashRuns]) -> Verdict:
     """The failure and its leftovers, LATEST before and after the resume, and the resumed weights against Adam."""
     (runs,), cfg = results, spec.cfg
     tol, why = adam_tolerance(cfg, max(spec.world_size, spec.resume_on))
-    checks = [Check("the save of step 4 failed: a rank was killed inside dcp.save", 0.0 if runs.failed else 1.0, 0.0,
-                    "the launcher raises RankFailure"),
-              Check("its data files were left half-written in the temporary directory",
-                    0.0 if runs.evidence.partial_files else 1.0, 0.0, "the killed rank wrote its shard before dying"),
-              Check("after the crash LATEST still names step000002", _named(runs.latest_after_crash, "step000002"),
-                    0.0, "names must match"),
-              exact_check("resumed from step 2", runs.resumed[0].resumed_from, 2, "an integer"),
-              Check("the resumed run committed step000004", _named(runs.latest_after_resume, "step000004"), 0.0,
-                    "names must match"),
+    checks = [fact_check("the save of step 4 failed: a rank was killed inside dcp.save", holds=runs.failed,
+                         reason="the launcher raises RankFailure"),
+              fact_check("its data files were left half-written in the temporary directory",
+                         holds=bool(runs.evidence.partial_files),
+                         reason="the killed rank wrote its shard before dying"),
+              fact_check("after the crash LATEST still names step000002", holds=runs.latest_after_crash == "step000002",
+                         reason="the pointer moves only after every rank has written"),
+              fact_check("resumed from step 2", holds=runs.resumed[0].resumed_from == 2,
+                         reason="the step the checkpoint holds"),
+              fact_check("the resumed run committed step000004", holds=runs.latest_after_resume == "step000004",
+                         reason="the resumed job saved and moved the pointer"),
               close_check("resumed run == single-process Adam", assemble(runs.resumed, "final")["params"],
                           reference_adam(cfg), tol, why)]
     return Verdict(checks=checks, params={"resume_on": spec.resume_on, "stage": cfg.stage}, data=runs.evidence)
