@@ -19,7 +19,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from wmdist import costs
 from wmdist.comm import Context, ring_all_reduce
-from wmdist.costs import require_int
+from wmdist.costs.validate import require_fields
 from wmdist.experiment import Experiment, Verdict
 from wmdist.latents.estimators import SeedMode, rank_generator
 from wmdist.models import WorldModelConfig, flat_params, make_batch, shard_batch
@@ -100,9 +100,7 @@ class LatentDPSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require_int("world_size", self.world_size, 1)
-        require_int("steps", self.steps, 1)
-        require_int("rows_per_rank", self.rows_per_rank, 1)
+        require_fields(self, ("world_size", "steps", "rows_per_rank"), 1)
 
 
 def latent_dp_rank(ctx: Context, spec: LatentDPSpec) -> NoisyDPRun:

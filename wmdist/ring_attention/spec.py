@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from wmdist.costs.validate import require_choice, require_int
+from wmdist.costs.validate import require_choice, require_fields, require_int
 from wmdist.ring_attention.layout import Layout, check_layout
 
 DTypeName = Literal["float32", "float64", "bfloat16", "float16"]     # the dtypes a run's inputs may be drawn in
@@ -33,11 +33,7 @@ class RingSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require_int("seq_len", self.seq_len, 1)
-        require_int("batch", self.batch, 1)
-        require_int("heads", self.heads, 1)
-        require_int("head_dim", self.head_dim, 1)
-        require_int("block_size", self.block_size, 1)
+        require_fields(self, ("seq_len", "batch", "heads", "head_dim", "block_size"), 1)
         require_int("seed", self.seed, 0)
 
     @property

@@ -36,6 +36,14 @@ def episodes(*, batch: int = 8, steps: int = 37, state_size: int = 16, input_siz
     return cell, x.to(dtype), h0.to(dtype)
 
 
+def episode_inputs(*, world_size: int, steps: int, batch: int, seed: int, step_seconds: float,
+                   min_world_size: int = 1) -> CellInputs:
+    """The seeded `episodes` as checked CellInputs for `world_size` ranks: what scan-cell and scan-picard run on."""
+    cell, x, h0 = episodes(batch=batch, steps=steps, seed=seed)
+    return CellInputs(world_size=world_size, cell=cell, x=x, h0=h0, step_seconds=step_seconds,
+                      min_world_size=min_world_size)
+
+
 @dataclass(frozen=True, kw_only=True)
 class CellSpec:
     """scan-cell's inputs: seeded episodes (`episodes`) on at least 2 ranks, each step sleeping `step_seconds`."""
@@ -47,9 +55,9 @@ class CellSpec:
     inputs: CellInputs = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        cell, x, h0 = episodes(batch=self.batch, steps=self.steps, seed=self.seed)
-        object.__setattr__(self, "inputs", CellInputs(world_size=self.world_size, cell=cell, x=x, h0=h0,
-                                                      step_seconds=self.step_seconds, min_world_size=2))
+        inputs = episode_inputs(world_size=self.world_size, steps=self.steps, batch=self.batch, seed=self.seed,
+                                step_seconds=self.step_seconds, min_world_size=2)
+        object.__setattr__(self, "inputs", inputs)
 
 
 def cell_ranks(ctx: Context, spec: CellSpec) -> BoundaryRank:

@@ -29,7 +29,7 @@ from wmdist.report import Check, Report, counts_per_rank, exact_check, max_abs_e
 from wmdist.runtime import run
 from wmdist.scan.boundaries import CellInputs, CountingStep, relative, time_chunk
 from wmdist.scan.cell import GRUCell, picard, rollout
-from wmdist.scan.cell_demos import episodes
+from wmdist.scan.cell_demos import episode_inputs
 from wmdist.scan.results import PicardSweeps
 from wmdist.spans import Span
 
@@ -129,8 +129,8 @@ class PicardSpec:
     plan: SweepPlan = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        gru, x, h0 = episodes(batch=self.batch, steps=self.steps, seed=self.seed)
-        inputs = CellInputs(world_size=self.world_size, cell=gru, x=x, h0=h0, step_seconds=self.step_seconds)
+        inputs = episode_inputs(world_size=self.world_size, steps=self.steps, batch=self.batch, seed=self.seed,
+                                step_seconds=self.step_seconds)
         object.__setattr__(self, "plan", SweepPlan(inputs=inputs, max_sweeps=self.world_size,
                                                    stop_below=self.stop_below))
 
