@@ -77,6 +77,10 @@ def test_timeline_plot_has_one_bar_per_span():
     plt.close(fig)
     with pytest.raises(ValueError, match="unit"):
         timeline_figure(spans, unit="h")
+    four = [Span(r, 0.0, 1.0, "compute") for r in range(4)]
+    fig = timelines_figure({"hand-off": four, "sweeps": four, "episodes": four})     # chapter 07's stack
+    assert fig.get_size_inches()[1] * fig.dpi <= 700, "three 4-rank timelines must fit a laptop screen"
+    plt.close(fig)
 
 
 # --- on real ranks ------------------------------------------------------------------------

@@ -69,8 +69,9 @@ def timelines_figure(timelines: Mapping[str, Iterable[Span]], *, row_label: str 
     if not items:
         raise ValueError("timelines must hold at least one timeline")
     heights = [max(1, len({s.row for s in spans})) for _, spans in items]
+    row = min(0.55, 5.0 / sum(heights))   # inches per row: three 4-rank timelines still fit 700 px
     with plt.ioff():
-        fig, axes = plt.subplots(len(items), 1, sharex=True, figsize=(8, 0.8 + 0.55 * sum(heights) + 0.4 * len(items)),
+        fig, axes = plt.subplots(len(items), 1, sharex=True, figsize=(8, 0.8 + row * sum(heights) + 0.4 * len(items)),
                                  height_ratios=heights, layout="constrained", squeeze=False)
     for ax, (name, spans) in zip(axes[:, 0], items):
         timeline_figure(spans, title=name, row_label=row_label, unit=unit, ax=ax)
