@@ -143,6 +143,7 @@ def _registers(path: Path) -> bool:
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_figures_read_results_and_never_load_a_runner(path):
     """A chapter's figures and tables take records (results.py, spec.py, the pure models) and reach no module
-    that registers demos or exercises, so drawing a stored result never loads what runs one."""
+    that registers demos or exercises (the runners that hold rank functions), so drawing a stored result loads
+    no chapter's demo code. The package itself (wmdist/__init__, the runtime) is loaded by any import."""
     runners = sorted(str(p.relative_to(ROOT)) for p in _reaches(path) if _registers(p))
     assert not runners, f"{path.relative_to(ROOT)} loads {runners}"

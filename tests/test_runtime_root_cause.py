@@ -2,19 +2,16 @@
 
 When a rank dies, its peers' next communication fails at once and they reply with an error, which can
 reach the parent a moment before the dead rank's exit does. The pool gives a rank's error a short
-grace (`ROOT_CAUSE_GRACE_S`) for a peer's death to show, and names the dead one.
+grace (`ROOT_CAUSE_GRACE_S`) for a peer's death to show, and names the dead one. The race is not
+reproducible on demand (a peer's broken receive is usually slower than the death), so the choice is
+tested on the pool's own method with stand-in processes.
 """
 from __future__ import annotations
 
-import os
 import signal
 from types import SimpleNamespace
 
-import pytest
-import torch
-
-from wmdist.comm import recv
-from wmdist.runtime import RankFailure, run
+from wmdist.runtime import RankFailure
 from wmdist.runtime.pool import Pool
 
 
@@ -53,23 +50,3 @@ def test_the_raising_rank_stays_named_when_no_peer_died_or_the_dead_one_replied_
     assert Pool._root_cause(_pool({2: -9}, replies={2}), RAISED, {2}, grace=0.0) is RAISED   # 2's reply is waiting
     timeout = RankFailure(1, "timeout", "did not finish", "")
     assert Pool._root_cause(_pool({2: -9}), timeout, {2}, grace=0.0) is timeout              # only errors defer
-
-
-def _die_or_wait(ctx):
-    """Rank 2 (of 3) kills itself; rank 1 waits for a message from it, so its receive breaks when 2 dies.
-
-    The parent handles ranks that are ready at once in rank order, so without the grace rank 1's error
-    would be taken first whenever both arrive in one wait."""
-    torch.set_num_threads(1)
-    if ctx.rank == 2:
-        os.kill(os.getpid(), signal.SIGKILL)
-    if ctx.rank == 1:
-        recv(ctx, torch.empty(4), 2, phase="never sent")
-    return ctx.rank
-
-
-def test_a_killed_rank_is_named_by_the_launcher():
-    """End to end (here the peer's error is slower than the death, so this passed before the grace too)."""
-    with pytest.raises(RankFailure) as failure:
-        run(_die_or_wait, 3, timeout=60)
-    assert (failure.value.rank, failure.value.reason) == (2, "signal"), str(failure.value)

@@ -1,4 +1,4 @@
-"""The `wmdist` command: list, verify, bench, memory.
+"""The `wmdist` command: list, verify, bench, memory, schedule, lab.
 
 Usage errors exit with status 2 and a one-line message (every subcommand's
 parser, and the checks each command makes before it runs); under torchrun

@@ -95,11 +95,16 @@ class Experiment(Generic[S, R]):
         given = [k for k in ("ranks", "local", "jobs") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"experiment {self.name!r}: give exactly one of ranks, local, jobs; got {given or 'none'}")
-        refused = [why for n in self.world_sizes if (why := self.refuses(n))]
+        refused = []
+        for n in self.world_sizes:          # each spec built once: refused, or checked for its size
+            try:
+                spec = self.spec(n)
+            except ValueError as err:
+                refused.append(f"{self.name}: {err}")
+                continue
+            self._sized(spec, n)
         if refused:
             raise ValueError(f"experiment {self.name!r} lists world sizes its spec refuses: {'; '.join(refused)}")
-        for n in self.world_sizes:
-            self._sized(self.spec(n), n)
 
     def _sized(self, spec: S, world_size: int) -> S:
         """`spec`, once it is seen to run on the `world_size` ranks it was built for (a demo bug otherwise)."""
@@ -148,7 +153,8 @@ class Experiment(Generic[S, R]):
             return [self.local(spec)]
         if self.jobs is not None:
             def launch(fn: Callable[..., Any], world_size: int, *args: Any, **kwargs: Any) -> list[Any]:
-                return run(fn, world_size, *args, timeout=self.timeout, **kwargs)
+                kwargs.setdefault("timeout", self.timeout)      # a job may give its own (a run meant to die)
+                return run(fn, world_size, *args, **kwargs)
             return [self.jobs(spec, launch)]
         assert self.ranks is not None
         return run(self.ranks, spec.world_size, spec, timeout=self.timeout)

@@ -2,8 +2,9 @@
 
 Checks are grouped by their reason, which is said once above its rows, not
 on every row; a group of more than FOLD_ROWS checks is folded under its
-verdict and its largest error in units of its tolerance, so one report stays
-about a screen high; numbers never wrap in the middle.
+verdict and count (opened when one fails), so one report stays about a
+screen high; numbers never wrap in the middle. A yes/no check (`fact`) shows
+"holds" or "does NOT hold" in place of its numbers.
 """
 from __future__ import annotations
 
@@ -25,9 +26,8 @@ def checks_html(checks: Sequence[Any]) -> str:
             groups.append([c])
     parts = []
     for group in groups:
-        rows = "".join(f"<tr><td>{'ok' if c.passed else 'FAIL'}</td><td style='text-align:left'>{esc(c.name)}{_where(c)}</td>"
-                       f"<td {NUMBER}>{c.error:.3g}</td><td {NUMBER}>{'&ge;' if c.must_differ else '&le;'} "
-                       f"{c.tolerance:.3g}</td></tr>" for c in group)
+        rows = "".join(f"<tr><td>{'ok' if c.passed else 'FAIL'}</td><td style='text-align:left'>{esc(c.name)}"
+                       f"{_where(c)}</td>{_numbers(c)}</tr>" for c in group)
         table = f"<table><tr><th></th><th>check</th><th>error</th><th>tolerance</th></tr>{rows}</table>"
         failed = sum(not c.passed for c in group)
         head = (f"<b>{'all ok' if not failed else f'{failed} FAIL'}</b>, {len(group)} check(s). "
@@ -52,3 +52,11 @@ def counts_html(groups: Sequence[Sequence[Any]]) -> str:
 def _where(check: Any) -> str:
     """Where a check's error was largest, small after its name (empty when the demo did not say)."""
     return f" <small>(worst: {html.escape(check.detail)})</small>" if check.detail else ""
+
+
+def _numbers(check: Any) -> str:
+    """The error and tolerance cells of a check's row (one cell saying whether it holds, for a yes/no check)."""
+    if check.fact:
+        return f"<td colspan=2>{'holds' if check.passed else 'does NOT hold'}</td>"
+    sign = "&ge;" if check.must_differ else "&le;"
+    return f"<td {NUMBER}>{check.error:.3g}</td><td {NUMBER}>{sign} {check.tolerance:.3g}</td>"

@@ -25,7 +25,7 @@ import math
 from fractions import Fraction
 from typing import Literal, get_args
 
-from wmdist.costs.validate import require_bool, require_int, require_positive, require_real
+from wmdist.costs.validate import require_bool, require_choice, require_int, require_positive, require_real
 
 Layout = Literal["contiguous", "zigzag"]    # which tokens a rank holds (wmdist.ring_attention.layout)
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
@@ -103,8 +103,7 @@ def dead_kv_sends(world_size: int, *, layout: Layout, causal: bool = True) -> in
     Zigzag, or no mask: every rank reads every block, none is dead.
     """
     n = require_int("world_size", world_size, 1)
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be 'contiguous' or 'zigzag', got {layout!r}")
+    require_choice("layout", layout, LAYOUTS)
     return n * (n - 1) // 2 if require_bool("causal", causal) and layout == "contiguous" else 0
 
 

@@ -20,7 +20,7 @@ import sys
 from fractions import Fraction
 from typing import Any, NoReturn
 
-from wmdist.pipeline.schedules import (MAX_CHUNKS, MAX_MICROBATCHES, MAX_SLOTS, MAX_STAGES, Schedule, check_size,
+from wmdist.pipeline.schedules import (MAX_CHUNKS, MAX_MICROBATCHES, MAX_SLOTS, MAX_STAGES, Schedule,
                                        make_schedule, to_json)
 from wmdist.pipeline.simulate import gantt_text, simulate
 
@@ -67,7 +67,6 @@ def build(args: argparse.Namespace) -> Schedule:
     """The Schedule the arguments describe (ValueError naming the flag on bad input)."""
     chunks = args.chunks if args.chunks is not None else (2 if args.name == "interleaved" else 1)
     try:
-        check_size(args.stages, args.microbatches, chunks=chunks)
         return make_schedule(args.name, args.stages, args.microbatches, chunks=chunks)
     except ValueError as err:
         field = str(err).split(" ", 1)[0]

@@ -25,7 +25,7 @@ from wmdist.costs.validate import require_bool, require_choice, require_int, req
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Schedule
 
 ACTIVATION, GRADIENT = "activation", "gradient"
-MAX_STAGES = 8                          # the demos' model has 8 blocks: at most one stage (rank) per block
+DEMO_LAYERS = 8                         # the demos' model has 8 blocks: at most one stage (rank) per block
 Message = tuple[str, int, int]          # (kind, virtual stage that sends, microbatch): ("F", s, m) goes to s+1
 
 
@@ -119,7 +119,7 @@ class PipeWork:
     """
     batch_size: int = 8                       # B trajectories per step (independent environments)
     seq_len: int = 6                          # T time steps per trajectory
-    layers: int = MAX_STAGES                  # transformer blocks cut into P*v stages
+    layers: int = DEMO_LAYERS                 # transformer blocks cut into P*v stages
     seed: int = 0
     forward_only: bool = False                # run only the forwards (no grad): the text's basic schedule
     slot_seconds: float = 0.0                 # sleep per unit of forward work; backward sleeps 2x

@@ -196,8 +196,11 @@ class Pool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return failure
+            running = [self._procs[r].sentinel for r in others if self._procs[r].exitcode is None]
+            if not running:                 # the others ended with a reply waiting: nothing more to see
+                return failure
             with contextlib.suppress(OSError, ValueError):
-                wait([self._procs[r].sentinel for r in others], timeout=remaining)
+                wait(running, timeout=remaining)
 
     def _receive(self, rank: int, starting: bool) -> list | None:
         """Read one reply's body (None if the rank is gone); a failure it reports raises RankFailure."""

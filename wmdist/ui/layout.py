@@ -16,7 +16,7 @@ WRAP = "white-space: normal; overflow-wrap: break-word; line-height: 1.4"
 LEFT_WIDTH = "23em"
 
 
-def panel_layout(panel: Any, top: list[W.Widget], extra_widgets: list[W.Widget]) -> W.Box:
+def panel_layout(panel: Any, extra_widgets: list[W.Widget]) -> W.Box:
     """The widget tree of `panel` (a ui.Panel): hint; controls and run box | view buttons, figure, numbers;
     details. With `panel.control_groups`, every control must sit in one of the tabs."""
     knobs: list[W.Widget] = [*panel.controls.values(), *panel.extra.values()]
@@ -31,7 +31,7 @@ def panel_layout(panel: Any, top: list[W.Widget], extra_widgets: list[W.Widget])
         pages = [W.VBox([by_name[n] for n in names]) for names in panel.control_groups.values()]
         knobs = [W.Tab(children=pages, titles=tuple(panel.control_groups))]
     hint = W.HTML(f"<div style='{WRAP}; color:#333'><b>Try first:</b> {panel.hint}</div>" if panel.hint else "")
-    left = W.VBox([*top, *knobs, panel.run_button, *extra_widgets, panel.progress, panel.status],
+    left = W.VBox([*knobs, panel.run_button, *extra_widgets, panel.progress, panel.status],
                   layout=W.Layout(width=LEFT_WIDTH, min_width=LEFT_WIDTH, flex="0 0 auto"))
     right = W.VBox([panel.selector, panel.figure_box, panel.summary],
                    layout=W.Layout(flex="1 1 auto", min_width="0", overflow="visible"))

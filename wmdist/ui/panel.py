@@ -69,8 +69,8 @@ class Panel:
     control_groups: dict[str, tuple[str, ...]] = {}     # tab title -> knob names; {}: one column of knobs
     measured_view: str | None = None                    # the view a finished run switches to (None: the first)
 
-    def __init__(self, config: Any, extra_controls: dict[str, W.ValueWidget] | None = None,
-                 extra_widgets: list[W.Widget] | None = None, top_widgets: list[W.Widget] | None = None):
+    def __init__(self, config: Any, *, extra_controls: dict[str, W.ValueWidget] | None = None,
+                 extra_widgets: list[W.Widget] | None = None):
         self.initial = config
         self.controls = controls_for(config)
         self.extra = extra_controls or {}      # value controls outside the config (e.g. a capacity line)
@@ -103,7 +103,7 @@ class Panel:
         for name, c in [*self.controls.items(), *self.extra.items()]:
             c.observe(lambda change, name=name: self._changed(name, change), names="value")
         self.selector.observe(lambda _change: self.redraw(), names="value")
-        self.widget = panel_layout(self, top_widgets or [], extra_widgets or [])
+        self.widget = panel_layout(self, extra_widgets or [])
         for w, name in ((self.widget, "panel"), (self.summary, "summary"), (self.status, "status"),
                         (self.figure_box, "figure"), (self.run_button, "run"), (self.progress, "progress"),
                         (self.selector, "views"), (self.details_box, "details")):

@@ -2,7 +2,7 @@
 
 matplotlib needs 40-70 ms to draw and encode even one small axes, and the
 browser round trip adds 30-50 ms: a slider answering in under 100 ms needs
-its next picture ready. While the kernel is idle after a change, a daemon
+its next picture ready. While the kernel is idle after a change, a worker
 thread draws the views one step away on each control (the last moved control
 first, in the direction it moved) into figures of its own, and keeps their
 PNGs. A move that lands on one of them costs only the pure model and the
@@ -64,7 +64,7 @@ def candidates(controls: dict[str, W.ValueWidget], last: str | None, *, forward:
 
 
 class Prefetcher:
-    """A cache of PNGs by key, filled by one daemon thread; `render(key)` is called on that thread."""
+    """A cache of PNGs by key, filled by one worker thread (not a daemon, see above); `render(key)` runs on it."""
 
     def __init__(self) -> None:
         self.generation = 0
