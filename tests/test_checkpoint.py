@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 
 from wmdist.memory import sharded_checkpoint as checkpoint
+from wmdist.memory.zero import ZeroConfig
+from wmdist.runtime import run
 from wmdist.memory.sharded_checkpoint import latest_checkpoint, overlaps, parse_key, range_key
 
 
@@ -22,6 +24,19 @@ def test_overlaps_cut_saved_ranges_to_a_new_range():
 def test_no_pointer_means_no_checkpoint(tmp_path):
     (tmp_path / ".tmp-step000002").mkdir()              # an uncommitted save is invisible
     assert latest_checkpoint(tmp_path) is None
+
+
+def test_a_save_killed_after_its_rename_but_before_the_pointer_does_not_block_the_next_save(tmp_path, one_thread):
+    """The rename is done, LATEST still names the step before: the directory is stale, and resaving that step
+    replaces it (a rename onto a non-empty directory fails otherwise)."""
+    cfg = ZeroConfig(stage=2, steps=4)
+    run(checkpoint.train_resumable, 2, str(tmp_path), cfg, until=2, save_every=2)
+    stale = tmp_path / "step000004"
+    stale.mkdir()
+    (stale / "__0_0.distcp").write_bytes(b"half of a save")
+    resumed = run(checkpoint.train_resumable, 2, str(tmp_path), cfg, until=4, save_every=2)
+    assert resumed[0].resumed_from == 2 and latest_checkpoint(tmp_path) == stale
+    assert (stale / ".metadata").exists() and (stale / "__0_0.distcp").read_bytes() != b"half of a save"
 
 
 @pytest.mark.parametrize("stage", [1, 3])
@@ -47,12 +62,14 @@ def test_kill_mid_save_keeps_the_last_good_checkpoint():
 
 def test_bad_inputs_are_refused_before_any_process(no_processes):
     assert checkpoint.RESUME.jobs is not None and checkpoint.CRASH.jobs is not None      # several jobs in a row
-    assert "world_size must be a positive integer" in checkpoint.RESUME.refuses(0)
+    assert "world_size must be an integer >= 1, got 0" in checkpoint.RESUME.refuses(0)
     with pytest.raises(ValueError, match="world_size"):
         checkpoint.resume_report(0)
-    with pytest.raises(ValueError, match="save_at"):
+    with pytest.raises(ValueError, match="save_at must be an integer from 1 to 3, got 4"):
         checkpoint.resume_report(2, save_at=4, until=4)
-    with pytest.raises(ValueError, match="resume_on must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="save_at must be an integer"):
+        checkpoint.resume_report(2, save_at=1.5)            # would never save: found only after two jobs
+    with pytest.raises(ValueError, match="resume_on must be an integer >= 1, got 0"):
         checkpoint.crash_report(3, resume_on=0)        # was found only after the crash run, two runs in
     with pytest.raises(ValueError, match="stage must be one of"):
         checkpoint.crash_report(3, stage=4)

@@ -86,6 +86,13 @@ def test_per_axis_formulas_agree_with_each_chapters_own():
         assert per_rank[r]["dp"].messages == s.buckets * coll.ring_allreduce_rounds(s.dp)
 
 
+def test_the_axis_that_sends_most_changes_with_the_mesh():
+    """Notebook 09's opening claim: rank 0's largest sender is dp on the 3-D mesh and cp on the context mesh."""
+    rank0 = {"dp": 0, "tp": 0, "pp": 0, "cp": 0}
+    heaviest = [max(t := axis_traffic(s.shape, rank0), key=lambda a: t[a].bytes_sent) for s in (MESH_3D, MESH_CP)]
+    assert heaviest == ["dp", "cp"]
+
+
 def test_axis_in_node_matches_the_groups_of_a_mesh():
     for dp, tp, pp, cp in [(2, 2, 2, 1), (3, 2, 2, 2), (2, 4, 1, 2), (4, 1, 3, 1)]:
         sizes = {"dp": dp, "tp": tp, "pp": pp, "cp": cp}

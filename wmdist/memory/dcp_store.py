@@ -96,6 +96,10 @@ def save_checkpoint(ctx: Context, root: str, state: RankState, *, die_on_rank: i
         dcp.save(to_save, storage_writer=writer)
     barrier(ctx, phase="checkpoint: all written")
     if ctx.rank == 0:
+        if final.exists():      # a save killed between its rename and the pointer: never committed
+            if latest_checkpoint(root) == final:
+                raise ValueError(f"{final} is already the committed checkpoint; a step is saved once")
+            shutil.rmtree(final)
         tmp.rename(final)
         pointer_tmp = Path(root) / f".{POINTER}.tmp"
         with open(pointer_tmp, "w") as f:

@@ -28,6 +28,7 @@ from wmdist.memory.dcp_store import (POINTER, SHARDED, latest_checkpoint, load_c
                                      parse_key, range_key, save_checkpoint)
 from wmdist.memory.zero import RankState, ZeroConfig, init_state, train_step, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
+from wmdist.costs.validate import require_int
 from wmdist.report import Report, close_check, exact_check, fact_check
 from wmdist.runtime import RankFailure
 
@@ -77,13 +78,6 @@ def assemble(results: list[ResumableRun], which: Literal["loaded", "final"]) -> 
     return {k: torch.cat([getattr(r, which)[k] for r in results]) for k in SHARDED}
 
 
-def _require_sizes(**sizes: int) -> None:
-    """Each world size a positive integer (a ValueError naming the first that is not), before any process starts."""
-    for name, n in sizes.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} must be a positive integer, got {n!r}")
-
-
 def _other_size(world_size: int) -> int:
     return 2 if world_size != 2 else 3
 
@@ -103,9 +97,9 @@ def resume_spec(world_size: int, *, resume_on: int | None = None, stage: int = 2
                 until: int = 4) -> ResumeSpec:
     """The resume demo's spec; bad sizes, steps or stage are refused here (ValueError), before any process."""
     resume_on = _other_size(world_size) if resume_on is None else resume_on
-    _require_sizes(world_size=world_size, resume_on=resume_on)
-    if not 1 <= save_at < until:
-        raise ValueError(f"need 1 <= save_at < until, got save_at={save_at!r}, until={until!r}")
+    world_size, resume_on = require_int("world_size", world_size, 1), require_int("resume_on", resume_on, 1)
+    until = require_int("until", until, 2)
+    save_at = require_int("save_at", save_at, 1, high=until - 1)       # a step the first job reaches and saves
     return ResumeSpec(world_size=world_size, resume_on=resume_on, save_at=save_at,
                       cfg=ZeroConfig(stage=stage, steps=until))
 
@@ -177,13 +171,13 @@ class CrashSpec:
 def crash_spec(world_size: int, *, resume_on: int | None = None, stage: int = 2) -> CrashSpec:
     """The crash demo's spec; bad sizes or stage are refused here (ValueError), before any process."""
     resume_on = _other_size(world_size) if resume_on is None else resume_on
-    _require_sizes(world_size=world_size, resume_on=resume_on)
+    world_size, resume_on = require_int("world_size", world_size, 1), require_int("resume_on", resume_on, 1)
     return CrashSpec(world_size=world_size, resume_on=resume_on, cfg=ZeroConfig(stage=stage, steps=4))
 
 
 @dataclass(frozen=True)
 class CrashEvidence:
-    """What the crash left: the launcher's one-line failure, and the half-written data files."""
+    """What the crash left: the launcher's one-line failure, and every file in the uncommitted save's directory."""
     failure: str
     partial_files: list[str]
 
@@ -211,7 +205,7 @@ def crash_jobs(spec: CrashSpec, launch: Launch) -> CrashRuns:
         except RankFailure as err:
             failure = err
         latest = latest_checkpoint(root)
-        partial = sorted(p.name for p in (Path(root) / ".tmp-step000004").glob("*.distcp"))
+        partial = sorted(p.name for p in (Path(root) / ".tmp-step000004").iterdir())
         resumed = launch(train_resumable, spec.resume_on, root, cfg, until=4, save_every=2)
         committed = latest_checkpoint(root)
     finally:
@@ -225,11 +219,12 @@ def compare_crash(spec: CrashSpec, results: list[CrashRuns]) -> Verdict:
     """The failure and its leftovers, LATEST before and after the resume, and the resumed weights against Adam."""
     (runs,), cfg = results, spec.cfg
     tol, why = adam_tolerance(cfg, max(spec.world_size, spec.resume_on))
-    checks = [fact_check("the save of step 4 failed: a rank was killed inside dcp.save", holds=runs.failed,
-                         reason="the launcher raises RankFailure"),
-              fact_check("its data files were left half-written in the temporary directory",
-                         holds=bool(runs.evidence.partial_files),
-                         reason="the killed rank wrote its shard before dying"),
+    checks = [fact_check("the save of step 4 failed: the launcher raised RankFailure", holds=runs.failed,
+                         reason="one rank kills itself inside dcp.save"),
+              fact_check("the save was left uncommitted: the killed rank's data file there, no metadata",
+                         holds=f"__{spec.world_size - 1}_0.distcp" in runs.evidence.partial_files
+                         and ".metadata" not in runs.evidence.partial_files,
+                         reason="the killed rank wrote its shard, then died before DCP's metadata was written"),
               fact_check("after the crash LATEST still names step000002", holds=runs.latest_after_crash == "step000002",
                          reason="the pointer moves only after every rank has written"),
               fact_check("resumed from step 2", holds=runs.resumed[0].resumed_from == 2,
