@@ -13,7 +13,9 @@ Committing: ranks save into a temporary directory; after everyone has
 finished (a barrier), rank 0 renames it to its final name and then replaces
 the pointer file LATEST atomically (write a temporary file, fsync,
 os.replace). `latest_checkpoint` follows only LATEST, so a job killed at any
-moment of a save leaves the previous checkpoint as the latest one.
+moment of a save leaves the previous checkpoint as the latest one. A job
+killed between the rename and the pointer leaves a final-named directory that
+LATEST never named: the next save of that step removes it before its rename.
 """
 from __future__ import annotations
 
