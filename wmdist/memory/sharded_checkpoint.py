@@ -205,7 +205,8 @@ def crash_jobs(spec: CrashSpec, launch: Launch) -> CrashRuns:
         except RankFailure as err:
             failure = err
         latest = latest_checkpoint(root)
-        partial = sorted(p.name for p in (Path(root) / ".tmp-step000004").iterdir())
+        uncommitted = Path(root) / ".tmp-step000004"          # absent if the save never began
+        partial = sorted(p.name for p in uncommitted.iterdir()) if uncommitted.is_dir() else []
         resumed = launch(train_resumable, spec.resume_on, root, cfg, until=4, save_every=2)
         committed = latest_checkpoint(root)
     finally:
