@@ -37,6 +37,33 @@ def test_a_save_killed_after_its_rename_but_before_the_pointer_does_not_block_th
     resumed = run(checkpoint.train_resumable, 2, str(tmp_path), cfg, until=4, save_every=2)
     assert resumed[0].resumed_from == 2 and latest_checkpoint(tmp_path) == stale
     assert (stale / ".metadata").exists() and (stale / "__0_0.distcp").read_bytes() != b"half of a save"
+    assert [r.dropped for r in resumed] == [(str(stale),), ()]      # and it says what it removed (rank 0 removes)
+
+
+def test_a_rerun_after_a_kill_mid_save_names_the_half_written_save_it_drops(tmp_path, one_thread):
+    """A save killed before its commit leaves .tmp-stepN; the next save of step N removes it, and says so: a
+    DroppedSaveWarning naming the directory, and the directory in the run's result."""
+    cfg = ZeroConfig(stage=2, steps=4)
+    run(checkpoint.train_resumable, 2, str(tmp_path), cfg, until=2, save_every=2)
+    half = tmp_path / ".tmp-step000004"
+    half.mkdir()
+    (half / "__1_0.distcp").write_bytes(b"one rank's shard, then the kill")
+    resumed = run(checkpoint.train_resumable, 2, str(tmp_path), cfg, until=4, save_every=2)
+    assert [r.dropped for r in resumed] == [(str(half),), ()]
+    assert not half.exists() and latest_checkpoint(tmp_path) == tmp_path / "step000004"
+    again = run(checkpoint.train_resumable, 2, str(tmp_path), cfg, until=6, save_every=2)   # nothing left over
+    assert [r.dropped for r in again] == [(), ()]
+
+
+def test_dropping_an_uncommitted_save_warns_with_its_name_and_refuses_a_committed_one(tmp_path):
+    (tmp_path / ".tmp-step000002").mkdir()
+    with pytest.warns(checkpoint.DroppedSaveWarning, match=r"dropped .*\.tmp-step000002: an earlier save of step0+2"):
+        assert checkpoint.drop_uncommitted(tmp_path, "step000002") == (tmp_path / ".tmp-step000002",)
+    (tmp_path / "step000002").mkdir()
+    (tmp_path / "LATEST").write_text("step000002")
+    with pytest.raises(ValueError, match="already the committed checkpoint"):
+        checkpoint.drop_uncommitted(tmp_path, "step000002")
+    assert (tmp_path / "step000002").is_dir()
 
 
 @pytest.mark.parametrize("stage", [1, 3])
@@ -58,6 +85,7 @@ def test_kill_mid_save_keeps_the_last_good_checkpoint():
     report = checkpoint.crash_report(3, resume_on=2)
     assert report.passed, str(report)
     assert report.data.partial_files, "the killed save should have left files in its temporary directory"
+    assert any("dropped the uncommitted .tmp-step000004" in c.name for c in report.checks)   # the Report says so
 
 
 def test_bad_inputs_are_refused_before_any_process(no_processes):

@@ -24,6 +24,56 @@ def test_list_names_the_ring_demo(capsys):
     assert "ring-allreduce" in capsys.readouterr().out
 
 
+def test_the_catalog_wmdist_list_prints_is_the_registry():
+    from wmdist import catalog
+    from wmdist.demos import registry
+    built = [catalog.Demo(d.name, d.chapter, d.world_sizes, d.title) for d in registry().values()]
+    missing = [f"    Demo({d.name!r}, {d.chapter!r}, {d.world_sizes!r}, {d.title!r})," for d in built
+               if d not in catalog.DEMOS]
+    assert not missing, "wmdist/catalog.py lacks (or has another version of):\n" + "\n".join(missing)
+    assert list(catalog.DEMOS) == built          # the same demos, in course order, none extra
+
+
+@pytest.mark.parametrize("args", [["--help"], [], ["no-such-command"], ["list"], ["lab", "--help"],
+                                  ["schedule", "1f1b", "-P", "4", "-M", "8"], ["schedule", "1f1b", "-P", "0"],
+                                  ["memory", "--params", "7B", "--dtype", "bf16", "--zero", "2", "--dp", "8"],
+                                  ["memory", "--model", "gpt3-6.7b", "--tp", "2", "--pp", "2", "--json"],
+                                  ["memory", "--params", "-7B"], ["verify", "no-such-demo"], ["verify", "--help"]])
+def test_commands_that_start_no_rank_import_no_torch(args):
+    """Help, usage errors, list, schedule and memory answer without importing torch (seconds on a busy machine)."""
+    probe = ("import sys\n"
+             "from wmdist.cli import main\n"
+             "try:\n"
+             f"    code = main({args!r})\n"
+             "except SystemExit as stop:\n"
+             "    code = stop.code\n"
+             "print('exit', code, 'torch imported:', 'torch' in sys.modules, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(("exit 0 ", "exit 2 ")) and last.endswith("torch imported: False"), done.stderr
+
+
+def test_the_cli_reads_torchrun_as_the_runtime_does(monkeypatch):
+    from wmdist import runtime
+    from wmdist.cli import TORCHRUN_VARS, under_torchrun
+    for present in range(1 << len(TORCHRUN_VARS)):
+        for i, name in enumerate(TORCHRUN_VARS):
+            if present >> i & 1:
+                monkeypatch.setenv(name, "0")
+            else:
+                monkeypatch.delenv(name, raising=False)
+        assert under_torchrun() == runtime.under_torchrun()
+
+
+def test_wmdist_run_is_still_the_package_entry_point():
+    import wmdist
+    from wmdist.runtime import RankFailure, run
+    assert wmdist.run is run and wmdist.RankFailure is RankFailure and "run" in dir(wmdist)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        wmdist.nope
+
+
 def test_verify_json_is_a_list_of_report_dicts(capsys):
     assert main(["verify", "ring-allreduce", "-n", "3", "--json"]) == 0
     reports = json.loads(capsys.readouterr().out)
@@ -33,7 +83,7 @@ def test_verify_json_is_a_list_of_report_dicts(capsys):
 
 def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
     failing = Report("broken", 2, [Check("deliberately wrong", 1.0, 0.0, "test")])
-    monkeypatch.setattr("wmdist.cli.verify", lambda names, *, world_size=None, progress=None: [failing])
+    monkeypatch.setattr("wmdist.demos.verify", lambda names, *, world_size=None, progress=None: [failing])
     assert main(["verify"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "deliberately wrong" in out
@@ -57,7 +107,6 @@ def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monke
     demos = {"breaks": toy("breaks", breaks),
              "fine": toy("fine", lambda spec, results: Verdict(checks=[Check("x", 0.0, 1.0, "r")]))}
     monkeypatch.setattr("wmdist.demos.registry", lambda: demos)
-    monkeypatch.setattr("wmdist.cli.registry", lambda: demos)
     assert main(["verify"]) == 1
     captured = capsys.readouterr()
     assert "usage" not in captured.err

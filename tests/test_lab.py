@@ -4,6 +4,9 @@
   checkout, so it must find the checkout's notebooks itself), prints one URL, and that URL
   answers 200; the server's root is the notebooks folder and it refuses a request without the
   printed token. The suite runs as root in CI, so there this also proves the root case.
+- Before it starts anything: a busy --port, a missing notebooks folder or a bad argument is one
+  `wmdist lab: error:` line (a pasted-in argument named, not echoed); the address is printed
+  without importing torch. One Ctrl-C at a terminal stops the server.
 - `.ci/run --print-commands` prints exactly the README's two commands, and .ci/run installs
   nothing else with pip nor sets pip's options behind the README's back.
 - The torch pin is exact and names the same release as Binder's.
@@ -12,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +31,7 @@ import pytest
 
 from conftest import free_port
 from wmdist import lab
+from wmdist.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,11 +95,92 @@ def test_lab_adds_allow_root_only_for_root_and_never_wanders_to_another_port(tmp
     assert as_root[-2:] == ["--ip", "0.0.0.0"] and "--ServerApp.open_browser=False" in as_root
 
 
-def test_lab_without_the_notebooks_is_a_usage_error(tmp_path, capsys):
+def _usage_error(args: list[str], capsys) -> str:
+    """What `wmdist ARGS` prints on stderr, having exited with status 2 (in this process: the console script's main)."""
     with pytest.raises(SystemExit) as stop:
-        lab.find_notebooks(tmp_path)
+        main(args)
     assert stop.value.code == 2
-    assert "00_start_here.ipynb" in capsys.readouterr().err
+    return capsys.readouterr().err
+
+
+def test_lab_without_the_notebooks_is_a_usage_error(tmp_path, capsys):
+    err = _usage_error(["lab", "--notebooks", str(tmp_path)], capsys)
+    assert err.startswith(f"wmdist lab: error: no 00_start_here.ipynb in {tmp_path}") and err.count("\n") == 1
+
+
+def test_lab_errors_say_error_like_every_other_command(capsys):
+    err = _usage_error(["lab", "--port", "70000"], capsys)
+    assert err == "wmdist lab: error: --port must be in 1..65535, got 70000\n"
+    assert _usage_error(["lab", "--port", "x"], capsys).startswith("wmdist lab: error: argument --port")
+
+
+@pytest.mark.parametrize("args", [["lab", "--notebooks", "x" * 100_000], ["lab", "--port", "9" * 100_000],
+                                  ["verify", "y" * 100_000], ["z" * 100_000]])
+def test_an_argument_pasted_by_mistake_is_named_not_echoed(args, capsys):
+    err = _usage_error(args, capsys)
+    assert len(err) < 600 and "(100,000 characters)" in err and err.count("\n") == 1, err[:600]
+
+
+def test_a_busy_port_is_refused_before_jupyterlab_starts(tmp_path):
+    port = free_port()
+    with socket.socket() as other:                # another program listens on the port asked for
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        done = subprocess.run([sys.executable, "-m", "wmdist", "lab", "--no-browser", "--port", str(port)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr == (f"wmdist lab: error: --port {port} is in use by another program; pass another port, "
+                           "or leave --port out to take a free one\n")
+
+
+def test_lab_prints_its_address_without_importing_torch(tmp_path):
+    """The address comes before JupyterLab starts, and nothing before it imports torch (seconds on a busy machine)."""
+    probe = ("import os, sys\n"
+             "os.execve = lambda *a: (print('torch imported:', 'torch' in sys.modules), sys.exit(0))\n"
+             "from wmdist.cli import main\n"
+             f"main(['lab', '--no-browser', '--port', '{free_port()}'])\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "wmdist lab: open http://localhost:" in done.stdout and "torch imported: False" in done.stdout
+
+
+def test_one_ctrl_c_stops_wmdist_lab(tmp_path):
+    """At a terminal JupyterLab answers a first Ctrl-C with "Shut down this Jupyter server (y/[n])?" and goes on
+    serving after 5 s without an answer; `wmdist lab` stops at the first. The terminal is a pseudo-terminal here,
+    the Ctrl-C a SIGINT to the server's process group, as a terminal sends it."""
+    port = free_port()
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    terminal, tty = pty.openpty()
+    server = subprocess.Popen([sys.executable, "-m", "wmdist", "lab", "--no-browser", "--port", str(port)],
+                              cwd=tmp_path, env=env, stdin=tty, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    os.close(tty)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(server.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and server.poll() is None and _status(port) is None:
+            time.sleep(0.5)
+        assert _status(port) is not None, f"JupyterLab did not answer on {port}:\n{''.join(lines)}"
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            code = server.wait(timeout=30)     # it stops in about a second; without the fix it never does
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still serving 30 s after one Ctrl-C:\n{''.join(lines[-5:])}")
+        assert code == 0 and _status(port) is None
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+        os.close(terminal)
+
+
+def _status(port: int) -> int | None:
+    """The HTTP status a server on `port` answers with, None when nothing answers."""
+    try:
+        return _get(f"http://127.0.0.1:{port}/api/status")[0]
+    except OSError:
+        return None
 
 
 def test_ci_runs_exactly_the_readme_commands():
@@ -105,7 +192,10 @@ def test_ci_runs_exactly_the_readme_commands():
     assert f"```bash\n{open_course}\n```" in readme and f"```bash\n{run_tests}\n```" in readme
     assert open_course.endswith("&& wmdist lab") and run_tests.endswith("&& python -m pytest")
     for cmd in printed:      # fail fast on an unreachable index, and take the CPU build of torch
-        assert "--retries 0" in cmd and "--extra-index-url https://download.pytorch.org/whl/cpu" in cmd
+        # PIP_RETRIES in the environment, not --retries: the editable build's own pip process (build
+        # isolation, fetching hatchling) inherits the environment and not the options.
+        assert cmd.startswith("PIP_RETRIES=0 pip install ") and "--retries" not in cmd
+        assert "--extra-index-url https://download.pytorch.org/whl/cpu" in cmd
     script = [ln for ln in (REPO / ".ci" / "run").read_text().splitlines() if not ln.lstrip().startswith("#")]
     assert not [ln for ln in script if "pip install" in ln or "PIP_" in ln], "CI installs or tunes pip itself"
 

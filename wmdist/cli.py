@@ -5,6 +5,10 @@ parser, and the checks each command makes before it runs); under torchrun
 every process exits so and rank 0 alone prints it. `verify` exits 1 if any
 check fails. Under torchrun, `verify` runs in every launched process and
 rank 0 prints.
+
+Parsing, help, usage errors, `list`, `memory`, `schedule` and `lab` import no torch (seconds on a
+busy machine, before even `--help` could answer): what needs it (`verify`, `bench`, torchrun's
+teardown) imports it inside the command that runs.
 """
 from __future__ import annotations
 
@@ -12,14 +16,16 @@ import argparse
 import functools
 import json
 import os
+import re
 import sys
 from typing import NoReturn
 
-from wmdist import lab, runtime
-from wmdist.demos import plan, registry, verify
+from wmdist import catalog, lab
 from wmdist.memory.command import add_memory_parser, join_signed_values, memory_main
 from wmdist.pipeline import cli as schedule_cli
-from wmdist.report import format_table, to_json
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")     # as wmdist.runtime.under_torchrun reads them
+ECHO_LIMIT = 200         # longest word of an argument an error message repeats in full
 
 
 def _positive_int(text: str) -> int:
@@ -32,10 +38,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def under_torchrun() -> bool:
+    """wmdist.runtime.under_torchrun without importing torch: inside a process that torchrun launched."""
+    return all(k in os.environ for k in TORCHRUN_VARS)
+
+
+def shorten(message: str, *, limit: int = ECHO_LIMIT) -> str:
+    """`message` with every word (a run without spaces, quotes, commas or semicolons) longer than `limit` characters cut
+    to its first half, marked with its length: an argument pasted by mistake is named, not printed back whole."""
+    return re.sub(rf"[^\s,;'\"]{{{limit + 1},}}", lambda m: f"{m[0][:limit // 2]}… ({len(m[0]):,} characters)", message)
+
+
 def usage_error(prog: str, message: str) -> NoReturn:
     """Print `prog: error: message` as one line (under torchrun on rank 0 only) and exit with status 2."""
-    if not runtime.under_torchrun() or os.environ.get("RANK") == "0":
-        print(f"{prog}: error: {message}", file=sys.stderr)
+    if not under_torchrun() or os.environ.get("RANK") == "0":
+        print(f"{prog}: error: {shorten(message)}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -66,19 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_list() -> int:
-    for demo in registry().values():
+    for demo in catalog.DEMOS:         # the registry's names and titles, without importing the chapters
         sizes = ",".join(map(str, demo.world_sizes))
         print(f"{demo.name:28s} ch{demo.chapter}  N={sizes:16s} {demo.title}")
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    known = registry()
-    unknown = [n for n in args.names if n not in known]
-    if unknown:
+    unknown = [n for n in args.names if n not in {d.name for d in catalog.DEMOS}]
+    if unknown:                        # answered before torch is imported
         parser.error(f"unknown demo(s): {', '.join(unknown)} (see `wmdist list`)")
+    from wmdist.demos import plan, verify
+    from wmdist.report import format_table, to_json
+
     world = args.world_size
-    if runtime.under_torchrun():
+    if under_torchrun():
         env_world = int(os.environ["WORLD_SIZE"])
         if world not in (None, env_world):
             parser.error(f"-n {world} disagrees with torchrun's WORLD_SIZE={env_world}")
@@ -87,10 +106,10 @@ def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         _, left_out = plan(args.names or None, world_size=world)    # every size checked before anything runs
     except ValueError as err:
         parser.error(f"-n {world}: {err}")
-    printing = not runtime.under_torchrun() or int(os.environ["RANK"]) == 0
+    printing = not under_torchrun() or int(os.environ["RANK"]) == 0
     for why in left_out.values() if printing else ():
         print(f"left out: {why}", file=sys.stderr)
-    quiet = runtime.under_torchrun() or not sys.stderr.isatty()
+    quiet = under_torchrun() or not sys.stderr.isatty()
     # Every usage error was raised above, before any process started; from here a demo that
     # breaks is a FAIL row with its reason, and the other demos still run.
     reports = verify(args.names or None, world_size=world, progress=None if quiet else _progress_line)
@@ -154,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "schedule":
             return schedule_cli.main(args)
         if args.command == "lab":
-            return lab.main(args)
+            try:
+                return lab.main(args)
+            except lab.LabError as err:          # found before JupyterLab starts: a usage error like any other
+                usage_error("wmdist lab", str(err))
         if args.command == "verify":
             code = _cmd_verify(args, parser)
         else:
@@ -162,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:          # e.g. `wmdist list | head`
         _discard_stdout()
         return 0
-    if runtime.under_torchrun():
+    if under_torchrun():
         _leave_torchrun(code)
     return code
 

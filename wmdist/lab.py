@@ -12,8 +12,12 @@ through the environment (`JUPYTER_TOKEN`, kept if already set), so the one line 
 
     wmdist lab: open http://localhost:8888/lab/tree/00_start_here.ipynb?token=...
 
-is the address JupyterLab then serves. It also names the torch build installed (CPU or
-CUDA), which pip does not say. The notebooks folder is the server's root: `--notebooks DIR`,
+is the address JupyterLab then serves: a --port already in use is refused before anything
+starts (LabError, which `wmdist` prints as its one-line `error:`), rather than printing an
+address that another program answers. One Ctrl-C stops the server (JupyterLab would otherwise
+ask "Shut down this Jupyter server (y/[n])?" and carry on after 5 s without an answer). It
+also names the torch build installed (CPU or CUDA), which pip does not say. The notebooks
+folder is the server's root: `--notebooks DIR`,
 else `./notebooks`, else the one beside this package in a checkout (an editable install).
 A browser is opened only where there is a display to open it on (not on a headless Linux
 shell, where the printed URL is what the reader needs).
@@ -33,6 +37,10 @@ START = "00_start_here.ipynb"
 DEFAULT_PORT = 8888
 
 
+class LabError(ValueError):
+    """Why `wmdist lab` cannot start, found before JupyterLab is started (the CLI prints it as a usage error)."""
+
+
 def add_parser(subparsers: Any) -> None:
     """Register `lab` on an argparse subparsers object."""
     p = subparsers.add_parser("lab", help="open the course in JupyterLab on chapter 00 (prints the URL; works as root)",
@@ -46,20 +54,24 @@ def add_parser(subparsers: Any) -> None:
 
 
 def find_notebooks(given: Path | None) -> Path:
-    """The folder holding the course's start notebook, or SystemExit(2) saying where it looked."""
+    """The folder holding the course's start notebook, or LabError saying where it looked."""
     checkout = Path(__file__).resolve().parents[1] / "notebooks"
     candidates = [given] if given is not None else [Path.cwd() / "notebooks", checkout]
     for folder in candidates:
-        if (folder / START).is_file():
-            return folder.resolve()
+        try:
+            if (folder / START).is_file():
+                return folder.resolve()
+        except OSError:          # a name too long for the file system, a folder we may not read: not the course
+            continue
     looked = ", ".join(str(c) for c in candidates)
-    print(f"wmdist lab: no {START} in {looked}; run it from a checkout of the course or pass --notebooks DIR",
-          file=sys.stderr)
-    raise SystemExit(2)
+    raise LabError(f"no {START} in {looked}; run it from a checkout of the course or pass --notebooks DIR")
 
 
 def _port_free(port: int) -> bool:
+    """Whether a server could listen on `port` now (SO_REUSEADDR as the server sets it, so a port a closed
+    server left in TIME_WAIT counts as free, and one another program listens on does not)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -68,11 +80,13 @@ def _port_free(port: int) -> bool:
 
 
 def choose_port(requested: int | None) -> int:
-    """`requested` as given; else 8888 when free, else a port the kernel hands out as free."""
+    """`requested` if it is free (LabError if not); else 8888 when free, else a port the kernel hands out as free."""
     if requested is not None:
         if not 0 < requested < 65536:
-            print(f"wmdist lab: --port must be in 1..65535, got {requested}", file=sys.stderr)
-            raise SystemExit(2)
+            raise LabError(f"--port must be in 1..65535, got {requested}")
+        if not _port_free(requested):
+            raise LabError(f"--port {requested} is in use by another program; pass another port, "
+                           "or leave --port out to take a free one")
         return requested
     if _port_free(DEFAULT_PORT):
         return DEFAULT_PORT
@@ -103,7 +117,7 @@ def jupyter_command(notebooks: Path, port: int, *, root: bool, browser: bool, ex
     """The JupyterLab command line `wmdist lab` runs (pure, so tests can read it)."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks}", f"--ServerApp.port={port}",
            "--ServerApp.port_retries=0", f"--ServerApp.default_url=/lab/tree/{START}",
-           f"--ServerApp.open_browser={browser}"]
+           f"--ServerApp.open_browser={browser}", "--ServerApp.answer_yes=True"]    # one Ctrl-C stops it
     if root:
         cmd.append("--allow-root")
     return cmd + list(extra)

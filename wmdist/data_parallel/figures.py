@@ -1,18 +1,23 @@
 """Figures for the all-reduce scaling model: pure functions of a ScalingCurve (and a Fit)."""
 from __future__ import annotations
 
+import math
+import textwrap
 from typing import Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator
 
 from wmdist.costs.units import seconds
 from wmdist.data_parallel.scaling import MIB, Fit, Measurement, ScalingCurve
-from wmdist.ui.render import FONT, SMALL, axes_grid, eng_axis, integer_axis
+from wmdist.ui.render import DPI, FONT, SMALL, axes_grid, eng_axis, integer_axis
 
 MARGINS = (0.1, 0.72, 0.14, 0.9)      # left, right, bottom, top: the legend goes right of the plot
 # Sizes measured, in order: blue, orange, green, red, ... (no yellow on white)
 SIZE_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:cyan")
+FIT_FIGURE_PX = (900, 360)          # the notebook's fit figure; the panel draws the same at its own size
 
 
 def _workers(ax: plt.Axes, curve: ScalingCurve, title: str, ylabel: str) -> None:
@@ -71,9 +76,16 @@ def draw_step(fig: Figure, curve: ScalingCurve) -> None:
     _workers(ax, curve, "time per step (log scale)", "time")
 
 
+FIT_MARGINS = (0.13, 0.6, 0.14, 0.9)   # the plot on the left; the fitted numbers and the legend right of it
+SUMMARY_WIDTH = 27                     # characters per line of the fitted numbers (monospace, in the right column)
+
+
 def draw_fit(fig: Figure, fit: Fit | None) -> None:
-    """This machine: measured all-reduce times against the fitted model, the fitted numbers beside them."""
-    ax = axes_grid(fig, margins=(0.1, 0.6, 0.14, 0.9))[0]
+    """This machine: measured all-reduce times against the fitted model; the fitted numbers and the legend beside them.
+
+    The legend stands in the right-hand column, under the numbers, so it never covers a measured point.
+    """
+    ax = axes_grid(fig, margins=FIT_MARGINS)[0]
     if fit is None:
         ax.set_axis_off()
         ax.text(0.5, 0.5, "Press \"Measure on this machine\" to time real all-reduces\nand fit α and β here.",
@@ -81,13 +93,36 @@ def draw_fit(fig: Figure, fit: Fit | None) -> None:
         return
     ax.set_axis_on()
     measured_axes(ax, fit)
-    ax.legend(fontsize=SMALL, loc="upper left", frameon=False)
-    fig.text(0.63, 0.5, fit_summary(fit), va="center", family="monospace", fontsize=FONT)
+    column = FIT_MARGINS[1] + 0.03
+    fig.text(column, FIT_MARGINS[3], fit_summary(fit), va="top", family="monospace", fontsize=SMALL)
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=SMALL, loc="lower left", frameon=False,
+               bbox_to_anchor=(column - 0.01, FIT_MARGINS[2] - 0.04), title="payload (dots: measured)",
+               title_fontsize=SMALL, alignment="left")
+
+
+def log_ticks(low: float, high: float, *, at_least: int = 3) -> list[float]:
+    """Tick values for a log axis from `low` to `high`, at least `at_least` of them when the range allows.
+
+    Decades first; a range narrower than that gets 1-2-5 steps, then every mantissa 1..9, and one
+    narrower still `at_least` values evenly spaced in log, to the fewest significant digits that keep them apart.
+    """
+    lo, hi = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    for mantissas in ((1,), (1, 2, 5), range(1, 10)):
+        ticks = [m * 10.0 ** e for e in range(lo, hi + 1) for m in mantissas if low <= m * 10.0 ** e <= high]
+        if len(ticks) >= at_least:
+            return ticks
+    inner = np.geomspace(low, high, at_least + 2)[1:-1]
+    for digits in range(2, 16):
+        ticks = [float(f"{v:.{digits}g}") for v in inner]
+        if len(set(ticks)) == len(ticks):
+            return ticks
+    return [float(v) for v in inner]
 
 
 def measured_axes(ax: plt.Axes, fit: Fit) -> None:
-    """Measured median times (markers) and the fitted model (lines), one colour per size."""
+    """Measured median times (markers) and the fitted model (lines), one colour per size, on a log time axis."""
     sizes = sorted({m.payload_bytes for m in fit.measurements})
+    shown = []
     for i, size in enumerate(sizes):
         pts: Sequence[Measurement] = sorted((m for m in fit.measurements if m.payload_bytes == size),
                                             key=lambda m: m.world_size)
@@ -96,32 +131,34 @@ def measured_axes(ax: plt.Axes, fit: Fit) -> None:
         ax.plot(ns, [m.seconds for m in pts], "o", color=color,
                 label=f"{size / MIB:g} MiB" if size >= MIB else f"{size / 1024:g} KiB")
         grid = list(range(2, max(ns) + 1))
-        ax.plot(grid, [fit.predict(k, size) for k in grid], "-", color=color, lw=1)
+        model = [fit.predict(k, size) for k in grid]
+        ax.plot(grid, model, "-", color=color, lw=1)
+        shown += [m.seconds for m in pts] + [t for t in model if t > 0]
     ax.set(xlabel="workers N", ylabel="all-reduce time", yscale="log")
+    low, high = min(shown) / 1.2, max(shown) * 1.2
+    ax.set_ylim(low, high)
     ax.set_title("this machine: measured (dots) vs fit (lines)", fontsize=FONT, loc="left")
     eng_axis(ax.yaxis, "s")
+    ax.yaxis.set_major_locator(FixedLocator(log_ticks(low, high)))
     integer_axis(ax.xaxis)
-    ax.legend(fontsize=SMALL)
 
 
-def fit_summary(fit: Fit) -> str:
-    """The fitted numbers as a few lines of text."""
-    return (f"fitted on {len(fit.measurements)} points\n"
-            f"α = {seconds(fit.alpha)} per round\n"
-            f"β = {seconds(fit.beta)} per byte\n"
-            f"contention g = {fit.contention:.2g}\n"
-            f"  (on {fit.cores} cores)\n"
-            f"  ({fit.bandwidth_bytes_per_s / 1e9:.3g} GB/s)\n"
-            f"median rel. error {fit.median_rel_error:.1%}\n"
-            f"max rel. error    {fit.max_rel_error:.1%}")
+def fit_summary(fit: Fit, *, width: int = SUMMARY_WIDTH) -> str:
+    """The fitted numbers as a few lines of text; a term the timings do not resolve says so, and what would."""
+    def term(symbol: str, name: str) -> list[str]:
+        if fit.resolved(name):
+            return [f"{symbol} = {fit.describe(name)}"] if name == "alpha" else \
+                [f"β = {seconds(fit.beta)} per byte", f"  ({fit.bandwidth_bytes_per_s / 1e9:.3g} GB/s)"]
+        return textwrap.wrap(f"{symbol} {fit.describe(name)}", width, subsequent_indent="  ")
+    return "\n".join([f"fitted on {len(fit.measurements)} points", *term("α", "alpha"), *term("β", "beta"),
+                      f"contention g = {fit.contention:.2g}", f"  (on {fit.cores} cores)",
+                      f"median rel. error {fit.median_rel_error:.1%}", f"max rel. error    {fit.max_rel_error:.1%}"])
 
 
 def fit_figure(fit: Fit) -> Figure:
-    """Measured all-reduce times against the fitted model (left) and the fitted numbers (right)."""
+    """Measured all-reduce times against the fitted model (left), the fitted numbers and legend (right)."""
     with plt.ioff():
-        fig, (ax, text) = plt.subplots(1, 2, figsize=(9.0, 3.4), layout="constrained", width_ratios=(2, 1))
-    measured_axes(ax, fit)
-    text.set_axis_off()
-    text.text(0, 0.5, fit_summary(fit), va="center", family="monospace", fontsize=9)
+        fig = plt.figure(figsize=(FIT_FIGURE_PX[0] / DPI, FIT_FIGURE_PX[1] / DPI), dpi=DPI)
+    draw_fit(fig, fit)
     plt.close(fig)   # returned, not left in pyplot: a cell shows it once
     return fig

@@ -79,15 +79,18 @@ class ScalingPanel(Panel):
         cores = os.cpu_count() or 1
         fit = fit_alpha_beta(measurements, cores=cores)
         crowded = (f"; contention g = {fit.contention:.2f} for N > {cores} cores" if max(sizes) > cores else "")
-        self._set_run_status(f"fit: α = {seconds(fit.alpha)}, β = {seconds(fit.beta)} per byte{crowded}; median relative "
+        self._set_run_status(f"fit: α {fit.describe('alpha')}, β {fit.describe('beta')}{crowded}; median relative "
                              f"error {fit.median_rel_error:.0%} over {len(measurements)} points")
         self.apply_button.disabled = False
         return fit
 
     def apply_fit(self) -> None:
-        """Set the α and β sliders to this machine's fitted values (clipped to the slider range)."""
+        """Set the α and β sliders to this machine's fitted values (clipped to the slider range); a term the
+        timings did not resolve leaves its slider where it is."""
         if self.measured is None:
             return
         for name, value in (("alpha", self.measured.alpha), ("beta", self.measured.beta)):
+            if not self.measured.resolved(name):
+                continue
             s = self.controls[name]
             s.value = min(max(value, 10 ** s.min), 10 ** s.max)

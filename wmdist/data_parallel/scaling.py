@@ -14,6 +14,12 @@ Pure (numpy, no torch, no processes):
   multiplying T(N). g = 0 means sharing cores costs nothing; g = 1 means the
   ranks time-share the cores perfectly, so a step with N > cores ranks takes
   N / cores times as long. The measurement itself is wmdist.data_parallel.measure.
+* whether the timings resolve each term: on a busy machine the scatter of the
+  times can be larger than everything the byte term (or the latency term)
+  adds, and least squares then puts that term at 0 (or at a value within its
+  own noise). A Fit carries each term's standard error and says in words when
+  a term is not resolved, and what would resolve it, instead of printing
+  1/0 = inf GB/s.
 """
 from __future__ import annotations
 
@@ -24,11 +30,15 @@ import numpy as np
 
 from wmdist import costs
 from wmdist.costs import require_int, require_positive, require_real
+from wmdist.costs.units import seconds
 from wmdist.knobs import knob
 
 MIB = 1024 * 1024
 TARGET_MEDIAN_REL_ERROR = 0.25   # the bench target: the fit explains the median point within 25 %
 CONTENTION_GRID = tuple(np.round(np.linspace(0.0, 2.0, 81), 3))   # candidate g values
+RESOLVED_SIGMAS = 2.0   # a term is resolved when its fitted value is at least 2 standard errors above 0
+# What a term the noise defeats is called, and what kind of timing would show it (α shows in small messages).
+TERM_WORDS = {"alpha": ("latency", "smaller"), "beta": ("byte", "larger")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,9 +131,15 @@ def contention(world_size: int, cores: int, g: float) -> float:
     return 1.0 + require_real("g", g) * max(0.0, n / c - 1.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Fit:
-    """a, b (and the contention g on `cores` cores) fitted to measurements, and how well they explain them."""
+    """a, b (and the contention g on `cores` cores) fitted to measurements, and how well they explain them.
+
+    `alpha_stderr` and `beta_stderr` are one standard error of each term, from the scatter of the
+    relative residuals (at the chosen g; 0 when the points leave no degree of freedom to estimate
+    it from). A term is *resolved* when it lies at least RESOLVED_SIGMAS standard errors above 0:
+    otherwise the timings cannot tell it from no term at all, and `describe` says so.
+    """
     alpha: float                    # seconds per round
     beta: float                     # seconds per byte
     contention: float               # g in s(N) = 1 + g max(0, N/cores - 1); 0 when no point oversubscribes
@@ -131,11 +147,34 @@ class Fit:
     median_rel_error: float         # median over points of |model - measured| / measured
     max_rel_error: float
     predicted: tuple[float, ...]    # model time at each measurement, in input order
+    alpha_stderr: float = 0.0
+    beta_stderr: float = 0.0
     measurements: tuple[Measurement, ...] = field(repr=False, default=())
 
+    def resolved(self, term: str) -> bool:
+        """Whether these timings resolve `term` ("alpha" or "beta"): its value > RESOLVED_SIGMAS standard errors."""
+        value, err = {"alpha": (self.alpha, self.alpha_stderr), "beta": (self.beta, self.beta_stderr)}[term]
+        return value > 0 and value > RESOLVED_SIGMAS * err
+
     @property
-    def bandwidth_bytes_per_s(self) -> float:
-        return float("inf") if self.beta == 0 else 1.0 / self.beta
+    def unresolved(self) -> tuple[str, ...]:
+        """The terms ("alpha", "beta") these timings do not resolve; () for a usable fit."""
+        return tuple(t for t in ("alpha", "beta") if not self.resolved(t))
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float | None:
+        """1/b, the link's bytes per second; None when b is not resolved (1/0 is not a bandwidth)."""
+        return 1.0 / self.beta if self.resolved("beta") else None
+
+    def describe(self, term: str) -> str:
+        """One term in words: "533 µs per round", "166 ps per byte (6.02 GB/s)", or why it is not resolved."""
+        if not self.resolved(term):
+            name, sizes = TERM_WORDS[term]
+            return (f"not resolved by these timings: the noise is larger than the {name} term; "
+                    f"time {sizes} messages or more repeats")
+        if term == "alpha":
+            return f"{seconds(self.alpha)} per round"
+        return f"{seconds(self.beta)} per byte ({self.bandwidth_bytes_per_s / 1e9:.3g} GB/s)"
 
     def predict(self, world_size: int, payload_bytes: float) -> float:
         """s(N) T(N) with the fitted a, b and g."""
@@ -149,16 +188,28 @@ def design_row(world_size: int, payload_bytes: float) -> tuple[float, float]:
     return 2.0 * (n - 1), 2.0 * (n - 1) / n * require_real("payload_bytes", payload_bytes)
 
 
-def _nonnegative_lstsq(X: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Least squares in relative error for t ~ X @ coef with coef >= 0 (two columns)."""
+def _nonnegative_lstsq(X: np.ndarray, t: np.ndarray, *, fixed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares in relative error for t ~ X @ coef with coef >= 0 (two columns): coef and its standard errors.
+
+    `fixed` parameters were chosen outside (the contention g) and count against the degrees of freedom.
+    The standard errors are the usual sigma^2 (Xw^T Xw)^-1 of the weighted problem, over the free columns.
+    """
     Xw, tw = X / t[:, None], np.ones_like(t)                                  # relative residuals
     scale = np.abs(Xw).max(axis=0)                                            # columns to unit size
     coef = np.linalg.lstsq(Xw / scale, tw, rcond=None)[0] / scale
+    free = [0, 1]
     if (coef < 0).any():                  # a physical time cannot be negative: fix it at 0, refit the other
         keep = int(np.argmax(coef))
         coef = np.zeros(2)
         coef[keep] = float(Xw[:, keep] @ tw) / float(Xw[:, keep] @ Xw[:, keep])
-    return coef
+        free = [keep]
+    stderr = np.zeros(2)
+    dof = len(t) - len(free) - fixed
+    if dof > 0:
+        sigma2 = float(((Xw @ coef - tw) ** 2).sum()) / dof
+        A = Xw[:, free] / scale[free]
+        stderr[free] = np.sqrt(sigma2 * np.diag(np.linalg.inv(A.T @ A))) / scale[free]
+    return coef, stderr
 
 
 def fit_alpha_beta(measurements: Sequence[Measurement], *, cores: int | None = None) -> Fit:
@@ -185,12 +236,32 @@ def fit_alpha_beta(measurements: Sequence[Measurement], *, cores: int | None = N
     best = None
     for g in grid:
         s = np.array([contention(m.world_size, c, g) for m in ms])           # (P,)
-        coef = _nonnegative_lstsq(X * s[:, None], t)
+        coef, err = _nonnegative_lstsq(X * s[:, None], t, fixed=int(len(grid) > 1))
         pred = (X * s[:, None]) @ coef
         score = float((((pred - t) / t) ** 2).sum())
         if best is None or score < best[0]:
-            best = (score, g, coef, pred)
-    _, g, coef, pred = best
+            best = (score, g, coef, err, pred)
+    _, g, coef, err, pred = best
     rel = np.abs(pred - t) / t
-    return Fit(float(coef[0]), float(coef[1]), float(g), c, float(np.median(rel)), float(rel.max()),
-               tuple(float(p) for p in pred), ms)
+    return Fit(alpha=float(coef[0]), beta=float(coef[1]), contention=float(g), cores=c,
+               median_rel_error=float(np.median(rel)), max_rel_error=float(rel.max()),
+               predicted=tuple(float(p) for p in pred), alpha_stderr=float(err[0]), beta_stderr=float(err[1]),
+               measurements=ms)
+
+
+def terms_text(fit: Fit, world_size: int, payload_bytes: float, *, calls: int = 1) -> str:
+    """`calls` all-reduces of `payload_bytes` on `world_size` >= 2 ranks, by term, in words, with the fitted a and b.
+
+    "latency 4.64 ms, bytes 10.7 µs: the rounds cost 434x the bytes"; a term the timings do not
+    resolve is named as such, briefly ("bytes not resolved by these timings"; `Fit.describe` says
+    why and what would resolve it), with no ratio to a term that is noise, and never 1/0.
+    """
+    n, k = require_int("world_size", world_size, 2), require_int("calls", calls, 1)
+    lat, byt = (k * t for t in costs.allreduce_terms(n, fit.alpha, fit.beta, require_positive("payload_bytes",
+                                                                                              payload_bytes)))
+    if fit.unresolved:
+        return "; ".join(f"{name} {seconds(t)}" if fit.resolved(term) else f"{name} not resolved by these timings"
+                         for name, term, t in (("latency", "alpha", lat), ("bytes", "beta", byt)))
+    ratio = f"the rounds cost {lat / byt:.3g}x the bytes" if lat >= byt else \
+        f"the bytes cost {byt / lat:.3g}x the rounds"
+    return f"latency {seconds(lat)}, bytes {seconds(byt)}: {ratio}"

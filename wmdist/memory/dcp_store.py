@@ -13,15 +13,19 @@ Committing: ranks save into a temporary directory; after everyone has
 finished (a barrier), rank 0 renames it to its final name and then replaces
 the pointer file LATEST atomically (write a temporary file, fsync,
 os.replace). `latest_checkpoint` follows only LATEST, so a job killed at any
-moment of a save leaves the previous checkpoint as the latest one. A job
-killed between the rename and the pointer leaves a final-named directory that
-LATEST never named: the next save of that step removes it before its rename.
+moment of a save leaves the previous checkpoint as the latest one. What a
+killed save left (its temporary directory, or, killed between the rename and
+the pointer, a final-named directory that LATEST never named) is removed by
+the next save of that step, which says so: a DroppedSaveWarning on rank 0
+naming each directory, and the directories in the Commit it returns.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import signal
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +36,17 @@ from wmdist.memory.zero import RankState, ZeroConfig, init_state
 
 POINTER = "LATEST"
 SHARDED = ("params", "exp_avg", "exp_avg_sq")
+
+
+class DroppedSaveWarning(UserWarning):
+    """A save removed what an earlier, killed save of the same step left behind (it was never committed)."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What save_checkpoint did: the committed directory, and the uncommitted ones it removed first (rank 0's)."""
+    path: Path
+    dropped: tuple[Path, ...] = ()
 
 
 def range_key(name: str, start: int, stop: int) -> str:
@@ -80,12 +95,28 @@ class _DyingWriter(dcp.FileSystemWriter):
         return result
 
 
-def save_checkpoint(ctx: Context, root: str, state: RankState, *, die_on_rank: int | None = None) -> Path:
-    """Collective: save this rank's chunks as step `state.step`, then commit. Returns the committed path."""
+def drop_uncommitted(root: str | os.PathLike, name: str) -> tuple[Path, ...]:
+    """Remove what a killed save of `name` left under `root` (never committed: LATEST does not name it), warning
+    with each directory's name; the directories removed. A committed `name` is refused: a step is saved once."""
+    tmp, final = Path(root) / f".tmp-{name}", Path(root) / name
+    if final.exists() and latest_checkpoint(root) == final:
+        raise ValueError(f"{final} is already the committed checkpoint; a step is saved once")
+    dropped = tuple(d for d in (tmp, final) if d.exists())
+    for d in dropped:
+        shutil.rmtree(d)
+        warnings.warn(f"dropped {d}: an earlier save of {name} left it and was never committed (killed before "
+                      f"{POINTER} named it); saving {name} again", DroppedSaveWarning, stacklevel=3)
+    return dropped
+
+
+def save_checkpoint(ctx: Context, root: str, state: RankState, *, die_on_rank: int | None = None) -> Commit:
+    """Collective: save this rank's chunks as step `state.step`, then commit. Returns the committed path and
+    (on rank 0) what an earlier killed save of this step had left, removed first (see drop_uncommitted)."""
     name = f"step{state.step:06d}"
     tmp, final = Path(root) / f".tmp-{name}", Path(root) / name
+    dropped: tuple[Path, ...] = ()
     if ctx.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)             # leftovers of an earlier crashed save
+        dropped = drop_uncommitted(root, name)
         tmp.mkdir(parents=True)
     barrier(ctx, phase="checkpoint: prepare")
     own = state.params if state.stage == 3 else state.params[state.start:state.stop]
@@ -98,10 +129,6 @@ def save_checkpoint(ctx: Context, root: str, state: RankState, *, die_on_rank: i
         dcp.save(to_save, storage_writer=writer)
     barrier(ctx, phase="checkpoint: all written")
     if ctx.rank == 0:
-        if final.exists():      # a save killed between its rename and the pointer: never committed
-            if latest_checkpoint(root) == final:
-                raise ValueError(f"{final} is already the committed checkpoint; a step is saved once")
-            shutil.rmtree(final)
         tmp.rename(final)
         pointer_tmp = Path(root) / f".{POINTER}.tmp"
         with open(pointer_tmp, "w") as f:
@@ -110,7 +137,7 @@ def save_checkpoint(ctx: Context, root: str, state: RankState, *, die_on_rank: i
             os.fsync(f.fileno())
         os.replace(pointer_tmp, Path(root) / POINTER)
     barrier(ctx, phase="checkpoint: committed")
-    return final
+    return Commit(final, dropped)
 
 
 def load_checkpoint(ctx: Context, path: str | os.PathLike, cfg: ZeroConfig) -> RankState:

@@ -24,27 +24,31 @@ import torch
 
 from wmdist.comm import Context
 from wmdist.experiment import Experiment, Launch, Verdict
-from wmdist.memory.dcp_store import (POINTER, SHARDED, latest_checkpoint, load_checkpoint, load_latest, overlaps,
-                                     parse_key, range_key, save_checkpoint)
+from wmdist.memory.dcp_store import (POINTER, SHARDED, Commit, DroppedSaveWarning, drop_uncommitted,
+                                     latest_checkpoint, load_checkpoint, load_latest, overlaps, parse_key, range_key,
+                                     save_checkpoint)
 from wmdist.memory.zero import RankState, ZeroConfig, init_state, train_step, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
 from wmdist.costs.validate import require_int
 from wmdist.report import Report, close_check, exact_check, fact_check
 from wmdist.runtime import RankFailure
 
-__all__ = ["POINTER", "SHARDED", "latest_checkpoint", "load_checkpoint", "load_latest", "overlaps", "parse_key",
-           "range_key", "save_checkpoint", "ResumableRun", "train_resumable", "assemble", "ResumeSpec", "resume_spec",
+__all__ = ["POINTER", "SHARDED", "Commit", "DroppedSaveWarning", "drop_uncommitted", "latest_checkpoint",
+           "load_checkpoint", "load_latest", "overlaps", "parse_key", "range_key", "save_checkpoint", "ResumableRun",
+           "train_resumable", "assemble", "ResumeSpec", "resume_spec",
            "ResumeRuns", "resume_jobs", "compare_resume", "RESUME", "resume_report", "CrashSpec", "crash_spec",
            "CrashEvidence", "CrashRuns", "crash_jobs", "compare_crash", "CRASH", "crash_report", "DEMOS"]
 
 
 @dataclass(frozen=True)
 class ResumableRun:
-    """One rank's part of a resumable run: the step it resumed from, its chunks as loaded and at the end."""
+    """One rank's part of a resumable run: the step it resumed from, its chunks as loaded and at the end, and the
+    uncommitted directories its saves removed (what killed saves left; only rank 0 removes, so only its is filled)."""
     resumed_from: int
     loaded: dict[str, torch.Tensor]         # by SHARDED name: this rank's chunk right after loading (or init)
     final: dict[str, torch.Tensor]          # the same chunks after training to `until`
     range: tuple[int, int]                  # this rank's element range [start, stop)
+    dropped: tuple[str, ...] = ()           # directories removed before a save, as paths
 
 
 def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, *, until: int, save_every: int,
@@ -57,11 +61,13 @@ def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, *, until: int, sav
     state = load_latest(ctx, root, cfg) or init_state(ctx, cfg)
     resumed_from = state.step
     loaded = _own_chunks(state)
+    dropped: list[str] = []
     while state.step < until:
         train_step(ctx, state, cfg)
         if state.step % save_every == 0 or state.step == until:
-            save_checkpoint(ctx, root, state, die_on_rank=die_on_rank if state.step == die_at else None)
-    return ResumableRun(resumed_from, loaded, _own_chunks(state), (state.start, state.stop))
+            commit = save_checkpoint(ctx, root, state, die_on_rank=die_on_rank if state.step == die_at else None)
+            dropped += [str(d) for d in commit.dropped]
+    return ResumableRun(resumed_from, loaded, _own_chunks(state), (state.start, state.stop), tuple(dropped))
 
 
 def _own_chunks(state: RankState) -> dict[str, torch.Tensor]:
@@ -230,6 +236,10 @@ def compare_crash(spec: CrashSpec, results: list[CrashRuns]) -> Verdict:
                          reason="the pointer moves only after every rank has written"),
               fact_check("resumed from step 2", holds=runs.resumed[0].resumed_from == 2,
                          reason="the step the checkpoint holds"),
+              fact_check("the resumed run's save of step 4 dropped the uncommitted .tmp-step000004, and said so",
+                         holds=[Path(d).name for d in runs.resumed[0].dropped] == [".tmp-step000004"],
+                         reason="rank 0 removes what the killed save left before saving that step again, naming "
+                                "it (a DroppedSaveWarning, and in its result)"),
               fact_check("the resumed run committed step000004", holds=runs.latest_after_resume == "step000004",
                          reason="the resumed job saved and moved the pointer"),
               close_check("resumed run == single-process Adam", assemble(runs.resumed, "final")["params"],
