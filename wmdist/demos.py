@@ -21,6 +21,7 @@ def _chapter_modules() -> list[ModuleType]:
     """Each chapter's `chapter.py` (its DEMOS and EXERCISES), in course order."""
     from wmdist.data_parallel import chapter as ch01
     from wmdist.diffusion import chapter as ch08
+    from wmdist.experts import chapter as ch10
     from wmdist.latents import chapter as ch02
     from wmdist.memory import chapter as ch03
     from wmdist.mesh import chapter as ch09
@@ -29,7 +30,7 @@ def _chapter_modules() -> list[ModuleType]:
     from wmdist.scan import chapter as ch07
     from wmdist.tensor_parallel import chapter as ch04
 
-    return [ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09]
+    return [ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10]
 
 
 def registry() -> dict[str, Experiment]:

@@ -10,8 +10,13 @@ instead. Payload conventions (n = bytes of this rank's input tensor, N = group s
     reduce_scatter  sent n (the full input), recv n / N  (this rank's reduced piece)
     broadcast       source sends n, every other rank receives n
     all_to_all      sent n - n/N (pieces for others), recv the same
+    all_to_all_single (uneven splits) sent the rows for other ranks, recv the rows from them (exact: the
+                    split sizes say which rows go where; the rows a rank keeps for itself are not counted)
 """
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -79,6 +84,28 @@ def all_to_all(ctx: Context, tensor: torch.Tensor, *, phase: str = "all_to_all",
     moved = nbytes(data) - nbytes(data) // n
     with counted(ctx, "all_to_all", phase, sent=moved, recv=moved):
         dist.all_to_all_single(out, data, group=group)
+    return out
+
+
+def all_to_all_single(ctx: Context, tensor: torch.Tensor, *, send_splits: Sequence[int], recv_splits: Sequence[int],
+                      phase: str = "all_to_all_single", group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Uneven all-to-all along dim 0: the next send_splits[j] rows go to group rank j, in rank order; the result
+    holds recv_splits[i] rows from rank i, in rank order (torch's all_to_all_single with split sizes).
+
+    Every rank must pass splits that agree (rank i's send_splits[j] == rank j's recv_splits[i]): exchange the
+    counts first. Counted exactly: sent = rows for the other ranks x row bytes, recv = rows from them.
+    """
+    group, me, n = resolve(ctx, group)
+    send, got = [int(s) for s in send_splits], [int(s) for s in recv_splits]
+    if tensor.dim() == 0 or len(send) != n or len(got) != n or min(send + got) < 0 or sum(send) != tensor.shape[0]:
+        rows = tensor.shape[0] if tensor.dim() else "of a 0-dim tensor's"
+        raise ValueError(f"all_to_all_single on {n} ranks needs {n} split sizes >= 0 each way, sending all "
+                         f"{rows} rows; got send {send}, recv {got}")
+    data = tensor.contiguous()
+    row = math.prod(data.shape[1:]) * data.element_size()         # bytes of one row
+    out = data.new_empty((sum(got), *data.shape[1:]))
+    with counted(ctx, "all_to_all_single", phase, sent=(sum(send) - send[me]) * row, recv=(sum(got) - got[me]) * row):
+        dist.all_to_all_single(out, data, output_split_sizes=got, input_split_sizes=send, group=group)
     return out
 
 
