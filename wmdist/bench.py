@@ -199,12 +199,15 @@ def bench_allreduce_fit(*, world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
     return BenchResult("allreduce-fit", {"world_sizes": list(world_sizes), "sizes_bytes": list(sizes_bytes),
                                          "repeats": repeats, "cores": cores},
                        {"alpha_s": fit.alpha, "beta_s_per_byte": fit.beta, "contention_g": fit.contention,
-                        "bandwidth_GB_per_s": fit.bandwidth_bytes_per_s / 1e9, "max_rel_error": fit.max_rel_error,
+                        "bandwidth_GB_per_s": None if fit.bandwidth_bytes_per_s is None   # b not resolved
+                        else fit.bandwidth_bytes_per_s / 1e9,
+                        "unresolved_terms": list(fit.unresolved), "max_rel_error": fit.max_rel_error,
                         "ledger_bytes_exact": bytes_ok, "seconds": time.perf_counter() - start},
                        100 * fit.median_rel_error, "%", f"median relative error <= {100 * TARGET_MEDIAN_REL_ERROR:g}%",
                        fit.median_rel_error <= TARGET_MEDIAN_REL_ERROR and bytes_ok,
                        [f"model: (1 + g max(0, N/{cores} - 1)) (2(N-1)a + 2(N-1)/N bG); g is the one fitted "
-                        "contention term for ranks sharing cores"])
+                        "contention term for ranks sharing cores"]
+                       + [f"{t}: {fit.describe(t)}" for t in fit.unresolved])
 
 
 # --- ring attention vs one process ------------------------------------------------------
@@ -243,6 +246,32 @@ def _panels() -> BenchResult:
     return bench_panels()
 
 
+def bench_session_memory(*, memory_limit_mib: int = 2048, cpu_quota: float = 1.0) -> BenchResult:
+    """Binder's session: the ten chapters opened one after another, every kernel kept, under Binder's limits.
+
+    The headline is the peak over chapters of the PSS summed over every process in the session's
+    memory cgroup, over the limit (wmdist/session/). Several minutes: each chapter runs top to bottom.
+    """
+    from wmdist.session.memory import course_session, default_kernel_argv, run_session
+
+    notebooks, revisit = course_session()
+    s = run_session(notebooks, kernel_argv=default_kernel_argv(), memory_limit_mib=memory_limit_mib,
+                    cpu_quota=cpu_quota, revisit=revisit)
+    inputs = {"chapters": len(notebooks), "memory_limit_MiB": memory_limit_mib, "cpu_quota": cpu_quota,
+              "kernel": " ".join(s.kernel_argv[1:3]), "kernels": "one per chapter, all kept"}
+    if s.skipped:
+        return BenchResult("session-memory", inputs, {}, float("nan"), "x", "< 1.0", False, [s.skipped])
+    ratio = s.peak_pss_mib / memory_limit_mib
+    measured = {"peak_pss_MiB": round(s.peak_pss_mib, 1), "cgroup_peak_MiB": round(s.max_usage_mib, 1),
+                "oom_kills": s.oom_kills, "all_kernels_alive": s.all_alive, "return_ok": s.revisit_ok,
+                "notebooks_with_errors": sorted(s.errors), "seconds": round(s.seconds, 1)}
+    return BenchResult("session-memory", inputs, measured, ratio, "x",
+                       "< 1.0 (peak summed PSS / limit), no OOM kill, every kernel alive, the return re-runs",
+                       ratio < 1.0 and s.oom_kills == 0 and s.all_alive and bool(s.revisit_ok),
+                       [*s.table().splitlines(), f"back to {s.revisit}: {'ok' if s.revisit_ok else s.revisit_errors}",
+                        *s.notes])
+
+
 def benchmarks() -> dict[str, Callable[[], BenchResult]]:
     """Every benchmark by name, in the order `wmdist bench` runs them."""
     table: dict[str, Callable[[], BenchResult]] = {
@@ -252,5 +281,6 @@ def benchmarks() -> dict[str, Callable[[], BenchResult]]:
         "allreduce-fit": bench_allreduce_fit,
         "ring-attention": bench_ring_attention,
         "panels": _panels,
+        "session-memory": bench_session_memory,
     }
     return table
