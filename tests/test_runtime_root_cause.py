@@ -34,7 +34,7 @@ class _Conn:
 def _pool(exitcodes: dict[int, int | None], replies: set[int] = frozenset()) -> SimpleNamespace:
     procs = {r: _Proc(code) for r, code in exitcodes.items()}
     conns = {r: _Conn(r in replies) for r in exitcodes}
-    return SimpleNamespace(_procs=procs, _conns=conns, _last_comm=lambda r: f"send to rank {r - 1}")
+    return SimpleNamespace(_procs=procs, _conns=conns, _last_comm=lambda r: f"send to rank {r - 1}", _server=None)
 
 
 RAISED = RankFailure(1, "raised", "raised an exception:\nRuntimeError: Connection closed by peer", "recv from rank 2")

@@ -1,10 +1,14 @@
 """Starting pools: from several threads at once, ranks never re-run the user's main program
-(issue 19, Medium 3)."""
+(issue 19, Medium 3); Ctrl-C and the call's timeout end a slow first start, and a call that kills the
+forkserver is told so and the next call recovers (issue 24, section 5)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -46,3 +50,87 @@ def test_three_threads_starting_pools_at_once_never_rerun_main(tmp_path, entry):
         assert "RESULT [(1, [0]), (2, [0, 1]), (3, [0, 1, 2])]" in proc.stdout, proc.stdout + proc.stderr[-3000:]
         tops = log.read_text().splitlines()
         assert len(tops) == 1 and tops[0].startswith("__main__ "), f"run {attempt}: main ran again: {tops}"
+
+
+# A first pool start made slow on purpose: the forkserver's preload sleeps 30 s before torch's ranks can start.
+SLOW_START = """\
+import time
+import wmdist.runtime.start as start
+start._PRELOAD.append("slow_preload")
+import wmdist
+from wmdist.runtime import RankFailure
+print("go", flush=True)
+began = time.monotonic()
+try:
+    wmdist.run(lambda ctx: ctx.rank, 2{timeout})
+    print("RETURNED", time.monotonic() - began, flush=True)
+except KeyboardInterrupt:
+    print("INTERRUPTED", time.time(), flush=True)
+except RankFailure as err:
+    print("FAILED", time.monotonic() - began, err.reason, str(err).replace(chr(10), " "), flush=True)
+"""
+PRELOAD_SLEEPS_S = 30
+
+
+def slow_first_start(tmp_path, timeout: str) -> subprocess.Popen:
+    (tmp_path / "slow_preload.py").write_text(f"import time\ntime.sleep({PRELOAD_SLEEPS_S})\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))   # the forkserver's too
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_START.format(timeout=timeout)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+    assert proc.stdout.readline() == "go\n", proc.communicate()[1][-3000:]
+    return proc
+
+
+def finish(proc: subprocess.Popen) -> tuple[str, str]:
+    """Its output, once it has exited and its whole session is killed (the forkserver still sleeping in its
+    preload holds the output pipes open)."""
+    try:
+        proc.wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate(timeout=30)
+
+
+def test_ctrl_c_during_the_first_pool_start_acts_at_once(tmp_path):
+    # Bounds: far below the 30 s the preload sleeps, which Ctrl-C used to wait out; not a speed.
+    proc = slow_first_start(tmp_path, "")
+    time.sleep(1.0)                                 # inside the start: the forkserver is in its preload
+    sent = time.time()
+    proc.send_signal(signal.SIGINT)
+    out, err = finish(proc)
+    lines = [line for line in out.splitlines() if line.startswith("INTERRUPTED")]
+    assert lines, out + err[-3000:]
+    assert float(lines[0].split()[1]) - sent < 10, "Ctrl-C must not wait for the forkserver's imports"
+
+
+def test_a_first_call_whose_pool_start_outlasts_its_timeout_fails_saying_so(tmp_path):
+    out, err = finish(slow_first_start(tmp_path, ", timeout=2"))
+    assert "RETURNED" not in out, f"the start ignored the call's timeout: {out}"
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert failed, out + err[-3000:]
+    _, seconds, reason, message = failed[0].split(" ", 3)
+    assert reason == "start" and "the pool start took longer than the call's timeout of 2 s" in message
+    assert "give the first call a larger timeout" in message
+    assert float(seconds) < 15, "bounded by timeout=2, far below the 30 s start"
+
+
+def kills_its_forkserver(ctx):
+    if ctx.rank == 0:
+        os.kill(os.getppid(), signal.SIGKILL)          # a rank's parent is the forkserver
+    time.sleep(5)                                     # the ranks die with it before they reply
+    return ctx.rank
+
+
+def test_a_call_that_kills_the_forkserver_is_told_so_and_later_calls_work():
+    import wmdist
+    from wmdist.runtime import RankFailure
+    assert wmdist.run(lambda ctx: ctx.rank, 2) == [0, 1]
+    with pytest.raises(RankFailure) as info:
+        wmdist.run(kills_its_forkserver, 2, timeout=60)
+    message = str(info.value)
+    assert "exited with code 255" not in message, message       # what multiprocessing reports without it
+    assert "with the forkserver that started the ranks" in message and "which has ended" in message
+    for _ in range(2):                                          # a new forkserver, a new pool
+        assert wmdist.run(lambda ctx: ctx.rank, 2, timeout=120) == [0, 1]

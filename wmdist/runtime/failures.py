@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from typing import Any
+
+import psutil
 
 from wmdist.comm import COMPLETED
 
@@ -43,17 +46,57 @@ def signal_name(code: int) -> str:
     return f"signal {code}"
 
 
-def exit_failure(rank: int, proc: Any, last_comm: str) -> RankFailure:
-    """The failure of a rank whose process ended without replying."""
+def _ended(pid: int, *, within: float = 1.0) -> bool:
+    """Whether process `pid` has ended, or does within `within` seconds (its pipes close a moment before)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def exit_failure(rank: int, proc: Any, last_comm: str, *, server: int | None = None) -> RankFailure:
+    """The failure of a rank whose process ended without replying (`server`: the forkserver that started it).
+
+    A rank's exit status reaches us through the forkserver, so once the forkserver has ended
+    (a call killed its parent process, say), multiprocessing reports 255 for any rank; and every
+    rank dies with it, since a rank asks the kernel to end it when its parent ends.
+    """
     proc.join(timeout=1.0)
     code = proc.exitcode
     if code is not None and code < 0:
         return RankFailure(rank, "signal", f"was killed by {signal_name(-code)}", last_comm)
+    if code == 255 and server is not None and _ended(server):
+        return RankFailure(rank, "exited", f"ended before replying, with the forkserver that started the ranks "
+                                           f"(pid {server}), which has ended: every rank ends with it, and its exit "
+                                           f"status is lost with it (did the call end its parent process, "
+                                           f"os.getppid()?). The next call starts a new forkserver and pool",
+                           last_comm)
     return RankFailure(rank, "exited", f"exited with code {code} before replying", last_comm)
 
 
-def timeout_failure(pending: list[int], last_comms: list[str], *, starting: bool) -> RankFailure:
+def start_failure(world_size: int, timeout: float) -> RankFailure:
+    """The pool did not start within the call's timeout, before any rank was started."""
+    return RankFailure(0, "start", f"did not start: {_slow_start(world_size, timeout)} (multiprocessing's "
+                                   f"forkserver was still importing torch, before any rank could start)",
+                       None, tuple(range(world_size)))
+
+
+def _slow_start(world_size: int, timeout: float) -> str:
+    return (f"the pool start took longer than the call's timeout of {timeout:g} s. A pool's first start imports "
+            f"torch and joins {world_size} rank(s), which takes seconds, more on a busy machine; give the "
+            f"first call a larger timeout (timeout=120, say): later calls reuse the warm pool")
+
+
+def timeout_failure(pending: list[int], last_comms: list[str], *, start_timeout: float | None = None) -> RankFailure:
     """Name the likeliest culprit of a timeout: a pending rank that is not waiting inside a communication.
+
+    `start_timeout` (seconds) when the ranks were still starting: the message then says so, and what to do.
 
     Ranks blocked in a collective (or finished and waiting for their transfers)
     are usually waiting for the one that is still computing (or stuck in user
@@ -72,7 +115,9 @@ def timeout_failure(pending: list[int], last_comms: list[str], *, starting: bool
         return f"  rank {r}: not in a communication (last: {last or 'none'})"
 
     culprit = next((r for r in pending if not waiting(r)), pending[0])
-    what = "did not finish starting" if starting else "did not finish"
-    return RankFailure(culprit, "start" if starting else "timeout",
-                       f"{what} within the timeout; pending ranks:\n" + "\n".join(map(line, pending)),
-                       last_comms[culprit], tuple(pending))
+    lines = "; pending ranks:\n" + "\n".join(map(line, pending))
+    if start_timeout is not None:
+        return RankFailure(culprit, "start", f"did not finish starting: {_slow_start(len(last_comms), start_timeout)}"
+                           + lines, last_comms[culprit], tuple(pending))
+    return RankFailure(culprit, "timeout", "did not finish within the timeout" + lines, last_comms[culprit],
+                       tuple(pending))

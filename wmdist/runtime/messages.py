@@ -22,9 +22,10 @@ group on one rank with the n-th on every other member, so an async
 all-reduce that only rank 0 posted (ranks that disagree on their bucket
 count) makes the *next* call's first all-reduce pair with it. The same
 wrapper counts every collective each rank posts on each group (by the
-group's global ranks, with a checksum of the op names in order); the parent
-checks that every member of every group posted the same sequence, and
-otherwise fails the call naming the ranks and the op.
+group's global ranks, with a checksum of the ops' wire classes in order:
+wire.py, where the functional collectives DTensor uses are counted too); the
+parent checks that every member of every group posted the same sequence,
+and otherwise fails the call naming the ranks and the op.
 """
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from wmdist.runtime.wire import COLLECTIVES, count_functional, wait_functional, work_registry_size
 
 if TYPE_CHECKING:
     from wmdist.comm import Ledger
@@ -43,17 +47,6 @@ if TYPE_CHECKING:
 DRAIN_TIMEOUT_S = 30.0    # matched transfers finish in milliseconds; only disagreeing tags take this long
 DRAIN_AT_LEAST_S = 0.5    # ... and are given this long even when the call's own timeout is (nearly) spent
 TAIL = 16                 # the last collectives kept per group, to name the one another rank lacks
-# ProcessGroup's collective methods (torch 2.13; absent ones are skipped), by the name a user knows them by.
-COLLECTIVES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
-               "allgather_coalesced": "all_gather_coalesced", "allgather_into_tensor_coalesced": "all_gather_coalesced",
-               "all_gather_single": "all_gather_single", "all_gather_single_coalesced": "all_gather_coalesced",
-               "_allgather_base": "all_gather_single", "reduce_scatter": "reduce_scatter",
-               "reduce_scatter_single": "reduce_scatter_single",
-               "reduce_scatter_single_coalesced": "reduce_scatter_coalesced",
-               "reduce_scatter_tensor_coalesced": "reduce_scatter_coalesced", "_reduce_scatter_base": "reduce_scatter_single",
-               "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single",
-               "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-               "barrier": "barrier", "monitored_barrier": "monitored_barrier"}
 # Per group (its global ranks): (collectives posted, checksum of their names in order, the last TAIL as (index, name)).
 Posted = dict[tuple[int, ...], tuple[int, int, list[tuple[int, str]]]]
 
@@ -150,6 +143,7 @@ class MessageAudit:
         self.pending: list[tuple[Any, str]] = []     # (Work, description) not yet completed
         self.collectives: dict[tuple[int, ...], list] = {}   # group's global ranks: [count, crc, tail]
         self._ranks: dict[int, tuple[int, ...] | None] = {}  # id(group) -> its global ranks, this call
+        self.functional: list[tuple[Any, str]] = []          # (result, description) of each functional collective
         self.ledger = ledger
 
     def _group_ranks(self, group: Any) -> tuple[int, ...] | None:
@@ -162,17 +156,31 @@ class MessageAudit:
             self._ranks[id(group)] = key
         return key
 
-    def collective(self, method: str, group: Any, work: Any) -> None:
-        """Count one posted collective on `group` (`method` is ProcessGroup's name for it)."""
+    def collective(self, name: str, wire: str, group: Any, work: Any) -> tuple[int, ...] | None:
+        """Count one posted collective on `group`, named `name`, of wire class `wire` (wire.py); its group's ranks."""
         key = self._group_ranks(group)
         if key is None:
-            return
-        name = COLLECTIVES[method]
+            return None
         entry = self.collectives.setdefault(key, [0, 0, deque(maxlen=TAIL)])
         entry[2].append((entry[0], name))
         entry[0] += 1
-        entry[1] = zlib.crc32(name.encode(), entry[1])
+        entry[1] = zlib.crc32(wire.encode(), entry[1])
         self._keep(work, f"its {name} on group {list(key)}")
+        return key
+
+    def _functional(self, name: str, wire: str, group: Any, call: Callable[[], Any]) -> Any:
+        """Post one functional collective (`group` is a group or its name) and count it; keep its result."""
+        if isinstance(group, str):
+            try:
+                group = c10d._resolve_process_group(group)
+            except (ValueError, RuntimeError, LookupError):
+                return call()              # a group torch cannot find: torch's own error, or not ours to count
+        text = f"{name} on group {list(self._group_ranks(group) or ())}"
+        result = self._raw(text, call)
+        key = self.collective(name, wire, group, None)
+        if key is not None:
+            self.functional.append((result, f"its {name} on group {list(key)}"))
+        return result
 
     def _keep(self, work: Any, what: str) -> None:
         if work is not None and not work.is_completed():
@@ -239,15 +247,18 @@ class MessageAudit:
         for method in COLLECTIVES:
             if hasattr(cls, method):
                 setattr(cls, method, self._counting(method, getattr(cls, method)))
+        count_functional(self._functional)
         return self
 
     def _counting(self, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
         audit = self
 
+        name, wire = COLLECTIVES[method]
+
         def counted_collective(group: Any, *args: Any, **kwargs: Any) -> Any:
-            text = f"dist.{COLLECTIVES[method]} on group {list(audit._group_ranks(group) or ())}"
+            text = f"dist.{name} on group {list(audit._group_ranks(group) or ())}"
             work = audit._raw(text, lambda: original(group, *args, **kwargs))
-            audit.collective(method, group, work)
+            audit.collective(name, wire, group, work)
             return work
 
         return counted_collective
@@ -256,6 +267,7 @@ class MessageAudit:
         """(sends posted to each rank, receives posted from each rank, receives from any rank, ops never waited
         for, collectives posted on each group, (sizes sent to, buffers posted from each rank))."""
         unwaited = sum(1 for work, _ in self.pending if not work.is_completed())
+        unwaited += work_registry_size() if self.functional else 0
         posted = {key: (count, crc, list(tail)) for key, (count, crc, tail) in self.collectives.items()}
         return self.sent, self.received, self.any_source, unwaited, posted, (self.sizes_out, self.sizes_in)
 
@@ -273,4 +285,5 @@ class MessageAudit:
                 return (f"left {what} unfinished {within:.1f} s after the call ended (do the tags of "
                         f"the send and the receive agree?): {str(err).splitlines()[0]}")
         self.pending = []
-        return None
+        kept, self.functional = self.functional, []
+        return wait_functional(kept, within=max(deadline - time.monotonic(), 0.001)) if kept else None

@@ -27,11 +27,12 @@ from typing import Any, Callable
 import cloudpickle
 
 from wmdist.runtime import cleanup
-from wmdist.runtime.failures import PoolRestartWarning, RankFailure, exit_failure, timeout_failure
+from wmdist.runtime.children import descendants, kill
+from wmdist.runtime.failures import PoolRestartWarning, RankFailure, exit_failure, start_failure, timeout_failure
 from wmdist.runtime.messages import (DRAIN_AT_LEAST_S, DRAIN_TIMEOUT_S, mismatched_sizes, unmatched,
                                      unmatched_collectives)
 from wmdist.runtime.rank import STATUS_BYTES, worker_main
-from wmdist.runtime.start import mp_context, never_reimport_main_in_ranks
+from wmdist.runtime.start import forkserver_pid, forkserver_ready, mp_context, never_reimport_main_in_ranks
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "Pool", "PoolRestartWarning", "RankFailure"]
 
@@ -53,6 +54,7 @@ class Pool:
         self._conns: list[Any] = []
         self._status: list[Any] = []
         self._tmpdir: str | None = None
+        self._server: int | None = None       # the forkserver that started the ranks (None under spawn)
         self._lock = threading.Lock()
 
     @property
@@ -69,18 +71,27 @@ class Pool:
         return bool(self._procs) and not wait([p.sentinel for p in self._procs], timeout=0)
 
     def start(self, *, timeout: float = START_TIMEOUT_S) -> Pool:
+        """Start the ranks and wait for every one to join the group, all within `timeout` seconds.
+
+        A start that takes longer fails with RankFailure(reason="start") that says so; Ctrl-C ends
+        it at once (the wait for the forkserver's imports happens before Ctrl-C is held back).
+        """
+        deadline = time.monotonic() + timeout
         cleanup.remove_stale()
         ctx = mp_context()
+        self._server = forkserver_pid(ctx)
         self._tmpdir = cleanup.make_run_dir()
         store = os.path.join(self._tmpdir, "rendezvous")
         try:
             never_reimport_main_in_ranks()
+            if not forkserver_ready(ctx, within=deadline - time.monotonic()):
+                raise start_failure(self.world_size, timeout)
             with cleanup.interrupts_deferred():   # every started rank gets tracked
                 self._spawn_ranks(ctx, store)
             cleanup.mark_multiprocessing_dir()
-            self._collect(time.monotonic() + timeout, range(self.world_size), starting=True)
+            self._collect(deadline, range(self.world_size), start_timeout=timeout)
         except BaseException:
-            self.close()
+            self.close(grace=0.2)              # ranks still starting read no "close": do not wait for them
             raise
         return self
 
@@ -149,8 +160,13 @@ class Pool:
             self._conns[r].send_bytes(f"drain {within:.3f}".encode())
         self._collect(time.monotonic() + within + 5.0, unfinished)
 
-    def _collect(self, deadline: float, ranks: range | list[int], starting: bool = False) -> dict[int, list]:
-        """Wait for one reply from each of `ranks`: {rank: reply body}; any failure raises RankFailure."""
+    def _collect(self, deadline: float, ranks: range | list[int], start_timeout: float | None = None) -> \
+            dict[int, list]:
+        """Wait for one reply from each of `ranks`: {rank: reply body}; any failure raises RankFailure.
+
+        `start_timeout`: the start's timeout in seconds, when these are the ranks' first replies.
+        """
+        starting = start_timeout is not None
         replies: dict[int, list] = {}
         pending = set(ranks)
         procs, conns = self._procs, self._conns
@@ -158,7 +174,7 @@ class Pool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timeout_failure(sorted(pending), [self._last_comm(r) for r in range(self.world_size)],
-                                      starting=starting)
+                                      start_timeout=start_timeout)
             waitables = {conns[r]: r for r in pending}
             waitables.update({procs[r].sentinel: r for r in pending})
             try:
@@ -176,7 +192,7 @@ class Pool:
                         replies[rank] = body
                         pending.discard(rank)
                         continue
-                raise exit_failure(rank, procs[rank], self._last_comm(rank))
+                raise exit_failure(rank, procs[rank], self._last_comm(rank), server=self._server)
         return replies
 
     def _root_cause(self, failure: RankFailure, others: set[int], grace: float = ROOT_CAUSE_GRACE_S) -> RankFailure:
@@ -192,7 +208,7 @@ class Pool:
         while True:
             for r in sorted(others):
                 if self._procs[r].exitcode is not None and not self._conns[r].poll():
-                    return exit_failure(r, self._procs[r], self._last_comm(r))
+                    return exit_failure(r, self._procs[r], self._last_comm(r), server=self._server)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return failure
@@ -223,7 +239,7 @@ class Pool:
         return self._status[rank].value.decode(errors="replace") if rank < len(self._status) else ""
 
     def close(self, *, grace: float = 2.0) -> list[int | None]:
-        """Stop every rank (politely, then by force), remove the rendezvous files.
+        """Stop every rank (politely, then by force) and what the ranks started, remove the rendezvous files.
 
         The ranks are taken off the pool first and killed in a `finally` that
         holds Ctrl-C back, so a second interrupt cannot leave them running.
@@ -232,6 +248,7 @@ class Pool:
         with cleanup.interrupts_deferred():
             procs, conns, tmpdir = self._procs, self._conns, self._tmpdir
             self._procs, self._conns, self._status, self._tmpdir = [], [], [], None
+            started = descendants([p.pid for p in procs if p.pid is not None])   # found while the ranks live
             try:
                 for conn in conns:
                     with contextlib.suppress(Exception):
@@ -244,6 +261,7 @@ class Pool:
                     if proc.is_alive():
                         proc.kill()
                         proc.join(timeout=5.0)
+                kill(started)
                 codes = [proc.exitcode for proc in procs]
                 for handle in conns + procs:
                     with contextlib.suppress(Exception):

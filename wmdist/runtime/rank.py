@@ -5,13 +5,15 @@ the process-wide settings the call changed (isolation.py) and reports with its
 result how many point-to-point messages it posted to and from each rank, and
 the collectives it posted on each group (messages.py), so the parent can check
 they all matched; a plain dist.new_group is answered from the rank's cached
-groups (groups.py). The next call starts as the first one did. A rank's printed lines reach the parent's terminal or
-notebook whole, prefixed with its rank.
+groups (groups.py). A rank may start processes of its own (a DataLoader's
+workers): they end with the call, and a process the call forked never
+answers for the rank (children.py). The next call starts as the first one
+did. A rank's printed lines reach the parent's terminal or notebook whole,
+prefixed with its rank.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import os
 import select
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from wmdist.comm import Context, Ledger
+from wmdist.runtime.children import allow_children, die_with_parent, end_children, main_names
 from wmdist.runtime.failures import AT_END_OF_CALL
 from wmdist.runtime.groups import groups_lost, route_new_group
 from wmdist.runtime.isolation import RankState
@@ -88,8 +91,7 @@ def _die_with(owner: int) -> None:
     owner dies while a rank is not reading its pipe (in a collective, or still
     starting). A daemon thread waits on a pidfd of the owner for that case.
     """
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    die_with_parent()
     try:
         pidfd = os.pidfd_open(owner)
     except ProcessLookupError:
@@ -121,6 +123,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
     _die_with(owner)
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # the parent handles Ctrl-C by killing us
     torch.set_num_threads(1)
+    me = os.getpid()       # a process forked by the rank function returns into this loop too: it never answers
 
     def publish(text: str) -> None:
         status.value = text.encode()[: STATUS_BYTES - 1]
@@ -132,6 +135,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
         streams = [RankStream(rank, 1), RankStream(rank, 2)]
         sys.stdout, sys.stderr = streams
         audit = MessageAudit(rank, world_size).install()
+        allow_children()
         baseline = RankState.capture()
         _reply(conn, "ready", os.getpid())
     except BaseException:
@@ -156,13 +160,24 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
         audit.begin(ledger=ledger)
         try:
             fn, args, kwargs = cloudpickle.loads(message)
-            result = fn(Context(rank, world_size, ledger, resources=resources), *args, **kwargs)
+            with main_names(fn):
+                result = fn(Context(rank, world_size, ledger, resources=resources), *args, **kwargs)
+            _only_the_rank(me)
             _end_lines(streams)
+            end_children()
             reply = cloudpickle.dumps(("ok", baseline.restore() + groups_lost(resources), audit.counts(), result))
         except BaseException:
+            _only_the_rank(me)
             _end_lines(streams)
+            end_children()
             reply = cloudpickle.dumps(("error", traceback.format_exc(), ledger.last_status()))
         conn.send_bytes(reply)           # after an error the parent tears the pool down
+
+
+def _only_the_rank(me: int) -> None:
+    """End a process the rank function forked (os.fork) as it returns: only the rank answers its pipe."""
+    if os.getpid() != me:
+        os._exit(0)
 
 
 def _end_lines(streams: list[RankStream]) -> None:

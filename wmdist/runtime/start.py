@@ -1,5 +1,6 @@
 """How rank processes are started: from multiprocessing's forkserver with torch preloaded, deaf to
-Ctrl-C while it imports, and never re-running the parent's __main__ (pool.py starts them)."""
+Ctrl-C while it imports, waited for in a way Ctrl-C and the call's timeout can end, and never
+re-running the parent's __main__ (pool.py starts them)."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -8,6 +9,7 @@ import signal
 import threading
 
 _INSTALL = threading.Lock()    # guards the one-time, process-wide hook of never_reimport_main_in_ranks
+_READY: set[int] = set()       # forkservers (by pid) that have forked once: their preload is imported
 
 # Preloaded in the forkserver, so every rank forks with them already imported and shares their
 # pages. Heavier, rarely used imports are left to the demos that need them, because every
@@ -50,6 +52,48 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def forkserver_pid(ctx: mp.context.BaseContext) -> int | None:
+    """The process id of the forkserver that `ctx` starts processes from (None under spawn)."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None) if ctx.get_start_method() == "forkserver" else None
+
+
+def _nothing() -> None:
+    """The probe's whole life (see forkserver_ready)."""
+
+
+def forkserver_ready(ctx: mp.context.BaseContext, *, within: float) -> bool:
+    """Wait up to `within` seconds for the forkserver to have imported its preload; False if it has not.
+
+    The forkserver forks only once its preload (torch: seconds, more on a busy machine) is imported,
+    and starting a process waits for that fork without a timeout. Started while Ctrl-C was held back
+    (pool.py tracks every rank it starts), a first pool start took seconds to act on Ctrl-C and
+    ignored the call's timeout. So a probe process that does nothing is started first, in a thread,
+    and waited for here, where Ctrl-C and the deadline both end the wait; a probe abandoned that
+    way still starts and ends by itself. Once it has started, the ranks start in milliseconds, and
+    that forkserver is not probed again.
+    """
+    server = forkserver_pid(ctx)
+    if server is None or server in _READY:
+        return True
+    started = threading.Event()
+
+    def probe() -> None:
+        proc = ctx.Process(target=_nothing, name="wmdist-rank-probe", daemon=True)
+        try:
+            proc.start()
+        finally:
+            started.set()
+        proc.join()
+
+    threading.Thread(target=probe, name="wmdist-forkserver-probe", daemon=True).start()
+    if not started.wait(max(within, 0.0)):
+        return False
+    _READY.add(server)
+    return True
 
 
 def never_reimport_main_in_ranks() -> None:
