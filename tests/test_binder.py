@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -56,3 +57,17 @@ def test_fresh_binder_environment_runs_the_start_notebook(tmp_path):
                     for c in cells for o in c.get("outputs", []))
     assert "ring pass: not attempted yet." in shown             # the exercise stub reached its checker
     assert "ring-allreduce" in shown and "FAIL" not in shown     # and the verify table came out clean
+
+
+def test_binder_kernel_is_the_sharing_launcher():
+    """Through binder/start, Jupyter's python3 kernel is wmdist's launcher (kernels fork from one zygote),
+    and the committed kernel.json is what `python -m wmdist.kernel install` writes, so the two cannot drift."""
+    from wmdist.kernel import spec
+
+    committed = json.loads((BINDER / "jupyter" / "kernels" / "python3" / "kernel.json").read_text())
+    assert committed == spec.kernel_json(python="python")
+    listed = subprocess.run([str(BINDER / "start"), sys.executable, "-m", "jupyter_client.kernelspecapp", "list",
+                             "--json"], capture_output=True, text=True, timeout=60, cwd="/")
+    assert listed.returncode == 0, listed.stderr
+    argv = json.loads(listed.stdout)["kernelspecs"]["python3"]["spec"]["argv"]
+    assert argv[1:3] == ["-m", "wmdist.kernel"], argv

@@ -80,6 +80,9 @@ def test_wmdist_lab_serves_chapter_00_at_the_url_it_prints(tmp_path):
         names = {item["name"] for item in json.loads(body)["content"]}
         assert {"00_start_here.ipynb", "09_putting_it_together.ipynb"} <= names   # the notebooks folder is its root
         assert _get(f"http://localhost:{port}/api/contents")[0] == 403             # no token, no course
+        status, body = _get(f"http://localhost:{port}/api/kernelspecs", token)
+        argv = json.loads(body)["kernelspecs"]["python3"]["spec"]["argv"]          # the notebooks' kernel is the
+        assert status == 200 and argv[1:3] == ["-m", "wmdist.kernel"], argv       # sharing one (wmdist/kernel)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)

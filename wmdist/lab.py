@@ -20,7 +20,9 @@ also names the torch build installed (CPU or CUDA), which pip does not say. The 
 folder is the server's root: `--notebooks DIR`,
 else `./notebooks`, else the one beside this package in a checkout (an editable install).
 A browser is opened only where there is a display to open it on (not on a headless Linux
-shell, where the printed URL is what the reader needs).
+shell, where the printed URL is what the reader needs). The server's python3 kernel is the
+course's (wmdist/kernel): kernels fork from one preloaded process, so many open chapters
+share torch's memory (`WMDIST_KERNEL_ZYGOTE=0` for plain kernels).
 """
 from __future__ import annotations
 
@@ -113,6 +115,16 @@ def torch_build() -> str:
     return f"torch {version} ({'a CUDA build' if cuda else 'the CPU build'})"
 
 
+def sharing_kernel_dir() -> str:
+    """A directory whose kernels/python3 is the course's kernel, for JUPYTER_PATH (searched before the
+    environment's own): every notebook's kernel then forks from one preloaded process (wmdist/kernel)."""
+    from wmdist.kernel import launcher, spec
+
+    directory = os.path.join(launcher.runtime_dir(), "jupyter")
+    spec.install(directory)
+    return directory
+
+
 def jupyter_command(notebooks: Path, port: int, *, root: bool, browser: bool, extra: list[str]) -> list[str]:
     """The JupyterLab command line `wmdist lab` runs (pure, so tests can read it)."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks}", f"--ServerApp.port={port}",
@@ -129,6 +141,7 @@ def main(args: argparse.Namespace) -> int:
     port = choose_port(args.port)
     env = dict(os.environ)
     token = env.setdefault("JUPYTER_TOKEN", secrets.token_hex(24))
+    env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [sharing_kernel_dir(), env.get("JUPYTER_PATH")]))
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     cmd = jupyter_command(notebooks, port, root=root, browser=has_display() and not args.no_browser,
                           extra=args.jupyter_args)

@@ -1,0 +1,280 @@
+"""The zygote: imports what every course kernel imports, once, then forks a kernel per request.
+
+Its children share every page it imported (copy-on-write), so a kernel costs
+only what its own notebook computes (why: the package docstring). It is a
+single-threaded loop, because only a process with one thread can fork safely:
+it never runs torch code, starts no thread, and refuses a request if a thread
+appeared anyway (the launcher then starts a plain kernel).
+
+A forked kernel must look like a freshly started one: it gets the launcher's
+arguments, environment, working directory and standard streams, default
+signal handlers, torch's thread count, torch and numpy seeded from fresh entropy as a new process
+seeds them (Python's `random` reseeds itself after a fork), and a process group
+of its own. It
+ends when its launcher ends. Its exit status goes back to the launcher. The
+kernels of one zygote are neighbours (`WMDIST_NEIGHBOURHOOD`): a kernel
+starting ranks asks the others to close their idle ones (runtime/neighbours.py).
+
+The zygote lives as long as the Jupyter server it serves (`--home`), and after
+that until its last kernel has exited. If a module it imported has changed on
+disk since (a course file edited, a package upgraded), it answers "stale",
+stops listening and leaves the next kernel to a fresh zygote, so a restarted
+kernel never runs old code.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+
+from wmdist.runtime.neighbours import NEIGHBOURHOOD_VARIABLE
+
+# Imported in this order; missing optional ones are skipped. `wmdist.runtime.frozen` comes last: it
+# imports torch._dynamo (which torch.optim imports on first use) and freezes the garbage collector.
+PRELOAD = ["numpy", "torch", "torch.distributed", "torch.nn.functional", "torch.optim", "matplotlib",
+           "matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib_inline.backend_inline", "PIL.Image",
+           "ipykernel.kernelapp", "ipykernel.ipkernel", "ipywidgets", "cloudpickle", "psutil", "wmdist",
+           "wmdist.demos", "wmdist.ui", "wmdist.runtime.frozen"]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wmdist.kernel zygote")
+    parser.add_argument("--home", type=int, required=True, help="the Jupyter server's pid: serve while it lives")
+    parser.add_argument("--socket", required=True, help="the Unix socket to listen on")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    threads = _preload()
+    print(f"wmdist zygote {os.getpid()}: preloaded {len(sys.modules)} modules in "
+          f"{time.monotonic() - started:.1f} s; serving {args.home}", flush=True)
+    Zygote(args.socket, home=args.home, threads=threads).serve()
+    return 0
+
+
+def _preload() -> int:
+    """Import PRELOAD as the kernel will use it, with torch on one thread; return the threads torch would use."""
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]                      # as ipykernel_launcher does; IPython puts '' back in the kernel
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")   # what ipykernel sets
+    import torch
+
+    threads = torch.get_num_threads()         # what a fresh process would use (reading it starts no thread)
+    torch.set_num_threads(1)                  # an import that runs a torch op must not start OpenMP's threads:
+    for name in PRELOAD:                      # a fork keeps none of them, and the kernel's first op would hang
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    from wmdist import demos
+
+    demos.registry()                         # every chapter's modules, as a notebook's imports bring them
+    return threads
+
+
+def _module_mtimes() -> dict[str, int]:
+    stamps = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str):
+            with contextlib.suppress(OSError):
+                stamps[path] = os.stat(path).st_mtime_ns
+    return stamps
+
+
+class Zygote:
+    """The serving loop: accept a request, fork a kernel, reap kernels and report their exit status."""
+
+    def __init__(self, path: str, *, home: int, threads: int):
+        self.path = path
+        self.threads = threads
+        self.home_pid = home
+        self.stamps = _module_mtimes()
+        self.kernels: dict[int, socket.socket] = {}        # kernel pid -> its launcher's connection
+        self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        self.listener.listen(16)
+        try:
+            self.home: int | None = os.pidfd_open(home)
+        except OSError:
+            self.home = None                  # the server is already gone: serve nobody new
+
+    def serve(self) -> None:
+        while True:
+            self._reap()
+            if self.listener is None and not self.kernels:
+                return
+            waiting = [s for s in (self.listener, self.home) if s is not None]
+            ready = select.select(waiting, [], [], 0.5)[0] if waiting else time.sleep(0.5) or []
+            if self.home is not None and self.home in ready:
+                os.close(self.home)
+                self.home = None
+                self._stop_listening()        # the server ended: no new kernels; wait for the last ones
+            elif self.listener is not None and self.listener in ready:
+                conn, _ = self.listener.accept()
+                with contextlib.suppress(Exception):
+                    self._answer(conn)
+
+    def _stop_listening(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    def _stale(self) -> bool:
+        for path, stamp in self.stamps.items():
+            try:
+                if os.stat(path).st_mtime_ns != stamp:
+                    return True
+            except OSError:
+                return True
+        return False
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.settimeout(30)
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("the launcher closed the connection mid-request")
+            data += chunk
+        request = json.loads(data)
+        try:
+            if len(fds) != 3:
+                return self._reply(conn, {"error": f"expected 3 standard streams, got {len(fds)}"})
+            if self._stale():
+                self._stop_listening()
+                return self._reply(conn, {"stale": True})
+            if threading.active_count() != 1:
+                return self._reply(conn, {"error": "the zygote has a thread; forking it would be unsafe"})
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                self._become_kernel(conn, request, fds)      # never returns
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, pid)                         # also done in the child: whichever runs first
+            self.kernels[pid] = conn
+            conn.settimeout(None)
+            self._reply(conn, {"pid": pid}, close=False)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    @staticmethod
+    def _reply(conn: socket.socket, message: dict, *, close: bool = True) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(message).encode() + b"\n")
+        if close:
+            conn.close()
+
+    def _reap(self) -> None:
+        while self.kernels:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.kernels.pop(pid, None)
+            if conn is not None:
+                self._reply(conn, {"exit": os.waitstatus_to_exitcode(status)})
+
+    def _become_kernel(self, conn: socket.socket, request: dict, fds: list[int]) -> None:
+        """In the forked child: turn into a fresh kernel, run ipykernel, exit (never returns)."""
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+            for sock in [self.listener, conn, *self.kernels.values()]:
+                if sock is not None:
+                    sock.close()
+            if self.home is not None:
+                os.close(self.home)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+            os.environ.setdefault(NEIGHBOURHOOD_VARIABLE, f"jupyter-{self.home_pid}")   # see runtime/neighbours.py
+            _look_fresh(threads=self.threads)
+            _end_with_launcher(int(request["launcher"]))
+            sys.argv = ["ipykernel_launcher", *request["argv"]]
+            from ipykernel import kernelapp
+
+            app = kernelapp.IPKernelApp.instance()            # what launch_new_instance does, with one hook
+            app.initialize(request["argv"])
+            _give_back_freed_memory_after_cells(app)
+            app.start()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            _exit_like_an_interpreter(code)
+
+
+def _look_fresh(*, threads: int) -> None:
+    """Random states from fresh entropy (`random` reseeds at fork) and torch's threads, as a new process has them."""
+    import torch
+
+    torch.seed()
+    wanted = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(wanted) if wanted.isdigit() and int(wanted) > 0 else threads)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _give_back_freed_memory_after_cells(app: object) -> None:
+    """After each cell, return the heap's free pages to the system (glibc's malloc_trim), so a kernel left open
+    holds what its notebook keeps, not what a cell once used: measured 230 -> 96 MB USS after chapter 06."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return                                            # not glibc: nothing to call
+    app.shell.events.register("post_execute", lambda: trim(0))   # type: ignore[attr-defined]
+
+
+def _end_with_launcher(launcher: int) -> None:
+    """End this kernel when its launcher ends (Jupyter killed it): SIGTERM first, as Jupyter would send."""
+    try:
+        fd = os.pidfd_open(launcher)
+    except OSError:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="wmdist-launcher-watch", daemon=True).start()
+
+
+def _exit_like_an_interpreter(code: int) -> None:
+    """Join threads, run exit handlers, flush, exit: what returning from a script does (never returns)."""
+    with contextlib.suppress(BaseException):
+        threading._shutdown()                 # type: ignore[attr-defined]  (what the interpreter calls at exit)
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(code)
