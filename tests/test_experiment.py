@@ -103,11 +103,11 @@ def test_verify_tells_a_refused_size_from_a_demo_that_breaks(monkeypatch, one_th
 
 
 def test_every_chapter_registers_only_experiments(no_processes):
-    """The nine chapters' demos are all the one typed shape (docs/architecture.md); Experiment itself refuses a
+    """The ten chapters' demos are all the one typed shape (docs/architecture.md); Experiment itself refuses a
     demo without exactly one way to run, or a size its spec refuses (the tests above)."""
     demos = registry_module.registry().values()
     assert all(isinstance(d, Experiment) for d in demos)
-    assert {d.chapter for d in demos} == {"01", "02", "03", "04", "05", "06", "07", "08", "09"}
+    assert {d.chapter for d in demos} == {"01", "02", "03", "04", "05", "06", "07", "08", "09", "10"}
 
 
 def test_an_experiment_runs_one_way_only(no_processes):

@@ -260,3 +260,67 @@ def test_run_it_overlays_the_ledger(mesh3d):
     measured = panel.run()
     assert measured is not None and "PASS" in panel.status.value and "equal the formulas" in panel.summary.value
     assert any(line.get_label() == "measured (ledger)" for line in panel.shown.axes[0].lines)
+
+
+# --- the expert-parallel row (chapter 10's all-to-alls as a fifth pattern) -----------------------
+
+def _ep_bytes(c: PatternsConfig) -> float:
+    """The EP row from costs.experts directly: per block on the shown stage and per microbatch, four uniform
+    all-to-alls of the microbatch's b c tokens over the dp ranks and one counts exchange."""
+    from wmdist.costs import experts as ecosts
+    shape = c.shape
+    coords = {"dp": 0, "tp": 0, "pp": 1 if shape.pp > 2 else 0, "cp": 0}
+    rows = microbatch_rows(shape, 0)
+    return stage_layers(shape, coords["pp"]) * sum(
+        4 * ecosts.uniform_dispatch_bytes(b * shape.tokens, c.top_k, shape.dp, shape.width, 4)
+        + ecosts.counts_exchange_bytes(c.experts, shape.dp) for b in rows)
+
+
+def test_no_experts_leaves_the_four_patterns_as_they_were():
+    for c in (PatternsConfig(), TINY, WIDE, LONG_CONTEXT):
+        r = patterns(c)
+        assert c.experts == 0 and c.axes == TRAFFIC_AXES and set(r.traffic) == set(TRAFFIC_AXES)
+        assert all(set(p.exposed) == set(TRAFFIC_AXES) for p in r.placements)
+
+
+@pytest.mark.parametrize("change", [dict(experts=8), dict(experts=16, top_k=1, dp=4, batch=16),
+                                    dict(experts=4, top_k=4, seq_len=64, microbatches=4, pp=4, layers=8, batch=16),
+                                    dict(experts=256, top_k=8, dp=8, tp=1, batch=64, cp=2)])
+def test_the_expert_row_is_the_chapter_10_formula(change):
+    c = dataclasses.replace(PatternsConfig(), **change)
+    r = patterns(c)
+    ep = r.traffic["ep"]
+    assert c.axes == (*TRAFFIC_AXES, "ep") and ep.bytes_sent == pytest.approx(_ep_bytes(c), rel=1e-12)
+    rows = microbatch_rows(c.shape, 0)
+    assert ep.messages == stage_layers(c.shape, r.coords["pp"]) * len(rows) * 5 * (c.dp - 1)
+    without = patterns(dataclasses.replace(c, experts=0))
+    assert all(r.traffic[a] == without.traffic[a] for a in TRAFFIC_AXES)          # the four rows do not move
+    for p in r.placements:                          # on the dp groups' link, hidden under nothing
+        assert p.inside["ep"] == p.inside["dp"]
+        link = c.fast if p.inside["ep"] else c.slow
+        assert p.exposed["ep"] == pytest.approx(sum(link.terms(ep)), rel=1e-12)
+        assert p.total == pytest.approx(sum(p.exposed[a] for a in c.axes), rel=1e-12)
+
+
+def test_the_expert_row_refuses_a_dp_that_does_not_divide_the_experts():
+    with pytest.raises(ValueError, match="experts=4 is not divisible by ranks=8"):
+        PatternsConfig(experts=4, dp=8, batch=32)
+    with pytest.raises(ValueError, match="k must be an integer from 1 to 2"):
+        PatternsConfig(experts=2, top_k=3)
+
+
+def test_panel_shows_the_expert_row_only_with_experts():
+    from wmdist.mesh.panel import PatternsPanel
+    panel = PatternsPanel()
+    png, text = panel.png, panel.summary.value
+    assert panel.controls["top_k"].disabled and "EP" not in text
+    panel.controls["experts"].value = 8
+    assert not panel.controls["top_k"].disabled and panel.png != png
+    ep = panel.result.traffic["ep"]
+    assert "<b>EP</b>: each block's MLP as 8 experts" in panel.summary.value
+    labels = [t.get_text() for t in panel.shown.axes[0].texts]
+    assert len(panel.shown.axes[0].patches) == 5 and any(t.startswith("EP: token all-to-alls") for t in labels)
+    assert ep.bytes_sent == pytest.approx(_ep_bytes(panel.result.config), rel=1e-12)
+    panel.controls["experts"].value = 0
+    assert panel.png == png and panel.summary.value == text and panel.controls["top_k"].disabled
+    panel.prefetch.idle()

@@ -30,14 +30,16 @@ TARGET_MAX_MS = 250.0
 
 
 def panel_factories() -> dict[str, Callable[[], Panel]]:
-    """The five panels at their opening settings, by the chapter that shows them."""
+    """The six panels at their opening settings, by the chapter that shows them."""
     from wmdist.data_parallel.panel import ScalingPanel
+    from wmdist.experts.panel import ExpertsPanel
     from wmdist.memory.panel import MemoryPanel
     from wmdist.mesh.panel import PatternsPanel
     from wmdist.pipeline.panel import BubblePanel
     from wmdist.ring_attention.panel import TrafficPanel
     return {"00 memory": MemoryPanel, "01 scaling": ScalingPanel, "05 bubble": BubblePanel,
-            "06 traffic": TrafficPanel, "09 patterns": PatternsPanel}
+            "06 traffic": TrafficPanel, "09 patterns": PatternsPanel,
+            "10 experts": ExpertsPanel}
 
 
 def _move(panel: Panel, control: W.ValueWidget, up: bool) -> float | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from wmdist.costs import experts as ecosts
 from wmdist.costs.collectives import ring_allreduce_bytes, ring_chunk_sizes
 from wmdist.costs.validate import require_fields, require_heads, require_int, require_real
 
@@ -92,7 +93,7 @@ class StepShape:
 @dataclass(frozen=True)
 class Traffic:
     """What one rank sends along one axis in one training step: bytes and messages (sends)."""
-    bytes_sent: int
+    bytes_sent: int          # exact for the four axes; expert_traffic's is an expectation (a float)
     messages: int
 
 
@@ -161,6 +162,21 @@ def axis_traffic(shape: StepShape, coords: dict[str, int]) -> dict[str, Traffic]
     grads = _gradient_sum(shape, coords, "cp")
     cp = Traffic(ring.bytes_sent + grads.bytes_sent, ring.messages + grads.messages)
     return {"dp": _gradient_sum(shape, coords, "dp"), "tp": tp, "pp": pp, "cp": cp}
+
+
+def expert_traffic(shape: StepShape, coords: dict[str, int], *, experts: int, k: int) -> Traffic:
+    """What the rank at `coords` would send if every block's MLP were E experts spread over its dp group
+    (expert parallelism on the dp axis, ep = dp; chapter 10): per block and microbatch, the counts exchange
+    and four all-to-alls (dispatch, combine, both backward) of its b c tokens, each the uniform-routing
+    expectation `costs.experts.uniform_dispatch_bytes(b c, k, dp, H, elem)`; (dp - 1) sends each."""
+    n = shape.dp
+    ecosts.experts_per_rank(experts, n)
+    require_int("k", k, 1, high=experts)
+    rows = microbatch_rows(shape, require_int("coords['dp']", coords.get("dp"), 0, high=n - 1))
+    layers = stage_layers(shape, coords["pp"])
+    per_block = sum(4 * ecosts.uniform_dispatch_bytes(b * shape.tokens, k, n, shape.width, shape.elem_size)
+                    + ecosts.counts_exchange_bytes(experts, n) for b in rows)
+    return Traffic(layers * per_block, layers * len(rows) * 5 * (n - 1))
 
 
 # --- time on a two-level machine --------------------------------------------------------

@@ -12,7 +12,7 @@ from wmdist.mesh.spec import MeshRun
 from wmdist.mesh.patterns import PATTERNS, PatternsResult, Placement
 from wmdist.ui.render import FONT, SMALL, axes_grid, eng_axis
 
-COLORS = {"dp": "tab:blue", "tp": "tab:red", "pp": "tab:green", "cp": "tab:purple"}
+COLORS = {"dp": "tab:blue", "tp": "tab:red", "pp": "tab:green", "cp": "tab:purple", "ep": "tab:orange"}
 MAX_PLACEMENTS = 8
 MARGINS = (0.02, 0.98, 0.16, 0.91)
 
@@ -33,11 +33,13 @@ def measured_for(result: PatternsResult, measured: MeshRun | None) -> dict[str, 
 
 def bytes_axes(ax: plt.Axes, result: PatternsResult, ledger: dict[str, int] | None) -> None:
     """Bytes per axis for one rank (log scale), messages in the label; the ledger's bytes as markers."""
-    values = [max(result.traffic[a].bytes_sent, 1) for a in TRAFFIC_AXES]
-    for i, a in enumerate(TRAFFIC_AXES):
+    axes = result.config.axes
+    values = [max(result.traffic[a].bytes_sent, 1) for a in axes]
+    for i, a in enumerate(axes):
         t = result.traffic[a]
         ax.barh(i + 0.18, values[i], height=0.42, color=COLORS[a], alpha=0.8)
-        label(ax, i, f"{PATTERNS[a]}: {format_bytes(t.bytes_sent)}, {t.messages} messages")
+        expected = " expected" if a == "ep" else ""
+        label(ax, i, f"{PATTERNS[a]}: {format_bytes(int(round(t.bytes_sent)))}{expected}, {t.messages} messages")
     if ledger is not None:
         ax.plot([max(ledger[a], 1) for a in TRAFFIC_AXES], [i + 0.18 for i in range(len(TRAFFIC_AXES))], "kD", ms=6,
                 label="measured (ledger)")
@@ -47,7 +49,7 @@ def bytes_axes(ax: plt.Axes, result: PatternsResult, ledger: dict[str, int] | No
     ax.xaxis.set_major_locator(LogLocator(base=10, numticks=12))
     eng_axis(ax.xaxis, "B")
     ax.minorticks_off()
-    ax.set_ylim(len(TRAFFIC_AXES) - 0.5, -0.6)
+    ax.set_ylim(len(axes) - 0.5, -0.6)
     ax.set_yticks([])
     c = result.coords
     ax.set_title(f"bytes sent per step by one rank (dp {c['dp']}, tp {c['tp']}, pp stage {c['pp']}, cp {c['cp']})",
@@ -57,8 +59,8 @@ def bytes_axes(ax: plt.Axes, result: PatternsResult, ledger: dict[str, int] | No
 
 def time_axes(ax: plt.Axes, result: PatternsResult) -> None:
     """Each axis's time on the best placement's links: latency term (hatched) + bandwidth term."""
-    best = result.best
-    for i, a in enumerate(TRAFFIC_AXES):
+    best, axes = result.best, result.config.axes
+    for i, a in enumerate(axes):
         lat, tra = best.latency[a], best.transfer[a]
         ax.barh(i + 0.18, lat, height=0.42, color=COLORS[a], alpha=0.35, hatch="//")
         ax.barh(i + 0.18, tra, left=lat, height=0.42, color=COLORS[a], alpha=0.85)
@@ -66,8 +68,8 @@ def time_axes(ax: plt.Axes, result: PatternsResult) -> None:
             kind = "latency-bound" if lat > tra else "bandwidth-bound"
             link = "fast" if best.inside[a] else "slow"
             label(ax, i, f"{a.upper()}: {seconds(lat + tra)}, {kind}, {link} link")
-    ax.set_xlim(0, max([best.latency[a] + best.transfer[a] for a in TRAFFIC_AXES] + [1e-9]) * 1.1)
-    ax.set_ylim(len(TRAFFIC_AXES) - 0.5, -0.6)
+    ax.set_xlim(0, max([best.latency[a] + best.transfer[a] for a in axes] + [1e-9]) * 1.1)
+    ax.set_ylim(len(axes) - 0.5, -0.6)
     ax.set_yticks([])
     eng_axis(ax.xaxis, "s")
     ax.set_xlabel("time per step")

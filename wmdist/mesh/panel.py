@@ -59,8 +59,8 @@ def summary(result: PatternsResult) -> str:
                  + ".")
     inside = [a.upper() for a in TRAFFIC_AXES if best.inside[a] and getattr(result.config, a) > 1] or ["none"]
     node = result.config.ranks_per_node
-    saved = ", ".join(f"{a.upper()} {seconds(s)}" + ("" if getattr(result.config, a) <= node else
-                                                           f" (its {getattr(result.config, a)} ranks cannot share a "
+    saved = ", ".join(f"{a.upper()} {seconds(s)}" + ("" if result.config.degree(a) <= node else
+                                                           f" (its {result.config.degree(a)} ranks cannot share a "
                                                            f"node of {node})") for a, s in result.savings().items())
     same = " (the default order is already best)" if best.total == default.total else \
         f"; the default tp·cp·dp·pp: {seconds(default.total)}"
@@ -70,6 +70,12 @@ def summary(result: PatternsResult) -> str:
     c = result.config
     lines.append(f"<b>Each rank holds</b> {_share(c.heads, c.tp)} of the {c.heads} heads and {_share(c.layers, c.pp)} of "
                  f"the {c.layers} layers (tp {c.tp}, pp {c.pp}): heads change who computes what, not the bytes above.")
+    if c.experts:
+        ep = t["ep"]
+        lines.append(f"<b>EP</b>: each block's MLP as {c.experts} experts over the dp ranks (ep = dp = {c.dp}, top-"
+                     f"{c.top_k}): 4 all-to-alls per block and microbatch, {format_bytes(int(round(ep.bytes_sent)))} "
+                     f"expected per step (uniform routing; chapter 10). The dp row still sums the dense MLP's "
+                     "gradient, which experts held on one dp rank each would not; run it measures the four others.")
     top = result.by_time[0]
     if most != top:
         lines.append(f"{most.upper()} moves the most bytes, yet {top.upper()} costs the most time: bytes alone do "
@@ -88,11 +94,22 @@ class PatternsPanel(Panel):
             "hidden</i> to 0.8 and see the best order change.")
     control_groups = {"model": ("width", "heads", "layers", "seq_len", "batch", "microbatches", "buckets"),
                       "mesh": ("dp", "tp", "pp", "cp"),
-                      "machine": ("ranks_per_node", "intra_gbps", "intra_us", "inter_gbps", "inter_us", "dp_hidden")}
+                      "machine": ("ranks_per_node", "intra_gbps", "intra_us", "inter_gbps", "inter_us", "dp_hidden"),
+                      "experts": ("experts", "top_k")}
 
     def __init__(self, config: PatternsConfig | None = None):
         self.report = None                       # the last run's Report (checks and exact counts)
         super().__init__(config or PatternsConfig())
+        self._k_only_with_experts()
+
+    def _k_only_with_experts(self) -> None:
+        """k applies only when experts are configured: greyed out with experts = 0."""
+        self.controls["top_k"].disabled = self.controls["experts"].value == 0
+
+    def _changed(self, name: str, change: dict) -> None:
+        if name == "experts" and not self._holding:
+            self._k_only_with_experts()
+        super()._changed(name, change)
 
     def compute(self, config: PatternsConfig) -> PatternsResult:
         return patterns(config)

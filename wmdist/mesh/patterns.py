@@ -8,6 +8,13 @@ pattern of many small messages is latency-bound and one of few large ones
 bandwidth-bound; which pattern moves the most bytes, and which costs the
 most time, changes with the sizes: there is no fixed ranking.
 
+With `experts` > 0 a fifth pattern joins them (chapter 10): every block's MLP
+becomes E experts spread over the dp ranks (expert parallelism on the dp axis),
+and the tokens travel to their experts and back in all-to-alls
+(costs.mesh.expert_traffic, from costs.experts; uniform routing). Its groups are
+the dp groups, so it gets dp's link; it hides under nothing. With experts = 0
+(the default) nothing changes.
+
 Placement on a two-level machine: ranks are numbered node by node
 (`ranks_per_node` consecutive ranks share fast links, nodes talk over slow
 ones). A Mesh order (fastest-varying axis first) decides each axis's
@@ -24,7 +31,8 @@ from dataclasses import dataclass
 from itertools import permutations
 
 from wmdist.comm.mesh import COORD_AXES, DEFAULT_ORDER
-from wmdist.costs.mesh import TRAFFIC_AXES, Link, StepShape, Traffic, axis_in_node, axis_traffic, strides
+from wmdist.costs.mesh import (TRAFFIC_AXES, Link, StepShape, Traffic, axis_in_node, axis_traffic, expert_traffic,
+                               strides)
 from wmdist.costs.validate import require_int, require_positive, require_real
 from wmdist.knobs import knob
 
@@ -36,7 +44,9 @@ def pow2(low: int, high: int) -> tuple[int, ...]:
 
 DEGREES = {"options": pow2(0, 6)}
 PATTERNS = {"dp": "DP: gradient buckets (ring all-reduce)", "tp": "TP: 4 all-reduces per block",
-            "pp": "PP: boundary activations / gradients", "cp": "CP: ring K, V sends (+ grad sum)"}
+            "pp": "PP: boundary activations / gradients", "cp": "CP: ring K, V sends (+ grad sum)",
+            "ep": "EP: token all-to-alls (4 per MoE block)"}
+EXPERT_AXES = (*TRAFFIC_AXES, "ep")     # the patterns with experts configured; "ep" runs on the dp groups
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,13 +69,28 @@ class PatternsConfig:
     inter_gbps: float = knob(25.0, "slow link GB/s", low=0.1, high=400.0, log=True, fmt=".3g")
     inter_us: float = knob(10.0, "slow link latency µs", low=0.1, high=1000.0, log=True, fmt=".3g")
     dp_hidden: float = knob(0.0, "DP share hidden", low=0.0, high=1.0, step=0.05)
+    experts: int = knob(0, "experts E (0: none)", options=(0, *pow2(1, 8)))
+    top_k: int = knob(2, "experts per token k", low=1, high=8)
 
     def __post_init__(self) -> None:
         require_int("ranks_per_node", self.ranks_per_node, 1)
         for name in ("intra_gbps", "intra_us", "inter_gbps", "inter_us"):
             require_positive(name, getattr(self, name))
         require_real("dp_hidden", self.dp_hidden, low=0.0, high=1.0)
-        _ = self.shape              # building the StepShape checks the model and mesh sizes
+        require_int("experts", self.experts, 0)
+        require_int("top_k", self.top_k, 1)
+        shape = self.shape          # building the StepShape checks the model and mesh sizes
+        if self.experts:
+            expert_traffic(shape, shown_coords(shape), experts=self.experts, k=self.top_k)   # dp | E, k <= E
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The patterns this config has: the four, and "ep" when experts are configured."""
+        return EXPERT_AXES if self.experts else TRAFFIC_AXES
+
+    def degree(self, axis: str) -> int:
+        """Ranks along `axis` ("ep" runs on the dp groups)."""
+        return self.dp if axis == "ep" else getattr(self, axis)
 
     @property
     def shape(self) -> StepShape:
@@ -107,8 +132,10 @@ def place(config: PatternsConfig, traffic: dict[str, Traffic], order: tuple[str,
     sizes = {a: getattr(shape, a) for a in TRAFFIC_AXES}
     where = strides(sizes, order)
     inside = {a: axis_in_node(sizes[a], where[a], config.ranks_per_node, shape.world_size) for a in TRAFFIC_AXES}
+    if "ep" in traffic:
+        inside["ep"] = inside["dp"]
     latency, transfer, exposed = {}, {}, {}
-    for a in TRAFFIC_AXES:
+    for a in config.axes:
         latency[a], transfer[a] = (config.fast if inside[a] else config.slow).terms(traffic[a])
         exposed[a] = (latency[a] + transfer[a]) * ((1 - config.dp_hidden) if a == "dp" else 1.0)
     return Placement(order, inside, latency, transfer, exposed)
@@ -130,19 +157,20 @@ class PatternsResult:
     @property
     def by_bytes(self) -> list[str]:
         """Axes that send anything, most bytes first."""
-        return sorted((a for a in TRAFFIC_AXES if self.traffic[a].messages), key=lambda a: -self.traffic[a].bytes_sent)
+        return sorted((a for a in self.config.axes if self.traffic[a].messages),
+                      key=lambda a: -self.traffic[a].bytes_sent)
 
     @property
     def by_time(self) -> list[str]:
         """Axes that send anything, most exposed time (best placement) first."""
-        return sorted((a for a in TRAFFIC_AXES if self.traffic[a].messages), key=lambda a: -self.best.exposed[a])
+        return sorted((a for a in self.config.axes if self.traffic[a].messages), key=lambda a: -self.best.exposed[a])
 
     def savings(self) -> dict[str, float]:
         """Seconds of exposed time each axis (of more than one rank) saves on fast links instead of slow ones."""
         c = self.config
         out = {}
-        for a in TRAFFIC_AXES:
-            if getattr(c, a) > 1:
+        for a in c.axes:
+            if c.degree(a) > 1:
                 slow, fast = (sum(link.terms(self.traffic[a])) for link in (c.slow, c.fast))
                 out[a] = (slow - fast) * ((1 - c.dp_hidden) if a == "dp" else 1.0)
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
@@ -150,13 +178,15 @@ class PatternsResult:
     def latency_bound(self, *, placement: Placement | None = None) -> list[str]:
         """Axes whose latency term is larger than their bandwidth term, on `placement`'s links (default: best)."""
         p = placement or self.best
-        return [a for a in TRAFFIC_AXES if self.traffic[a].messages and p.latency[a] > p.transfer[a]]
+        return [a for a in self.config.axes if self.traffic[a].messages and p.latency[a] > p.transfer[a]]
 
 
 def patterns(config: PatternsConfig) -> PatternsResult:
     """Evaluate the four patterns and every placement (24 orders, deduplicated by which axes fit in a node)."""
     coords = shown_coords(config.shape)
     traffic = axis_traffic(config.shape, coords)
+    if config.experts:
+        traffic["ep"] = expert_traffic(config.shape, coords, experts=config.experts, k=config.top_k)
     orders = [DEFAULT_ORDER] + sorted(o for o in permutations(COORD_AXES) if o != DEFAULT_ORDER)
     distinct: dict[tuple[bool, ...], Placement] = {}
     for order in orders:
