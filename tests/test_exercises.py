@@ -149,12 +149,17 @@ def _wrong_answers():
         start = rank // size * size
         return tuple(range(start, start + size))
 
+    def order_as_its_own_inverse(ctx, expert_ids):            # uses the sort order to undo the sort too
+        order = torch.sort(expert_ids, stable=True).indices
+        return torch.stack([order, order])
+
     return {"ring pass": wrong_direction, "weighted mean of unequal shards": plain_mean,
             "score-function estimate": local_score, "ZeRO shard update": no_bias_correction,
             "ZeRO bytes": even_shards, "incoming state": fold_backwards,
             "token-sharded denoising step": shard_at_token_zero, "row-parallel forward": bias_on_every_rank,
             "1F1B action list": same_warmup_everywhere, "online-softmax merge": plain_average,
-            "pipeline stage forward": forwards_its_input, "my group along an axis": consecutive_ranks}
+            "pipeline stage forward": forwards_its_input, "my group along an axis": consecutive_ranks,
+            "dispatch permutation": order_as_its_own_inverse}
 
 
 def _registry():
