@@ -4,7 +4,8 @@ Its children share every page it imported (copy-on-write), so a kernel costs
 only what its own notebook computes (why: the package docstring). It is a
 single-threaded loop, because only a process with one thread can fork safely:
 it never runs torch code, starts no thread, and refuses a request if a thread
-appeared anyway (the launcher then starts a plain kernel).
+appeared anyway, or if the kernel's thread settings differ from its own (the
+launcher then starts a plain kernel).
 
 A forked kernel must look like a freshly started one: it gets the launcher's
 arguments, environment, working directory and standard streams, default
@@ -41,10 +42,15 @@ from wmdist.runtime.neighbours import NEIGHBOURHOOD_VARIABLE
 
 # Imported in this order; missing optional ones are skipped. `wmdist.runtime.frozen` comes last: it
 # imports torch._dynamo (which torch.optim imports on first use) and freezes the garbage collector.
+# Not matplotlib_inline.backend_inline: importing it is what hooks a kernel's shell up to show figures as
+# images, and the zygote has no shell, so each kernel imports it (small) with its first figure.
 PRELOAD = ["numpy", "torch", "torch.distributed", "torch.nn.functional", "torch.optim", "matplotlib",
-           "matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib_inline.backend_inline", "PIL.Image",
+           "matplotlib.figure", "matplotlib.backends.backend_agg", "PIL.Image",
            "ipykernel.kernelapp", "ipykernel.ipkernel", "ipywidgets", "cloudpickle", "psutil", "wmdist",
            "wmdist.demos", "wmdist.ui", "wmdist.runtime.frozen"]
+# Read once, when torch starts (OpenMP and MKL cap and combine them their own way): a kernel whose values differ
+# from the zygote's cannot be given a fresh process's thread count, so it is refused (it gets a kernel of its own).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def main(argv: list[str]) -> int:
@@ -96,6 +102,7 @@ class Zygote:
         self.threads = threads
         self.home_pid = home
         self.stamps = _module_mtimes()
+        self.thread_settings = {name: os.environ.get(name) for name in THREAD_VARIABLES}
         self.kernels: dict[int, socket.socket] = {}        # kernel pid -> its launcher's connection
         self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
@@ -155,6 +162,10 @@ class Zygote:
             if self._stale():
                 self._stop_listening()
                 return self._reply(conn, {"stale": True})
+            asked = {name: request["env"].get(name) for name in THREAD_VARIABLES}
+            if asked != self.thread_settings:
+                return self._reply(conn, {"error": f"the kernel's thread settings {asked} are not the zygote's "
+                                                   f"{self.thread_settings}"})
             if threading.active_count() != 1:
                 return self._reply(conn, {"error": "the zygote has a thread; forking it would be unsafe"})
             sys.stdout.flush()
@@ -229,12 +240,12 @@ class Zygote:
 
 
 def _look_fresh(*, threads: int) -> None:
-    """Random states from fresh entropy (`random` reseeds at fork) and torch's threads, as a new process has them."""
+    """Random states from fresh entropy (`random` reseeds at fork) and torch's threads, as a new process has them
+    (the zygote's own count: it serves only kernels with its THREAD_VARIABLES)."""
     import torch
 
     torch.seed()
-    wanted = os.environ.get("OMP_NUM_THREADS", "")
-    torch.set_num_threads(int(wanted) if wanted.isdigit() and int(wanted) > 0 else threads)
+    torch.set_num_threads(threads)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
 

@@ -1,0 +1,309 @@
+"""The course's kernel (wmdist/kernel) through Jupyter's own client: a kernel forked from the server's zygote
+runs code with the course preloaded, looks like a freshly started kernel, is interrupted, restarted and shut down
+as Jupyter expects, ends with its launcher, and falls back to a plain ipykernel when asked or refused."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+from conftest import alive, alive_after
+from wmdist.kernel import launcher, spec
+
+REPO = Path(__file__).resolve().parents[1]
+CLEARED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", launcher.DISABLE_VARIABLE, "WMDIST_NEIGHBOURHOOD",
+           "WMDIST_POOL_IDLE_S", "JUPYTER_PATH")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """A sitecustomize.py on the kernels' PYTHONPATH: every kernel's zygote loads it, so touching it makes that
+    zygote stale without touching a file anyone else's zygote loaded."""
+    folder = tmp_path_factory.mktemp("site")
+    (folder / "sitecustomize.py").write_text('"""Loaded by the zygote of tests/test_kernel.py; touched to make it stale."""\n')
+    return folder
+
+
+@pytest.fixture(scope="module")
+def base_env(site) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["OMP_NUM_THREADS"] = "1"                          # every kernel of this module's zygote, and the zygote
+    return env
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory) -> KernelSpecManager:
+    folder = tmp_path_factory.mktemp("jupyter")
+    spec.install(str(folder))
+    return KernelSpecManager(kernel_dirs=[str(folder / "kernels")])
+
+
+class Kernel:
+    """A kernel started by a KernelManager in this process, with its stderr in a file."""
+
+    def __init__(self, specs: KernelSpecManager, env: dict[str, str], cwd: Path, stderr: Path):
+        self.km = KernelManager(kernel_name=spec.NAME, kernel_spec_manager=specs)
+        assert self.km.kernel_spec.argv == spec.kernel_json()["argv"]
+        self.stderr_path = stderr
+        self._err = open(stderr, "w")                    # open while it lives: a restart starts with it again
+        self.km.start_kernel(env=env, cwd=str(cwd), stderr=self._err)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=180)
+        self.pid, self.ppid = self.json("import os; print(json.dumps([os.getpid(), os.getppid()]))")
+
+    @property
+    def launcher(self) -> int:
+        return self.km.provisioner.pid
+
+    def run(self, code: str, timeout: float = 120) -> tuple[str, list[dict]]:
+        """Run a cell; return what it printed and the data it displayed (fails on an error)."""
+        out: list[str] = []
+        shown: list[dict] = []
+
+        def keep(msg):
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] in ("display_data", "execute_result"):
+                shown.append(msg["content"]["data"])
+            elif msg["msg_type"] == "error":
+                raise AssertionError("\n".join(msg["content"]["traceback"]))
+        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=keep)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out), shown
+
+    def json(self, code: str):
+        """Run `code`, which prints one JSON line (json is imported for it); return it parsed."""
+        return json.loads(self.run("import json\n" + code)[0].strip().splitlines()[-1])
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def shutdown(self) -> None:
+        self.kc.stop_channels()
+        if self.km.has_kernel:
+            self.km.shutdown_kernel(now=True)
+        self._err.close()
+
+
+@pytest.fixture(scope="module")
+def kernels(specs, base_env, tmp_path_factory):
+    """start(env=..., cwd=...) -> a Kernel; every one shut down at the end of the module."""
+    started: list[Kernel] = []
+    folder = tmp_path_factory.mktemp("kernels")
+
+    def start(*, env: dict[str, str] | None = None, cwd: Path | None = None) -> Kernel:
+        started.append(Kernel(specs, env or base_env, cwd or REPO, folder / f"kernel{len(started)}.stderr"))
+        return started[-1]
+    start.started = started
+    yield start
+    for k in started:
+        k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pair(kernels, base_env, tmp_path_factory):
+    """Two kernels of one zygote, the second with its own working directory and one variable of its own."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    first = kernels(env={**base_env, "WMDIST_TEST_FIRST_ONLY": "1"})
+    second = kernels(env={**base_env, "WMDIST_TEST_MARK": "second kernel"}, cwd=cwd)
+    return first, second, cwd
+
+
+def _zygote_of(pid: int) -> psutil.Process:
+    return psutil.Process(pid).parent()
+
+
+def test_kernels_fork_from_one_zygote_with_torch_loaded(pair):
+    first, second, _ = pair
+    for k in (first, second):
+        assert k.json("import sys; print(json.dumps('torch' in sys.modules and 'wmdist.demos' in sys.modules))")
+        zygote = _zygote_of(k.pid).cmdline()
+        assert zygote[1:5] == ["-m", "wmdist.kernel", "zygote", "--home"] and zygote[5] == str(os.getpid()), zygote
+        assert k.pid != k.launcher and psutil.Process(k.launcher).ppid() == os.getpid()
+    assert first.ppid == second.ppid                     # one zygote for this process's kernels
+
+
+def _fresh(env: dict[str, str], code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_each_kernel_looks_freshly_started(pair, base_env):
+    first, second, cwd = pair
+    draws = "import random, numpy, torch; print(json.dumps([torch.randn(4).tolist(), numpy.random.rand(4).tolist()," \
+            " random.random()]))"
+    a, b = first.json(draws), second.json(draws)
+    assert a[0] != b[0] and a[1] != b[1] and a[2] != b[2], (a, b)
+    threads = "import torch; print(torch.get_num_threads())"
+    assert second.json(threads) == int(_fresh(base_env, threads))
+    seen = second.json("import os, matplotlib; print(json.dumps([os.getcwd(), os.environ.get('WMDIST_TEST_MARK'), "
+                       "'WMDIST_TEST_FIRST_ONLY' in os.environ, __name__, matplotlib.get_backend()]))")
+    assert seen[:4] == [os.path.realpath(cwd), "second kernel", False, "__main__"], seen
+    assert "inline" in seen[4], seen
+    _, shown = second.run("import matplotlib.pyplot as plt\nplt.plot([0, 1], [1, 0])\nplt.show()")
+    assert any("image/png" in data for data in shown), shown
+
+
+def test_threads_as_a_fresh_process_has_them_whatever_the_zygote_was_started_with(kernels, base_env):
+    """The zygote was started with OMP_NUM_THREADS=1 (base_env); a kernel started without it, or with a count
+    torch would not use, must still have the threads a fresh process of its environment has."""
+    threads = "import torch; print(torch.get_num_threads())"
+    for env in ({k: v for k, v in base_env.items() if k != "OMP_NUM_THREADS"}, {**base_env, "OMP_NUM_THREADS": "64"}):
+        k = kernels(env=env)
+        try:
+            assert k.json(threads) == int(_fresh(env, threads)), env.get("OMP_NUM_THREADS")
+        finally:
+            k.shutdown()
+
+
+def test_interrupt_stops_a_cell_and_the_kernel_goes_on(pair):
+    first = pair[0]
+    msg_id = first.kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")
+    while True:                  # the cell is in the learner's code (an interrupt before that is ipykernel's race)
+        msg = first.kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream" \
+                and "sleeping" in msg["content"]["text"]:
+            break
+    first.km.interrupt_kernel()
+    reply = first.kc.get_shell_msg(timeout=20)           # well before the 120 s sleep would end
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+    assert first.json("print(6 * 7)") == 42
+
+
+def test_restart_gives_a_new_kernel_and_shutdown_leaves_nothing(kernels, pair):
+    k = kernels()
+    old = [k.pid, k.launcher]
+    k.run("x = 1")
+    k.km.restart_kernel(now=False)
+    k.kc.wait_for_ready(timeout=180)
+    pid, ppid = k.json("import os; print(json.dumps([os.getpid(), os.getppid()]))")
+    assert pid not in old and ppid == pair[0].ppid
+    assert k.json("print(json.dumps('x' in globals()))") is False
+    assert alive_after(old, 15) == []
+    current = [pid, k.launcher]
+    k.shutdown()
+    assert alive_after(current, 15) == []
+
+
+def test_the_kernels_exit_status_is_the_launchers(kernels):
+    k = kernels()
+    k.kc.execute("import os; os._exit(3)")
+    assert k.km.provisioner.process.wait(timeout=30) == 3
+    assert alive_after([k.pid], 15) == []
+
+
+def test_a_killed_launcher_ends_its_kernel_and_the_ranks(kernels):
+    k = kernels()
+    ranks = k.json(textwrap.dedent("""
+        import os, wmdist
+        from multiprocessing import forkserver
+        pids = wmdist.run(lambda ctx: os.getpid(), 2)
+        print(json.dumps(pids + [forkserver._forkserver._forkserver_pid]))"""))
+    assert len(ranks) == 3 and alive(ranks) == ranks
+    os.kill(k.launcher, signal.SIGKILL)
+    assert alive_after([k.pid], 15) == [], "the kernel outlived its launcher"
+    assert alive_after(ranks, 15) == [], "ranks or their forkserver outlived the kernel"
+    k.km.provisioner.process.wait(timeout=5)
+
+
+def test_zygote_off_gives_a_plain_ipykernel(kernels, base_env):
+    k = kernels(env={**base_env, launcher.DISABLE_VARIABLE: "0"})
+    assert k.pid == k.launcher and k.ppid == os.getpid()     # the launcher became ipykernel itself
+    assert k.json("import sys; print(json.dumps('torch' in sys.modules))") is False
+    assert "wmdist kernel:" not in k.stderr()
+
+
+MANAGER = r'''
+import json, os, sys
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[sys.argv[1]]))
+with open(sys.argv[2], "w") as err:
+    km.start_kernel(stderr=err)
+kc = km.client()
+kc.start_channels()
+kc.wait_for_ready(timeout=180)
+out = []
+kc.execute_interactive("import os; print(os.getpid(), os.getppid())", timeout=60,
+                       output_hook=lambda m: out.append(m["content"].get("text", "")))
+kernel, parent = map(int, "".join(out).split())
+print(json.dumps({"launcher": km.provisioner.pid, "kernel": kernel, "parent": parent}), flush=True)
+if sys.stdin.readline().strip() == "shutdown":
+    kc.stop_channels()
+    km.shutdown_kernel()
+'''
+
+
+def _manager(specs: KernelSpecManager, env: dict[str, str], stderr: Path) -> tuple[subprocess.Popen, dict]:
+    """A Jupyter-server stand-in: a process of its own with one kernel; its pids once the kernel ran a cell."""
+    folder = specs.kernel_dirs[0]
+    proc = subprocess.Popen([sys.executable, "-c", MANAGER, folder, str(stderr)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    line = proc.stdout.readline()
+    assert line, f"the manager failed; kernel stderr:\n{stderr.read_text()}"
+    return proc, json.loads(line)
+
+
+def test_the_zygote_ends_after_its_server_and_last_kernel(specs, base_env, tmp_path):
+    proc, pids = _manager(specs, base_env, tmp_path / "kernel.stderr")
+    zygote = psutil.Process(pids["parent"])
+    assert zygote.cmdline()[3:6] == ["zygote", "--home", str(proc.pid)], zygote.cmdline()
+    everything = [pids["launcher"], pids["kernel"], zygote.pid]
+    assert alive(everything) == everything
+    proc.kill()                                          # the server dies without ending its kernel
+    proc.wait()
+    assert alive_after(everything, 20) == [], "the kernel, its launcher or the zygote outlived the server"
+    assert not os.path.exists(launcher.socket_path(proc.pid))
+
+
+THREADED = '''import sys, threading, time
+if sys.argv[1:2] == ["zygote"]:         # only in the zygote: a thread makes forking it unsafe
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+'''
+
+
+def test_a_zygote_with_a_thread_refuses_and_the_kernel_is_plain(specs, base_env, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(THREADED)
+    env = {**base_env, "PYTHONPATH": os.pathsep.join([str(tmp_path), base_env["PYTHONPATH"]])}
+    stderr = tmp_path / "kernel.stderr"
+    proc, pids = _manager(specs, env, stderr)
+    try:
+        assert pids["kernel"] == pids["launcher"] and pids["parent"] == proc.pid
+        assert "the zygote has a thread" in stderr.read_text() and "starting a kernel of its own" in stderr.read_text()
+        zygotes = [p.pid for p in psutil.process_iter(["cmdline"])
+                   if (p.info["cmdline"] or [])[3:6] == ["zygote", "--home", str(proc.pid)]]
+        assert len(zygotes) == 1                         # it started, and refused
+    finally:
+        proc.communicate("shutdown\n", timeout=60)
+    assert alive_after([pids["kernel"], *zygotes], 15) == []
+    assert not os.path.exists(launcher.socket_path(proc.pid))
+
+
+def test_a_changed_module_gives_the_next_kernel_a_new_zygote(pair, kernels, site):
+    """Runs last: the module's kernels then come from the new zygote."""
+    first, second, _ = pair
+    module = site / "sitecustomize.py"
+    assert first.json("import sys; print(json.dumps(sys.modules['sitecustomize'].__file__))") == str(module)
+    stamp = module.stat()
+    older = list(kernels.started)
+    os.utime(module, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 2_000_000_000))
+    fresh = kernels()
+    old = psutil.Process(first.ppid)
+    assert fresh.ppid != first.ppid and _zygote_of(fresh.pid).cmdline()[3:6] == ["zygote", "--home", str(os.getpid())]
+    assert first.json("print(1 + 1)") == 2 and second.json("print(2 + 2)") == 4   # the old zygote's kernels go on
+    assert kernels().ppid == fresh.ppid                  # the new zygote serves the next kernels
+    assert old.is_running()                              # while its kernels live, it stays to report their exit
+    for k in older:
+        k.shutdown()
+    assert alive_after([old.pid], 15) == [], "the stale zygote outlived its last kernel"
