@@ -252,3 +252,13 @@ def _appears(path: Path, seconds: float) -> bool:
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return path.exists()
+
+
+def test_a_neighbourhood_too_long_to_listen_in_keeps_its_pools_and_says_so():
+    """A name whose socket path passes the Unix limit (108 bytes) does not break `wmdist.run`: the process keeps
+    its pools as if it had no neighbours, and one line on stderr says why."""
+    env = {**os.environ, neighbours.NEIGHBOURHOOD_VARIABLE: "n" * 120}
+    done = subprocess.run([sys.executable, "-c", "import wmdist; print(wmdist.run(lambda ctx: ctx.rank, 2))"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[0, 1]", done.stderr
+    assert "not sharing warm ranks with the neighbourhood" in done.stderr and "too long" in done.stderr, done.stderr

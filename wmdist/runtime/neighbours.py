@@ -25,6 +25,7 @@ import contextlib
 import glob
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -114,7 +115,13 @@ class Neighbours:
             self.path = self._path(name)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-            listener.bind(self.path)
+            try:
+                listener.bind(self.path)          # a path too long for a Unix socket (a deep TMPDIR, a long name):
+            except OSError as exc:                # this process then keeps its pools as if it had no neighbours
+                listener.close()
+                print(f"wmdist: not sharing warm ranks with the neighbourhood {name!r}: cannot listen at "
+                      f"{self.path} ({exc})", file=sys.stderr)
+                return
             listener.listen(8)
             listener.settimeout(min(30.0, self.idle_seconds() / 4))
             self._listener, self._pid = listener, os.getpid()

@@ -9,7 +9,8 @@ threads never start two pools of the same size; other sizes proceed.
 The cache also gives memory back (neighbours.py): in a neighbourhood (the
 course's kernels of one Jupyter server), starting a pool first asks the other
 kernels to close the pools they are not using, and a pool idle for
-`WMDIST_POOL_IDLE_S` closes by itself. Once a process has no pool left, its
+`WMDIST_POOL_IDLE_S` closes by itself (outside a neighbourhood pools stay warm
+until the process ends, as before). Once a process has no pool left, its
 forkserver goes too. A pool that has to start again for either reason says so
 on stderr, once, when it starts.
 """
