@@ -152,6 +152,8 @@ def test_each_kernel_looks_freshly_started(pair, base_env):
     assert "inline" in seen[4], seen
     _, shown = second.run("import matplotlib.pyplot as plt\nplt.plot([0, 1], [1, 0])\nplt.show()")
     assert any("image/png" in data for data in shown), shown
+    _, shown = first.run("import matplotlib.pyplot as plt\nplt.plot([0, 1], [0, 1]);")    # no show(): as in a
+    assert any("image/png" in data for data in shown), shown                              # notebook, it shows
 
 
 def test_threads_as_a_fresh_process_has_them_whatever_the_zygote_was_started_with(kernels, base_env):
@@ -307,3 +309,39 @@ def test_a_changed_module_gives_the_next_kernel_a_new_zygote(pair, kernels, site
     for k in older:
         k.shutdown()
     assert alive_after([old.pid], 15) == [], "the stale zygote outlived its last kernel"
+
+
+def test_a_kernel_stuck_in_c_code_is_killed_when_its_launcher_is(kernels):
+    """Jupyter's SIGKILL reaches the launcher only; a kernel holding the GIL in C code (a regex that never ends)
+    cannot run its own watcher, so the zygote kills its process group a few seconds after the launcher ends."""
+    k = kernels()
+    k.kc.execute("import re\nre.match(r'(a*)*b', 'a' * 40)")
+    assert _busy(k.pid), "the cell did not start"
+    os.kill(k.launcher, signal.SIGKILL)
+    k.km.provisioner.process.wait(timeout=5)
+    assert alive_after([k.pid], 20) == [], "a kernel stuck in C code outlived its launcher"
+
+
+def test_a_zygote_that_dies_takes_no_kernel_with_it(kernels):
+    """The kernels are the zygote's children but end with their launchers, not with it (ipykernel's own parent
+    watch, JPY_PARENT_PID, would end them when they are re-parented)."""
+    k = kernels()
+    zygote = psutil.Process(k.ppid)
+    assert "zygote" in " ".join(zygote.cmdline())
+    zygote.kill()                                       # it stays a zombie until its first launcher reaps it
+    assert alive_after([zygote.pid], 10) == [] or zygote.status() == psutil.STATUS_ZOMBIE
+    assert alive_after([k.pid], 6) == [k.pid], "the kernel died with the zygote"
+    assert k.json("print(json.dumps(6 * 7))") == 42
+
+
+def _busy(pid: int, *, within: float = 15.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + within
+    process = psutil.Process(pid)
+    process.cpu_percent()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if process.cpu_percent() > 50:
+            return True
+    return False

@@ -261,3 +261,23 @@ def test_a_rank_that_is_killed_takes_its_children_with_it(tmp_path, no_leftover_
     assert info.value.reason == "timeout"
     pids = [int(p) for p in path.read_text().split()]
     assert len(pids) == 2 and alive_after(pids) == [], [psutil.Process(p).cmdline() for p in alive(pids)]
+
+
+def _weakly_held_results(ctx):
+    import gc
+    import weakref
+
+    refs = []
+    for step in range(3):                                 # a training loop's gathers, each waited for
+        gathered = funcol.all_gather_tensor(torch.full((1000,), float(step)), 0, dist.group.WORLD)
+        refs.append(weakref.ref(funcol.wait_tensor(gathered)))
+        del gathered
+    funcol.all_reduce(torch.ones(1), "sum", dist.group.WORLD).wait()   # the next post prunes what was kept
+    gc.collect()
+    return sum(ref() is not None for ref in refs)
+
+
+def test_waited_functional_results_are_not_kept_alive_for_the_rest_of_the_call():
+    """Counting a functional collective keeps its result only while it may be unwaited: a loop of gathers
+    inside one call does not hold every gathered tensor until the call ends."""
+    assert run(_weakly_held_results, 2) == [0, 0]

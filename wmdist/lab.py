@@ -27,6 +27,7 @@ share torch's memory (`WMDIST_KERNEL_ZYGOTE=0` for plain kernels).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import secrets
 import socket
@@ -120,7 +121,8 @@ def sharing_kernel_dir() -> str:
     environment's own): every notebook's kernel then forks from one preloaded process (wmdist/kernel)."""
     from wmdist.kernel import launcher, spec
 
-    directory = os.path.join(launcher.runtime_dir(), "jupyter")
+    which = hashlib.sha256(sys.executable.encode()).hexdigest()[:12]      # one per interpreter: two `wmdist lab`s
+    directory = os.path.join(launcher.runtime_dir(), f"jupyter-{which}")  # from two venvs keep their own
     spec.install(directory)
     return directory
 

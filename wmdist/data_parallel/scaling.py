@@ -203,7 +203,8 @@ def _nonnegative_lstsq(X: np.ndarray, t: np.ndarray, *, fixed: int = 0) -> tuple
         coef = np.zeros(2)
         coef[keep] = float(Xw[:, keep] @ tw) / float(Xw[:, keep] @ Xw[:, keep])
         free = [keep]
-    stderr = np.zeros(2)
+    stderr = np.full(2, np.inf)           # no spare measurement: the noise is unknown, so no term is resolved
+    stderr[[c for c in (0, 1) if c not in free]] = 0.0
     dof = len(t) - len(free) - fixed
     if dof > 0:
         sigma2 = float(((Xw @ coef - tw) ** 2).sum()) / dof

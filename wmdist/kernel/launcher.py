@@ -132,7 +132,9 @@ def _ask_for_kernel(home: int, argv: list[str]) -> tuple[socket.socket, int]:
         sock = _zygote(home)
         request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "launcher": os.getpid()}
         socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+        sock.settimeout(ZYGOTE_START_TIMEOUT_S)   # a fork takes milliseconds; a zygote that never answers is gone
         reply = _read_line(sock)
+        sock.settimeout(None)
         if "pid" in reply:
             return sock, int(reply["pid"])
         sock.close()
@@ -158,9 +160,13 @@ def _relay_until_exit(conn: socket.socket, pid: int) -> int:
         os.close(parent)
         parent = None
     try:
-        return int(_read_line(conn)["exit"])
+        code = int(_read_line(conn)["exit"])
     except (OSError, ValueError, KeyError, ZygoteUnavailable):
         return _wait_without_zygote(pid)
+    if code < 0:                                  # ended by a signal: end the same way, as Jupyter expects
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
 
 
 def _wait_without_zygote(pid: int) -> int:

@@ -30,8 +30,10 @@ def install(directory: str, *, python: str = sys.executable) -> str:
     target = os.path.join(directory, "kernels", NAME)
     os.makedirs(target, exist_ok=True)
     path = os.path.join(target, "kernel.json")
-    with open(path, "w", encoding="utf-8") as f:
+    aside = f"{path}.{os.getpid()}"
+    with open(aside, "w", encoding="utf-8") as f:
         json.dump(kernel_json(python=python), f, indent=1)
+    os.replace(aside, path)                  # a kernel starting meanwhile reads the old file or the new, whole
     return path
 
 

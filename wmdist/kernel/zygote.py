@@ -10,9 +10,13 @@ launcher then starts a plain kernel).
 A forked kernel must look like a freshly started one: it gets the launcher's
 arguments, environment, working directory and standard streams, default
 signal handlers, torch's thread count, torch and numpy seeded from fresh entropy as a new process
-seeds them (Python's `random` reseeds itself after a fork), and a process group
-of its own. It
-ends when its launcher ends. Its exit status goes back to the launcher. The
+seeds them (Python's `random` reseeds itself after a fork), a new multiprocessing
+authkey, and a process group of its own. What it cannot renew it shares with the
+zygote: the str hash seed, sys.path as the zygote started (a .pth file installed
+later is not read until the server restarts), the atexit handlers the preload
+registered. It ends when its launcher ends (SIGTERM from its own watcher, SIGKILL
+from the zygote KILL_GRACE_S later if it is stuck in C code), and not when the
+zygote ends. Its exit status goes back to the launcher. The
 kernels of one zygote are neighbours (`WMDIST_NEIGHBOURHOOD`): a kernel
 starting ranks asks the others to close their idle ones (runtime/neighbours.py).
 
@@ -51,6 +55,7 @@ PRELOAD = ["numpy", "torch", "torch.distributed", "torch.nn.functional", "torch.
 # Read once, when torch starts (OpenMP and MKL cap and combine them their own way): a kernel whose values differ
 # from the zygote's cannot be given a fresh process's thread count, so it is refused (it gets a kernel of its own).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+KILL_GRACE_S = 5.0             # after its launcher ends, a kernel has this long to end itself before SIGKILL
 
 
 def main(argv: list[str]) -> int:
@@ -104,6 +109,8 @@ class Zygote:
         self.stamps = _module_mtimes()
         self.thread_settings = {name: os.environ.get(name) for name in THREAD_VARIABLES}
         self.kernels: dict[int, socket.socket] = {}        # kernel pid -> its launcher's connection
+        self.launchers: dict[int, int] = {}                # kernel pid -> a pidfd of its launcher
+        self.orphaned: dict[int, float] = {}               # kernel pid -> when to SIGKILL it (launcher gone)
         self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -120,16 +127,33 @@ class Zygote:
             self._reap()
             if self.listener is None and not self.kernels:
                 return
-            waiting = [s for s in (self.listener, self.home) if s is not None]
+            waiting = [s for s in (self.listener, self.home, *self.launchers.values()) if s is not None]
             ready = select.select(waiting, [], [], 0.5)[0] if waiting else time.sleep(0.5) or []
+            self._end_orphans(ready)
             if self.home is not None and self.home in ready:
                 os.close(self.home)
                 self.home = None
                 self._stop_listening()        # the server ended: no new kernels; wait for the last ones
             elif self.listener is not None and self.listener in ready:
                 conn, _ = self.listener.accept()
-                with contextlib.suppress(Exception):
+                try:
                     self._answer(conn)
+                except Exception as exc:                 # a bad request, a failed fork: say so, serve on
+                    traceback.print_exc()
+                    self._reply(conn, {"error": f"{type(exc).__name__}: {exc}"})
+
+    def _end_orphans(self, ready: list) -> None:
+        """A kernel whose launcher ended (Jupyter killed it) gets SIGTERM from its own watcher; one still alive
+        KILL_GRACE_S later (stuck in C code holding the GIL) is killed with its process group, as Jupyter would."""
+        for pid, fd in list(self.launchers.items()):
+            if fd in ready:
+                os.close(self.launchers.pop(pid))
+                self.orphaned[pid] = time.monotonic() + KILL_GRACE_S
+        for pid, deadline in list(self.orphaned.items()):
+            if time.monotonic() >= deadline:
+                del self.orphaned[pid]
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
 
     def _stop_listening(self) -> None:
         if self.listener is not None:
@@ -170,12 +194,18 @@ class Zygote:
                 return self._reply(conn, {"error": "the zygote has a thread; forking it would be unsafe"})
             sys.stdout.flush()
             sys.stderr.flush()
-            pid = os.fork()
+            launcher = os.pidfd_open(int(request["launcher"]))
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(launcher)
+                raise
             if pid == 0:
                 self._become_kernel(conn, request, fds)      # never returns
             with contextlib.suppress(OSError):
                 os.setpgid(pid, pid)                         # also done in the child: whichever runs first
             self.kernels[pid] = conn
+            self.launchers[pid] = launcher
             conn.settimeout(None)
             self._reply(conn, {"pid": pid}, close=False)
         finally:
@@ -198,6 +228,9 @@ class Zygote:
             if pid == 0:
                 return
             conn = self.kernels.pop(pid, None)
+            self.orphaned.pop(pid, None)
+            if pid in self.launchers:
+                os.close(self.launchers.pop(pid))
             if conn is not None:
                 self._reply(conn, {"exit": os.waitstatus_to_exitcode(status)})
 
@@ -211,14 +244,20 @@ class Zygote:
             for sock in [self.listener, conn, *self.kernels.values()]:
                 if sock is not None:
                     sock.close()
-            if self.home is not None:
-                os.close(self.home)
+            for fd in [self.home, *self.launchers.values()]:
+                if fd is not None:
+                    os.close(fd)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
                 os.close(fd)
             os.chdir(request["cwd"])
             os.environ.clear()
             os.environ.update(request["env"])
+            os.environ.pop("JPY_PARENT_PID", None)   # ipykernel would end the kernel if the zygote died; it ends
+                                                     # with its launcher instead (below)
+            import multiprocessing
+
+            multiprocessing.current_process().authkey = os.urandom(32)   # a fresh process draws its own
             os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
             os.environ.setdefault(NEIGHBOURHOOD_VARIABLE, f"jupyter-{self.home_pid}")   # see runtime/neighbours.py
             _look_fresh(threads=self.threads)
@@ -227,6 +266,9 @@ class Zygote:
             from ipykernel import kernelapp
 
             app = kernelapp.IPKernelApp.instance()            # what launch_new_instance does, with one hook
+            app.parent_handle = 1     # ipykernel's "no parent to poll": its poller would end the kernel when the
+                                      # zygote dies; it ends with its launcher instead (the default came from the
+                                      # zygote's JPY_PARENT_PID, read at import; 0 would print connection info)
             app.initialize(request["argv"])
             _give_back_freed_memory_after_cells(app)
             app.start()

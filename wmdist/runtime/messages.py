@@ -175,6 +175,8 @@ class MessageAudit:
                 group = c10d._resolve_process_group(group)
             except (ValueError, RuntimeError, LookupError):
                 return call()              # a group torch cannot find: torch's own error, or not ours to count
+        if self.functional and work_registry_size() == 0:
+            self.functional.clear()        # all waited for: keep no result alive (a loop of them would hold all)
         text = f"{name} on group {list(self._group_ranks(group) or ())}"
         result = self._raw(text, call)
         key = self.collective(name, wire, group, None)

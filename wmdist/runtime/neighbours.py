@@ -151,8 +151,10 @@ class Neighbours:
                 if conn.recv(64).startswith(b"close-idle"):
                     conn.sendall(f"{self._close_idle(older_than=None)}\n".encode())
 
-    def ask_others(self) -> int:
-        """Ask every other listening neighbour to close its idle pools; return the ranks they closed."""
+    def ask_others(self, *, within: float = ASK_TIMEOUT_S) -> int:
+        """Ask every other listening neighbour to close its idle pools, for at most `within` seconds in all (the
+        asking call's timeout); return the ranks they closed."""
+        deadline = time.monotonic() + within
         name = neighbourhood()
         if name is None:
             return 0
@@ -168,14 +170,17 @@ class Neighbours:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)                      # its owner was killed before it could remove it
                 continue
-            closed += _ask(path)
+            left = min(deadline - time.monotonic(), ASK_TIMEOUT_S)
+            if left <= 0:
+                break                                    # out of the call's time: start without their memory
+            closed += _ask(path, within=left)
         return closed
 
 
-def _ask(path: str) -> int:
-    deadline = time.monotonic() + ASK_TIMEOUT_S
+def _ask(path: str, *, within: float) -> int:
+    deadline = time.monotonic() + within
     with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(ASK_TIMEOUT_S)
+        sock.settimeout(within)
         sock.connect(path)
         sock.sendall(b"close-idle\n")
         answer = b""

@@ -129,7 +129,7 @@ class WarmPools:
             old.close()
         cleanup.clean_up_on_exit_signals(self._on_exit_signal)
         cleanup.clean_up_on_kernel_shutdown(self._on_kernel_shutdown)
-        self.neighbours.ask_others()          # in a neighbourhood: the other kernels give back their idle ranks
+        self.neighbours.ask_others(within=timeout / 2)   # in a neighbourhood: the others give back idle ranks
         self.neighbours.listen()
         why = self._closed_why.pop(world_size, None)
         if why:
