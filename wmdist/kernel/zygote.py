@@ -29,7 +29,6 @@ kernel never runs old code.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import importlib
 import json
@@ -42,6 +41,7 @@ import threading
 import time
 import traceback
 
+from wmdist.kernel import child
 from wmdist.runtime.neighbours import NEIGHBOURHOOD_VARIABLE
 
 # Imported in this order; missing optional ones are skipped. `wmdist.runtime.frozen` comes last: it
@@ -260,8 +260,8 @@ class Zygote:
             multiprocessing.current_process().authkey = os.urandom(32)   # a fresh process draws its own
             os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
             os.environ.setdefault(NEIGHBOURHOOD_VARIABLE, f"jupyter-{self.home_pid}")   # see runtime/neighbours.py
-            _look_fresh(threads=self.threads)
-            _end_with_launcher(int(request["launcher"]))
+            child.look_fresh(threads=self.threads)
+            child.end_with_launcher(int(request["launcher"]))
             sys.argv = ["ipykernel_launcher", *request["argv"]]
             from ipykernel import kernelapp
 
@@ -270,7 +270,7 @@ class Zygote:
                                       # zygote dies; it ends with its launcher instead (the default came from the
                                       # zygote's JPY_PARENT_PID, read at import; 0 would print connection info)
             app.initialize(request["argv"])
-            _give_back_freed_memory_after_cells(app)
+            child.give_back_freed_memory_after_cells(app)
             app.start()
             code = 0
         except SystemExit as exc:
@@ -278,56 +278,4 @@ class Zygote:
         except BaseException:
             traceback.print_exc()
         finally:
-            _exit_like_an_interpreter(code)
-
-
-def _look_fresh(*, threads: int) -> None:
-    """Random states from fresh entropy (`random` reseeds at fork) and torch's threads, as a new process has them
-    (the zygote's own count: it serves only kernels with its THREAD_VARIABLES)."""
-    import torch
-
-    torch.seed()
-    torch.set_num_threads(threads)
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
-
-
-def _give_back_freed_memory_after_cells(app: object) -> None:
-    """After each cell, return the heap's free pages to the system (glibc's malloc_trim), so a kernel left open
-    holds what its notebook keeps, not what a cell once used: measured 230 -> 96 MB USS after chapter 06."""
-    import ctypes
-
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return                                            # not glibc: nothing to call
-    app.shell.events.register("post_execute", lambda: trim(0))   # type: ignore[attr-defined]
-
-
-def _end_with_launcher(launcher: int) -> None:
-    """End this kernel when its launcher ends (Jupyter killed it): SIGTERM first, as Jupyter would send."""
-    try:
-        fd = os.pidfd_open(launcher)
-    except OSError:
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-
-    def watch() -> None:
-        select.select([fd], [], [])
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(10)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="wmdist-launcher-watch", daemon=True).start()
-
-
-def _exit_like_an_interpreter(code: int) -> None:
-    """Join threads, run exit handlers, flush, exit: what returning from a script does (never returns)."""
-    with contextlib.suppress(BaseException):
-        threading._shutdown()                 # type: ignore[attr-defined]  (what the interpreter calls at exit)
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    os._exit(code)
+            child.exit_like_an_interpreter(code)
