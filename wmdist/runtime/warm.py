@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
+from wmdist.costs.units import seconds
 from wmdist.runtime import cleanup
 from wmdist.runtime.neighbours import Neighbours
 from wmdist.runtime.pool import Pool
@@ -75,7 +76,7 @@ class WarmPools:
                 if self._turns[size].acquire(blocking=False):        # idle: no call on it right now
                     try:
                         closed.append(self._pools.pop(size))
-                        self._closed_why[size] = (f"closed after {_duration(older_than)} idle" if older_than
+                        self._closed_why[size] = (f"closed after {seconds(older_than)} idle" if older_than
                                                   else "closed while idle, for another notebook's ranks")
                     finally:
                         self._turns[size].release()
@@ -152,7 +153,3 @@ class WarmPools:
         self.shutdown()
         cleanup.stop_helpers()
 
-
-def _duration(seconds: float) -> str:
-    """`seconds` as people say it: "90 s", "10 min"."""
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
