@@ -167,3 +167,31 @@ def test_a_run_whose_parent_builds_an_optimizer_leaves_no_inductor_directory(tmp
                   "torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n", str(tmp_path))
     assert done.returncode == 0 and "[0, 1]" in done.stdout, done.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_a_live_owner_is_not_taken_for_gone_when_the_wall_clock_moves(tmp_path, monkeypatch):
+    # Linux recomputes the boot time on every read of /proc/stat; under NTP two processes' psutil
+    # create_time() of one process differ by a second, and CI lost its forkserver's socket that way.
+    import psutil
+    from wmdist.runtime.cleanup import mark, remove_stale
+    live = tmp_path / "pymp-live"
+    live.mkdir()
+    mark(str(live))
+    real = psutil.Process.create_time
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: real(self) + 1.0)
+    assert remove_stale(tmp=str(tmp_path)) == []
+    assert live.is_dir()
+
+
+REMOVED = """
+import multiprocessing.util, shutil, wmdist
+print(wmdist.run(lambda ctx: ctx.rank, 1))
+shutil.rmtree(multiprocessing.util.get_temp_dir())      # the forkserver's socket goes with it
+print(wmdist.run(lambda ctx: ctx.rank, 2))
+"""
+
+
+def test_a_removed_multiprocessing_directory_does_not_break_the_next_pool(tmp_path):
+    done = python(REMOVED, str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[0]", "[0, 1]"], done.stdout

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import multiprocessing.process
 import multiprocessing.util
 import os
 import shutil
@@ -35,8 +36,24 @@ EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _identity(pid: int) -> str:
-    """A process id with its start time, so that a recycled pid is not taken for the owner."""
-    return f"{pid} {psutil.Process(pid).create_time()!r}"
+    """A process id with its start time, so that a recycled pid is not taken for the owner.
+
+    On Linux the start time is the kernel's own record (clock ticks since boot,
+    with the boot's id): fixed for the life of the process. psutil's
+    create_time() is not: it adds the boot time in wall-clock seconds, which
+    Linux recomputes on every read, so two processes reading it a moment apart
+    under NTP disagree by a second, and a live owner was taken for gone (its
+    forkserver's socket removed mid-run). Elsewhere, psutil's value to the second.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = f.read().rsplit(")", 1)[1].split()[19]          # field 22: starttime
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{pid} boot {f.read().strip()} ticks {ticks}"
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            raise psutil.NoSuchProcess(pid) from None                # Linux, and the process is gone
+    return f"{pid} {round(psutil.Process(pid).create_time())}"
 
 
 def mark(path: str) -> str:
@@ -107,6 +124,23 @@ def mark_multiprocessing_dir() -> None:
 def remove_multiprocessing_dir() -> None:
     """Remove this process's multiprocessing temporary directory now (a normal exit removes it too)."""
     shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+
+
+def recover_removed_multiprocessing_dir() -> bool:
+    """Make this process's multiprocessing directory again if something removed it; True if it had to.
+
+    The forkserver listens on a socket in that directory, and multiprocessing
+    neither notices nor recovers when it goes (a temp cleaner, a learner's
+    `rm -rf /tmp/*`): every later start fails with FileNotFoundError. So the
+    directory is made again and the deaf forkserver stopped; the next start
+    brings up a new one there.
+    """
+    path = multiprocessing.process.current_process()._config.get("tempdir")
+    if path is None or os.path.isdir(path):
+        return False
+    os.makedirs(path, mode=0o700, exist_ok=True)        # the mode mkdtemp gives it
+    stop_helpers()
+    return True
 
 
 def stop_helpers() -> None:

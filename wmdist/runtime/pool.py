@@ -78,6 +78,7 @@ class Pool:
         """
         deadline = time.monotonic() + timeout
         cleanup.remove_stale()
+        cleanup.recover_removed_multiprocessing_dir()
         ctx = mp_context()
         self._server = forkserver_pid(ctx)
         self._tmpdir = cleanup.make_run_dir()
