@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from wmdist.ui import Prediction
-from wmdist.ui.predict import NO_GUESS, compare, format_number, parse_guess, verdict_html, verdict_text
+from wmdist.ui import Answer, Prediction
+from wmdist.ui.predict import (NO_GUESS, Bounds, compare, format_number, how_far, parse_guess, verdict_html,
+                                 verdict_text)
 
 QUESTION = "How many bytes will rank 2 send in this ring all-reduce?"
 
@@ -61,27 +62,104 @@ def test_format_number():
 
 
 def test_widget_classes_and_value():
-    guess = Prediction(QUESTION, unit="B")
+    guess = Prediction(QUESTION, unit="B", low=0)
     assert "wmdist-guess" in guess.box._dom_classes
     assert guess.guess is None and guess.status.value == ""
     guess.value = "6,000"
     assert guess.box.value == "6,000" and guess.guess == 6000 and "6,000 B" in guess.status.value
     guess.value = "lots"
-    assert guess.guess is None and "cannot read" in guess.status.value
+    assert guess.guess is None and "not a number" in guess.status.value
+    guess.value = "-5"
+    assert guess.guess is None and "0 or more" in guess.status.value
     bundle = guess._repr_mimebundle_()
-    assert QUESTION in bundle["text/plain"] and "application/vnd.jupyter.widget-view+json" in bundle
+    assert QUESTION in bundle["text/plain"] and "0 or more" in bundle["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" in bundle
 
 
-def test_reveal_without_a_guess_then_with_one():
-    guess = Prediction(QUESTION, unit="B")
-    reveal = guess.reveal(measured=600020, formula=600018, formula_text="2(N-1)G/N", why="see above")
-    assert reveal.verdict.guess is None and NO_GUESS in repr(reveal)
-    assert "0.000333% below the measurement" in reveal.text
-    bundle = reveal._repr_mimebundle_()
-    assert set(bundle) == {"text/plain", "text/html"}          # static: nothing a fresh notebook cannot render
-    assert bundle["text/plain"] == reveal.text and "wmdist-reveal" in bundle["text/html"]
-    assert repr(guess.reveal(measured=600020, formula=600018, formula_text="2(N-1)G/N", why="see above")) == reveal.text
-    guess.value = "400000"          # a guess typed, then the reveal cell run again
-    again = guess.reveal(measured=600020, formula=600018)
-    assert again.verdict.relative_error == pytest.approx(400000 / 600020 - 1)
-    assert "33.3% below" in again.text and "33.3% below" in again.html
+@pytest.mark.parametrize("low, high, stated", [(0, None, "0 or more"), (0, 1, "a number from 0 to 1"),
+                                               (None, None, "any number"), (None, 5, "5 or less")])
+def test_each_prompt_states_its_range(low, high, stated):
+    assert Bounds(low=low, high=high).text() == stated
+    assert f"({stated}" in repr(Prediction(QUESTION, low=low, high=high))
+
+
+class Measure:
+    """A stand-in for a chapter's run: counts how often it ran."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self) -> Answer:
+        self.calls += 1
+        return Answer(measured=600020, formula=600018, formula_text="2(N-1)G/N", why="see above")
+
+
+def test_nothing_is_measured_until_a_button_is_pressed_and_then_once():
+    guess, measure = Prediction(QUESTION, unit="B", low=0), Measure()
+    asking = guess.answer_with(measure)
+    text = asking._repr_mimebundle_()["text/plain"]
+    assert measure.calls == 0 and "600" not in text and "Check my guess" in text
+    guess.value = "400000"
+    reveal = guess.check()
+    assert measure.calls == 1 and reveal.verdict.guess == 400000
+    assert reveal.verdict.relative_error == pytest.approx(400000 / 600020 - 1)
+    assert "33.3% below" in reveal.text and "33.3% below" in reveal.html
+    guess.value = "600020"
+    assert guess.check().verdict.summary == "exactly right" and measure.calls == 1    # the same measurement
+    guess.answer_with(measure)                                                        # the cell run again
+    guess.show()
+    assert measure.calls == 2
+
+
+@pytest.mark.parametrize("typed, why", [("", "no guess entered"), ("abc", "you typed 'abc', which is not a number"),
+                                        ("-5", "you typed '-5', outside the range (the answer is 0 or more)")])
+def test_a_guess_that_cannot_be_used_is_not_compared_and_says_why(typed, why):
+    guess, measure = Prediction(QUESTION, unit="B", low=0), Measure()
+    guess.answer_with(measure)
+    guess.value = typed
+    assert guess.check() is None and measure.calls == 0
+    assert why in guess.note and "0 or more" in guess.note
+    shown = guess.show()                                 # "show me" still answers, and says why the guess was left out
+    assert shown.verdict.guess is None and measure.calls == 1
+    assert ("shown without a guess" if not typed else why) in shown.text
+
+
+def test_a_fraction_prompt_refuses_12000():
+    guess = Prediction("What fraction of the step is idle?", low=0, high=1)
+    guess.answer_with(lambda: Answer(measured=0.28, formula=3 / 11))
+    guess.value = "12000"
+    assert guess.check() is None and "from 0 to 1" in guess.note
+    guess.value = "0.3"
+    assert "close" in guess.check().text
+
+
+def test_measure_must_be_a_function_returning_an_answer():
+    guess = Prediction(QUESTION)
+    with pytest.raises(TypeError, match="function of no arguments"):
+        guess.answer_with(600020)
+    guess.answer_with(lambda: 600020)
+    with pytest.raises(TypeError, match="must return an Answer"):
+        guess.show()
+    with pytest.raises(RuntimeError, match="answer_with"):
+        Prediction(QUESTION).show()
+
+
+def test_a_failing_measurement_is_shown_in_the_answer_area():
+    guess = Prediction(QUESTION)
+    guess.answer_with(lambda: 1 / 0)
+    guess._press(guess.show)
+    shown = "".join(o.get("text", "") for o in guess.out.outputs)
+    assert "ZeroDivisionError" in shown and not guess.show_button.disabled
+
+
+@pytest.mark.parametrize("guess, measured, said", [(87200, 1000, "87\u00d7 the measurement"),
+                                                   (250, 1000, "0.25\u00d7 the measurement"),
+                                                   (-0.00833, 1000, "the other sign"), (0.001, 1000, "about 0"),
+                                                   (1500, 1000, "50% above"), (970, 1000, "close: 3% below")])
+def test_how_far_reads_as_a_learner_reads_it(guess, measured, said):
+    assert said in how_far(guess, measured) and "e+" not in how_far(guess, measured)
+
+
+def test_the_reveal_table_reads_left_to_right():
+    html = verdict_html(QUESTION, compare(4000, 6000, formula=6000), unit="B")
+    assert "text-align:right" not in html and html.count("text-align:left") == 9

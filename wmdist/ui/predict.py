@@ -1,16 +1,9 @@
 """Ask before telling: the learner commits to a number, then the run shows how far off it was.
 
-A chapter puts `guess = Prediction("How many bytes will rank 2 send?", unit="B")` before its
-main run: a question and a small text box (CSS class `wmdist-guess`). After the run,
-`guess.reveal(measured=..., formula=..., formula_text=..., why=...)` shows the guess, the
-formula and the measurement side by side, how far off the guess was (signed relative error and
-ratio), and a pointer to the sentence that explains the difference (CSS class `wmdist-reveal`).
-
-The comparison itself is pure: `parse_guess` reads the box, `compare` turns guess, formula and
-measurement into a frozen `Verdict`, and `verdict_text` / `verdict_html` render it, with no
-timestamps or widget ids, so a reveal without a guess ("no guess entered") prints the same on
-every run and nbval can store it. Only the question and its box are a widget; the reveal is a
-static record of the comparison (run its cell again after changing the guess).
+The pure half of the prediction prompts (the widgets are in ask.py): `read_guess` reads the box
+against the range the question states, `compare` turns guess, formula and measurement into a
+frozen `Verdict`, and `verdict_text` / `verdict_html` render it, with no timestamps or widget
+ids. An `Answer` is what a chapter's measurement hands back; a `Reveal` is the rendered record.
 """
 from __future__ import annotations
 
@@ -22,6 +15,7 @@ from typing import Any
 import ipywidgets as W
 
 NO_GUESS = "no guess entered"
+SHOWN = "shown without a guess"
 CLOSE = 0.10          # a guess within 10 % of the measurement is called close
 
 
@@ -51,7 +45,7 @@ def parse_guess(text: str) -> float | None:
     return value * scale
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
     """Guess, formula and measurement side by side, and how far the guess and formula were off.
 
@@ -74,26 +68,80 @@ def _relative(value: float, measured: float) -> float | None:
     return None if measured == 0 else (value - measured) / abs(measured)
 
 
-def compare(guess: float | None, measured: float, *, formula: float | None = None) -> Verdict:
-    """How far `guess` (None: no guess) and `formula` are from `measured`, with a one-line summary."""
+def compare(guess: float | None, measured: float, *, formula: float | None = None, unused: str = NO_GUESS) -> Verdict:
+    """How far `guess` (None: no guess; `unused` says why) and `formula` are from `measured`."""
     measured = float(measured)
     formula = None if formula is None else float(formula)
+    formula_rel = None if formula is None else _relative(formula, measured)
     if guess is None:
-        return Verdict(None, measured, formula, None, None, None,
-                       None if formula is None else _relative(formula, measured), NO_GUESS)
+        return Verdict(guess=None, measured=measured, formula=formula, difference=None, relative_error=None,
+                       ratio=None, formula_relative_error=formula_rel, summary=unused)
     guess = float(guess)
-    rel = _relative(guess, measured)
     ratio = None if measured == 0 else guess / measured
-    if guess == measured:
-        summary = "exactly right"
-    elif rel is None:
-        summary = f"off by {format_number(guess - measured)} (the measurement is 0)"
-    else:
+    return Verdict(guess=guess, measured=measured, formula=formula, difference=guess - measured,
+                   relative_error=_relative(guess, measured), ratio=ratio, formula_relative_error=formula_rel,
+                   summary=how_far(guess, measured))
+
+
+def how_far(value: float, measured: float) -> str:
+    """How far `value` is from `measured`, as a learner reads it.
+
+    Within 2x either way as a percentage (a guess within 10 % is called close); beyond that as a
+    multiple ("87x the measurement", "0.25x the measurement"); a value under 1 % of the
+    measurement is "about 0", and one of the other sign says so, never a negative multiple.
+    """
+    if value == measured:
+        return "exactly right"
+    if measured == 0:
+        return f"off by {format_number(value - measured)} (the measurement is 0)"
+    ratio = value / measured
+    if ratio < 0:
+        return f"{format_number(value)}: the other sign from the measurement"
+    if ratio < 0.01:
+        return "about 0: far below the measurement"
+    if 0.5 <= ratio <= 2:
+        rel = (value - measured) / abs(measured)
         side = "above" if rel > 0 else "below"
         word = "close: " if abs(rel) <= CLOSE else ""
-        summary = f"{word}{_percent(rel)} {side} the measurement ({ratio:.3g}x it)"
-    return Verdict(guess, measured, formula, guess - measured, rel, ratio,
-                   None if formula is None else _relative(formula, measured), summary)
+        return f"{word}{_percent(rel)} {side} the measurement"
+    times = f"{ratio:,.0f}" if ratio >= 10 else f"{ratio:.2g}"
+    return f"{times}\u00d7 the measurement"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bounds:
+    """The range a question's answer lies in (None: open on that side), stated in its prompt."""
+
+    low: float | None = None
+    high: float | None = None
+
+    def text(self) -> str:
+        """How the prompt states the range: "a number from 0 to 1", "0 or more", "any number"."""
+        lo, hi = (None if b is None else format_number(b) for b in (self.low, self.high))
+        if lo is not None and hi is not None:
+            return f"a number from {lo} to {hi}"
+        if lo is not None:
+            return f"{lo} or more"
+        return "any number" if hi is None else f"{hi} or less"
+
+    def refuses(self, value: float) -> str:
+        """Why `value` is outside the range ("" when it is inside)."""
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+            return f"outside the range (the answer is {self.text()})"
+        return ""
+
+
+def read_guess(text: str, bounds: Bounds) -> tuple[float | None, str]:
+    """The guess in `text` and "", or None and why it cannot be used (empty, unreadable, out of range)."""
+    typed = text.strip()
+    try:
+        value = parse_guess(text)
+    except ValueError:
+        return None, f"not used: you typed {typed!r}, which is not a number"
+    if value is None:
+        return None, NO_GUESS
+    why = bounds.refuses(value)
+    return (None, f"not used: you typed {typed!r}, {why}") if why else (value, "")
 
 
 def format_number(x: float, *, unit: str = "") -> str:
@@ -114,8 +162,10 @@ def _formula_line(v: Verdict) -> str:
         return "equals the measurement"
     if v.formula_relative_error is None:
         return f"differs from the measurement by {format_number(v.formula - v.measured)}"
-    side = "above" if v.formula_relative_error > 0 else "below"
-    return f"{_percent(v.formula_relative_error)} {side} the measurement"
+    if abs(v.formula_relative_error) < 0.01:       # rounding-size gaps read as a percentage, not "close"
+        side = "above" if v.formula_relative_error > 0 else "below"
+        return f"{_percent(v.formula_relative_error)} {side} the measurement"
+    return how_far(v.formula, v.measured)
 
 
 def _rows(v: Verdict, unit: str, formula_text: str) -> list[tuple[str, str, str]]:
@@ -133,7 +183,7 @@ def verdict_text(question: str, v: Verdict, *, unit: str = "", formula_text: str
     rows = _rows(v, unit, formula_text)
     w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
     lines = [f"Prediction: {question}"]
-    lines += [f"  {a:{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
+    lines += [f"  {a:{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows]
     if why:
         lines.append(f"  why: {why}")
     return "\n".join(lines)
@@ -143,20 +193,30 @@ def verdict_html(question: str, v: Verdict, *, unit: str = "", formula_text: str
     """The HTML view of a reveal: a small table inside a div of class `wmdist-reveal`."""
     e = html.escape
     cells = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{e(a)}</th>"
-                    f"<td style='text-align:right;padding-right:1em'>{e(b)}</td><td>{e(c)}</td></tr>"
+                    f"<td style='text-align:left;padding-right:1em'>{e(b)}</td>"
+                    f"<td style='text-align:left'>{e(c)}</td></tr>"
                     for a, b, c in _rows(v, unit, formula_text))
     tail = f"<div><i>why:</i> {e(why)}</div>" if why else ""
     return (f"<div class='wmdist-reveal'><div><b>Prediction:</b> {e(question)}</div>"
             f"<table>{cells}</table>{tail}</div>")
 
 
-@dataclass(frozen=True)
-class Reveal:
-    """The answer to one `Prediction`, for the guess that was in its box when `reveal` ran.
+@dataclass(frozen=True, kw_only=True)
+class Answer:
+    """What a chapter's measurement hands its prediction: the measured value, the formula's, why they differ."""
 
-    Static on purpose: a notebook stores it as plain text and HTML (class `wmdist-reveal`), the
-    same on every run without a guess, with no widget id that a freshly opened notebook could
-    not find. To compare a new guess, run the reveal cell again.
+    measured: float
+    formula: float | None = None
+    formula_text: str = ""
+    why: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reveal:
+    """One prediction's answer set beside the guess that was in its box: a static record.
+
+    It renders as plain text and HTML (class `wmdist-reveal`) with no widget id, the same for the
+    same guess on every run.
     """
 
     question: str
@@ -180,57 +240,3 @@ class Reveal:
         return {"text/plain": self.text, "text/html": self.html}
 
 
-class Prediction:
-    """A question and a number box (class `wmdist-guess`); `reveal(...)` compares the guess with a run.
-
-    Set the guess by typing in the box or with `.value = "6000"`; `.guess` is the number read from
-    it (None when empty or unreadable, in which case `.status` says why).
-    """
-
-    def __init__(self, question: str, unit: str = "", placeholder: str = "your guess"):
-        self.question, self.unit = question, unit
-        self.box = W.Text(placeholder=placeholder, layout=W.Layout(width="10em"))
-        self.box.add_class("wmdist-guess")
-        self.status = W.Label()
-        prompt = W.HTML(f"<b>Predict:</b> {html.escape(question)}")
-        self.widget = W.VBox([prompt, W.HBox([self.box, W.Label(unit), self.status])])
-        self.box.observe(lambda _change: self._update_status(), "value")
-        self._update_status()
-
-    @property
-    def value(self) -> str:
-        """The text in the box."""
-        return self.box.value
-
-    @value.setter
-    def value(self, text: str) -> None:
-        self.box.value = str(text)
-
-    @property
-    def guess(self) -> float | None:
-        """The learner's number, or None (empty box, or text that is not a number)."""
-        try:
-            return parse_guess(self.box.value)
-        except ValueError:
-            return None
-
-    def _update_status(self) -> None:
-        try:
-            g = parse_guess(self.box.value)
-        except ValueError as err:
-            self.status.value = str(err)
-            return
-        self.status.value = "" if g is None else f"your guess: {format_number(g, unit=self.unit)}; the reveal cell compares it"
-
-    def reveal(self, measured: float, *, formula: float | None = None, formula_text: str = "",
-               why: str = "") -> Reveal:
-        """The guess, the formula and the measurement side by side, and what explains the gap."""
-        return Reveal(self.question, self.unit, compare(self.guess, measured, formula=formula), formula_text, why)
-
-    def __repr__(self) -> str:
-        return f"Predict: {self.question} [{self.box.value or '...'}] {self.unit}".rstrip()
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
-        bundle["text/plain"] = repr(self)
-        return bundle
