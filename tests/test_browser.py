@@ -16,6 +16,10 @@ repository's files are never opened for writing).
   the kernel computes must show the text the pure model predicts before and after the key
   press. A screenshot of each panel is saved as an artifact under build/browser/, and the
   latency table as build/browser/latency.txt.
+- In the same test, every notebook with a prediction (`answer_with`) asks first: after Run All,
+  neither the measured value nor the formula's value of any prediction is anywhere in the
+  notebook's text (cells, outputs, widgets); Check with an empty box and with "abc" says why and
+  measures nothing; Show me answers; the measured value typed as a guess is compared.
 
 Needs the Debian `chromium` package and the `playwright` Python package; Playwright's own browser
 download (`playwright install`) is never used. If either is missing the tests are skipped, and
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,14 +60,18 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 
 
-def _panel_notebooks() -> list[str]:
-    """Notebooks with at least one code cell that builds a panel."""
+def _notebooks_with(*needles: str) -> list[str]:
+    """Notebooks with at least one code cell whose source holds one of `needles`."""
     out = []
     for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         cells = nbformat.read(path, as_version=4).cells
-        if any(c.cell_type == "code" and "Panel(" in c.source for c in cells):
+        if any(c.cell_type == "code" and any(n in c.source for n in needles) for c in cells):
             out.append(path.name)
     return out
+
+
+PANEL = "Panel("                 # a cell that builds a panel
+ASKED = ".answer_with("          # a cell that answers a prediction when asked
 
 
 def _tools() -> tuple[str, object]:
@@ -154,7 +163,7 @@ def lab(tmp_path_factory):
     root, settings, workspaces = tmp / "root", tmp / "settings", tmp / "workspaces"
     for d in (root, settings, workspaces, tmp / "config", tmp / "data", tmp / "runtime"):
         d.mkdir()
-    for name in _panel_notebooks():
+    for name in _notebooks_with(PANEL, ASKED):
         shutil.copy(REPO / "notebooks" / name, root / name)
     _write_settings(settings)
     port = free_port()
@@ -300,9 +309,6 @@ KNOWN = {"00_start_here.ipynb": ("parallel", "dp degree", lambda: [_memory_expec
          "01_data_parallel.ipynb": (None, "N max", lambda: [_scaling_expected(32)], lambda: [_scaling_expected(33)])}
 
 
-GUESS_NOTEBOOK = "01_data_parallel.ipynb"          # the chapter whose prediction prompt the browser answers
-
-
 def _away_from_end(handle, key: str = "ArrowRight") -> str:
     """The arrow key that moves a slider: `key`, unless the slider is at that end."""
     now, low, high = (float(handle.get_attribute(a) or 0) for a in ("aria-valuenow", "aria-valuemin",
@@ -331,32 +337,68 @@ def _latency(page, panel, handle) -> list[float]:
 
 SHUTDOWN_JS = """async () => { const w = window.jupyterapp.shell.currentWidget;
   if (w && w.sessionContext && w.sessionContext.session) await w.sessionContext.shutdown(); }"""
-RUN_CELL_JS = """(needle) => { const w = window.jupyterapp.shell.currentWidget; const cells = w.content.model.cells;
-  for (let i = 0; i < cells.length; i++)
-    if (cells.get(i).type === 'code' && cells.get(i).sharedModel.getSource().includes(needle)) {
-    w.content.activeCellIndex = i; window.jupyterapp.commands.execute('notebook:run-cell'); return i; }
-  return -1; }"""
 
 
-def _guess_and_reveal(page, guess: str, shown: str) -> str:
-    """Type `guess` into the chapter's first prediction box, run the cell that reveals it, and return its text
-    once it shows the guess (as `shown`)."""
-    box = page.locator(".wmdist-guess input").first
-    box.scroll_into_view_if_needed()
-    box.fill(guess)
-    box.press("Enter")
-    index = page.evaluate(RUN_CELL_JS, ".reveal(")
-    assert index >= 0, "no reveal cell"
-    reveal = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(index).locator(".wmdist-reveal")
-    page.wait_for_function("""([el, g]) => el.textContent.includes(g)""",
-                           arg=[reveal.element_handle(timeout=MS), shown], timeout=MS)
-    return reveal.inner_text()
+NOTEBOOK_JS = "() => document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook').textContent"
+
+
+def _answer_shown(value: str, unit: str) -> str:
+    """The text that would give `value` away on the page: with its unit, or alone when it has 3+ digits.
+
+    A bare one- or two-digit number ("3", "0.5") cannot tell an answer from any other number on a
+    page, so it is looked for with its unit only (and not at all without one)."""
+    if unit:
+        return f"{value} {unit}"
+    return value if sum(ch.isdigit() for ch in value) >= 3 else ""
+
+
+def _reveal_rows(answer) -> dict[str, str]:
+    """The reveal table's rows shown in an answer area: first cell -> second cell."""
+    rows = answer.locator(".wmdist-reveal tr")
+    return {rows.nth(i).locator("th").inner_text().strip(): rows.nth(i).locator("td").first.inner_text().strip()
+            for i in range(rows.count())}
+
+
+def _predictions_ask_first(page, name: str, page_after_run_all: str) -> None:
+    """Every prediction on the page after Run All: its answer is nowhere on the page until a button is pressed;
+    an empty box and an unreadable guess are refused without measuring; Show me answers; a typed guess is compared."""
+    from playwright.sync_api import expect
+    cells = nbformat.read(REPO / "notebooks" / name, as_version=4).cells
+    asked = sum(c.source.count(ASKED) for c in cells if c.cell_type == "code")
+    checks = page.locator(".wmdist-check")
+    assert checks.count() == asked, f"{name}: {asked} answer_with calls, {checks.count()} Check buttons shown"
+    for k in range(asked):
+        check, show, answer = checks.nth(k), page.locator(".wmdist-show").nth(k), page.locator(".wmdist-answer").nth(k)
+        box = check.locator("xpath=..").locator(".wmdist-guess input")
+        assert answer.locator(".wmdist-reveal").count() == 0, f"{name} prediction {k}: answered before asked"
+        for typed, said in (("", "no guess entered"), ("abc", "not a number")):
+            box.scroll_into_view_if_needed()
+            box.fill(typed)
+            check.click()
+            expect(answer).to_contain_text(said, timeout=MS)
+            assert answer.locator(".wmdist-reveal").count() == 0, f"{name} prediction {k}: {typed!r} was compared"
+        box.fill("")
+        show.click()
+        expect(answer.locator(".wmdist-reveal")).to_be_visible(timeout=RUN_ALL_S * 1000)
+        rows = _reveal_rows(answer)
+        unit = page.evaluate("(el) => el.parentElement.querySelector('.widget-label').textContent", box.element_handle())
+        shown = {key: value for key, value in rows.items() if key == "measured" or key.startswith("formula")}
+        assert "measured" in shown, f"{name} prediction {k}: no measured row in {rows}"
+        for key, value in shown.items():
+            number = value[: -len(unit)].strip() if unit and value.endswith(unit) else value
+            needle = _answer_shown(number, unit.strip())
+            assert not needle or needle not in page_after_run_all, \
+                f"{name} prediction {k}: its {key} value {needle!r} was on the page before anyone asked"
+        guess = rows["measured"].split(" ")[0]
+        box.fill(guess)
+        check.click()
+        expect(answer.locator(".wmdist-reveal")).to_contain_text(re.compile("exactly right|close: "), timeout=MS)
 
 
 LATENCY: dict[str, tuple[int, list[float]]] = {}         # "notebook panel i" -> (panel height, ms per press)
 
 
-@pytest.mark.parametrize("name", _panel_notebooks())
+@pytest.mark.parametrize("name", _notebooks_with(PANEL, ASKED))
 def test_every_panel_of_every_notebook(lab, name):
     from playwright.sync_api import expect
     browser, base = lab
@@ -365,8 +407,10 @@ def test_every_panel_of_every_notebook(lab, name):
     try:
         _run_all(page)
         assert page.evaluate(ERRORS_JS) == [], f"{name}: cells raised"
+        page_after_run_all = page.evaluate(NOTEBOOK_JS)
         panels = page.locator(".wmdist-panel")
-        assert panels.count() >= 1, f"{name} builds a panel but none rendered"
+        if name in _notebooks_with(PANEL):
+            assert panels.count() >= 1, f"{name} builds a panel but none rendered"
         for i in range(panels.count()):
             panel = panels.nth(i)
             panel.scroll_into_view_if_needed()
@@ -416,9 +460,7 @@ def test_every_panel_of_every_notebook(lab, name):
                 _plot(page, panel, other_than=plot)      # the measured overlay is drawn
                 assert page.evaluate(CLIPPED_JS, panel.element_handle()) == [], f"{name} panel {i} after run"
             _shoot(panel, ARTIFACTS / f"{stem}_panel{i}_after.png")
-        if name == GUESS_NOTEBOOK:                       # ask before telling: a typed guess meets the run
-            text = _guess_and_reveal(page, "6000", shown="6,000")
-            assert "no guess entered" not in text and "%" in text, text       # how far off, as a percentage
+        _predictions_ask_first(page, name, page_after_run_all)
         assert page.evaluate(ERRORS_JS) == [], f"{name}: a cell shows an error after the interactions"
     finally:
         try:                                             # the kernel and its warm ranks go with the page
