@@ -34,7 +34,7 @@ POSITIONAL_DATA = {
 # Parameters whose string default is free text (a label, a title, a path), not one of a few choices.
 FREE_TEXT = {"label", "title", "name", "prefix", "text", "reason", "phase", "case", "description", "unit", "tag",
              "root", "path", "style", "sep", "suffix", "what", "note", "op", "kind_label", "fmt", "question",
-             "formula_text", "why", "row_label"}
+             "formula_text", "why", "row_label", "unused"}
 
 
 def _public_functions(tree: ast.Module) -> list[ast.FunctionDef]:
@@ -114,3 +114,13 @@ class RingConfig:
 def test_public_signatures(path: Path) -> None:
     found = violations(path.read_text(), str(path.relative_to(PACKAGE)))
     assert not found, f"{path.relative_to(PACKAGE.parent)}:\n  " + "\n  ".join(found)
+
+
+def test_no_public_class_name_means_two_things():
+    """One name, one meaning: a public class is defined in one module of the library only."""
+    where: dict[str, list[str]] = {}
+    for path in MODULES:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}

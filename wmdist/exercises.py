@@ -49,7 +49,7 @@ class Exercise:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ExerciseResult:
     """The checker's answer; prints as a sentence or two. status: passed | wrong | not attempted yet."""
     passed: bool
     message: str
@@ -70,8 +70,8 @@ def solution(exercise: Exercise) -> str:
     return source
 
 
-def _not_attempted(exercise: Exercise) -> Verdict:
-    return Verdict(False, f"{exercise.name}: {NOT_ATTEMPTED}.", [f"hint: {exercise.hint}"], NOT_ATTEMPTED)
+def _not_attempted(exercise: Exercise) -> ExerciseResult:
+    return ExerciseResult(False, f"{exercise.name}: {NOT_ATTEMPTED}.", [f"hint: {exercise.hint}"], NOT_ATTEMPTED)
 
 
 def _on_rank(ctx: Any, fn: Callable[..., Any], make_inputs: Callable[[int, int], tuple]) -> Any:
@@ -94,7 +94,7 @@ def compare(rank: int, got: Any, expected: torch.Tensor, tolerance: float) -> st
             f" ({int(bad.sum())} of {bad.numel()} elements wrong)")
 
 
-def _check_pure(exercise: Exercise, fn: Callable[..., Any]) -> Verdict:
+def _check_pure(exercise: Exercise, fn: Callable[..., Any]) -> ExerciseResult:
     names = list(inspect.signature(exercise.reference).parameters)
     cases = 0
     for case in exercise.cases():
@@ -105,11 +105,11 @@ def _check_pure(exercise: Exercise, fn: Callable[..., Any]) -> Verdict:
         except NotImplementedError:
             return _not_attempted(exercise)
         except Exception as err:  # the reader's bug, reported as text
-            return Verdict(False, f"{exercise.name}: not yet.", [f"{call} raised {type(err).__name__}: {err}"])
+            return ExerciseResult(False, f"{exercise.name}: not yet.", [f"{call} raised {type(err).__name__}: {err}"])
         if got != expected:
-            return Verdict(False, f"{exercise.name}: not yet.", [f"{call} returned {got!r}, expected {expected!r}"])
+            return ExerciseResult(False, f"{exercise.name}: not yet.", [f"{call} returned {got!r}, expected {expected!r}"])
         cases += 1
-    return Verdict(True, f"{exercise.name}: passed all {cases} cases.", status="passed")
+    return ExerciseResult(True, f"{exercise.name}: passed all {cases} cases.", status="passed")
 
 
 def _raised_not_implemented(detail: str) -> bool:
@@ -119,7 +119,7 @@ def _raised_not_implemented(detail: str) -> bool:
 
 
 def _check_ranks(exercise: Exercise, fn: Callable[..., Any], world_sizes: tuple[int, ...],
-                 timeout: float) -> Verdict:
+                 timeout: float) -> ExerciseResult:
     for n in world_sizes:
         expected = run(_on_rank, n, exercise.reference, exercise.make_inputs, timeout=timeout)
         try:
@@ -131,19 +131,19 @@ def _check_ranks(exercise: Exercise, fn: Callable[..., Any], world_sizes: tuple[
             if err.reason == "raised":
                 lines = [lines[0], *lines[1:][-4:]]
             hint = [f"hint: {exercise.hint}"] if err.reason == "timeout" else []
-            return Verdict(False, f"{exercise.name}: not yet, on {n} ranks.", lines + hint)
+            return ExerciseResult(False, f"{exercise.name}: not yet, on {n} ranks.", lines + hint)
         problems = [p for r in range(n) if (p := compare(r, got[r], expected[r], exercise.tolerance))]
         if problems:
-            return Verdict(False, f"{exercise.name}: not yet, on {n} ranks.", problems)
+            return ExerciseResult(False, f"{exercise.name}: not yet, on {n} ranks.", problems)
     sizes = ", ".join(map(str, world_sizes))
-    return Verdict(True, f"{exercise.name}: passed on {sizes} ranks.", status="passed")
+    return ExerciseResult(True, f"{exercise.name}: passed on {sizes} ranks.", status="passed")
 
 
 def check(exercise: Exercise, fn: Callable[..., Any], *, world_sizes: tuple[int, ...] | None = None,
-          timeout: float = 30.0) -> Verdict:
+          timeout: float = 30.0) -> ExerciseResult:
     """Judge the reader's `fn` against the exercise's reference (on real ranks for a rank exercise)."""
     if not callable(fn):
-        return Verdict(False, f"{exercise.name}: expected a function, got {type(fn).__name__}")
+        return ExerciseResult(False, f"{exercise.name}: expected a function, got {type(fn).__name__}")
     if exercise.cases is not None:
         return _check_pure(exercise, fn)
     return _check_ranks(exercise, fn, world_sizes or exercise.world_sizes, timeout)

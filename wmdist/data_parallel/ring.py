@@ -28,7 +28,7 @@ def rank_vector(rank: int, numel: int, *, seed: int = 0) -> torch.Tensor:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RingSpec:
+class RingAllReduceSpec:
     """The comparison, decided before any process starts: N ranks, each reducing a `numel` vector seeded by rank."""
     world_size: int
     numel: int = DEFAULT_NUMEL
@@ -49,7 +49,7 @@ class RingRank:
     rounds: int
 
 
-def ring_vs_builtin(ctx: Context, spec: RingSpec) -> RingRank:
+def ring_vs_builtin(ctx: Context, spec: RingAllReduceSpec) -> RingRank:
     """Rank function: the same vector reduced by our ring and by gloo."""
     x = rank_vector(ctx.rank, spec.numel, seed=spec.seed)
     ours = ring_all_reduce(ctx, x, phase="ring")
@@ -78,7 +78,7 @@ def sum_bound(world_size: int, numel: int, *, seed: int = 0) -> torch.Tensor:
     return costs.reordered_sum_bound(world_size, 1.0, extra_roundings=1 if world_size > 1 else 0) * total
 
 
-def compare_ring(spec: RingSpec, results: list[RingRank]) -> Verdict:
+def compare_ring(spec: RingAllReduceSpec, results: list[RingRank]) -> Verdict:
     """Every rank's ring result against the float64 sum and gloo's, in units of the rounding bound; bytes and rounds
     against 2(N-1)G/N and 2(N-1)."""
     n, numel, seed = spec.world_size, spec.numel, spec.seed
@@ -97,13 +97,13 @@ def compare_ring(spec: RingSpec, results: list[RingRank]) -> Verdict:
 
 
 RING_DEMO = Experiment(name="ring-allreduce", chapter="01", world_sizes=tuple(range(1, 9)),
-                       spec=lambda n: RingSpec(world_size=n), ranks=ring_vs_builtin, compare=compare_ring,
+                       spec=lambda n: RingAllReduceSpec(world_size=n), ranks=ring_vs_builtin, compare=compare_ring,
                        title="Ring all-reduce vs gloo's all_reduce vs the single-process sum")
 
 
 def ring_allreduce_demo(world_size: int, *, numel: int = DEFAULT_NUMEL, seed: int = 0) -> Report:
     """Run the comparison on `world_size` ranks and build its Report."""
-    return RING_DEMO.run_spec(RingSpec(world_size=world_size, numel=numel, seed=seed))
+    return RING_DEMO.run_spec(RingAllReduceSpec(world_size=world_size, numel=numel, seed=seed))
 
 
 DEMOS = [RING_DEMO]

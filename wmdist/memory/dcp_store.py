@@ -32,7 +32,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from wmdist.comm import Context, barrier, counted
-from wmdist.memory.zero import RankState, ZeroConfig, init_state
+from wmdist.memory.zero import ZeroRankState, ZeroConfig, init_state
 
 POINTER = "LATEST"
 SHARDED = ("params", "exp_avg", "exp_avg_sq")
@@ -109,7 +109,7 @@ def drop_uncommitted(root: str | os.PathLike, name: str) -> tuple[Path, ...]:
     return dropped
 
 
-def save_checkpoint(ctx: Context, root: str, state: RankState, *, die_on_rank: int | None = None) -> Commit:
+def save_checkpoint(ctx: Context, root: str, state: ZeroRankState, *, die_on_rank: int | None = None) -> Commit:
     """Collective: save this rank's chunks as step `state.step`, then commit. Returns the committed path and
     (on rank 0) what an earlier killed save of this step had left, removed first (see drop_uncommitted)."""
     name = f"step{state.step:06d}"
@@ -140,7 +140,7 @@ def save_checkpoint(ctx: Context, root: str, state: RankState, *, die_on_rank: i
     return Commit(final, dropped)
 
 
-def load_checkpoint(ctx: Context, path: str | os.PathLike, cfg: ZeroConfig) -> RankState:
+def load_checkpoint(ctx: Context, path: str | os.PathLike, cfg: ZeroConfig) -> ZeroRankState:
     """Collective: rebuild this rank's state (any world size) from a checkpoint saved on any world size."""
     state = init_state(ctx, cfg)
     saved = [parse_key(k) for k in dcp.FileSystemReader(path).read_metadata().state_dict_metadata
@@ -164,7 +164,7 @@ def load_checkpoint(ctx: Context, path: str | os.PathLike, cfg: ZeroConfig) -> R
     return state
 
 
-def load_latest(ctx: Context, root: str | os.PathLike, cfg: ZeroConfig) -> RankState | None:
+def load_latest(ctx: Context, root: str | os.PathLike, cfg: ZeroConfig) -> ZeroRankState | None:
     """Collective: the state of the last committed checkpoint under `root`, or None if there is none."""
     path = latest_checkpoint(root)
     return None if path is None else load_checkpoint(ctx, path, cfg)

@@ -18,7 +18,7 @@ from wmdist.memory.footprint import KINDS, MemoryConfig, distinct_breakdowns, fo
 from wmdist.memory.presets import PRESETS, Preset, preset_fields
 from wmdist.memory.remedies import limiting_kind, remedies_for
 from wmdist.memory.transient import TransientPeak, transient_peak
-from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH
+from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH, model_value, widget_value
 from wmdist.ui.panel import Panel, View
 
 MAX_BARS_WORLD = 1024   # above this many ranks, show ranks 0..7 of the dp group instead of every distinct one
@@ -88,13 +88,20 @@ class MemoryPanel(Panel):
     def views(self) -> list[View]:
         return [View("bytes per rank", self._draw_bars)]
 
+    def read_config(self, *, change: dict[str, Any] | None = None) -> MemoryConfig:
+        """The config the controls describe: a menu's "same" / "none" (held as its label, see
+        ui.controls.ChoiceDropdown) is None in the config."""
+        values = {**{name: c.value for name, c in self.controls.items()}, **(change or {})}
+        return super().read_config(change={name: model_value(self.controls[name], v) if name in self.controls else v
+                                           for name, v in values.items()})
+
     def apply_preset(self, name: str) -> None:
         """Set the model fields of a published shape (params, layers, sequence, activation bytes) at once."""
         if name == CUSTOM:
             return
         with self.holding():
             for field, value in preset_fields(name, seq_len=self.controls["seq_len"].value or None).items():
-                self.controls[field].value = value
+                self.controls[field].value = widget_value(self.controls[field], value)
         self.update()
 
     def _changed(self, name: str, change: dict) -> None:

@@ -28,7 +28,7 @@ from wmdist.experiment import Experiment, Launch, Verdict
 from wmdist.memory.dcp_store import (POINTER, SHARDED, Commit, DroppedSaveWarning, drop_uncommitted,
                                      latest_checkpoint, load_checkpoint, load_latest, overlaps, parse_key, range_key,
                                      save_checkpoint)
-from wmdist.memory.zero import RankState, ZeroConfig, init_state, train_step, zero_rank
+from wmdist.memory.zero import ZeroRankState, ZeroConfig, init_state, train_step, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
 from wmdist.costs.validate import require_int
 from wmdist.report import Report, close_check, exact_check, fact_check
@@ -77,7 +77,7 @@ def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, *, until: int, sav
                         tuple(warned))
 
 
-def _own_chunks(state: RankState) -> dict[str, torch.Tensor]:
+def _own_chunks(state: ZeroRankState) -> dict[str, torch.Tensor]:
     own = slice(state.start, state.stop)
     return {"params": (state.params if state.stage == 3 else state.params[own]).clone(),
             "exp_avg": (state.exp_avg if state.stage > 0 else state.exp_avg[own]).clone(),

@@ -102,7 +102,7 @@ class _PerExampleLoss(nn.Module):
 
 
 @dataclass
-class RankState:
+class ZeroRankState:
     """What one rank keeps between steps. The module is on the meta device: code and shapes, no numbers."""
     stage: int
     numel: int                       # P
@@ -138,7 +138,7 @@ class RankState:
                 "optimizer_state": size(self.exp_avg, self.exp_avg_sq)}
 
 
-def init_state(ctx: Context, cfg: ZeroConfig) -> RankState:
+def init_state(ctx: Context, cfg: ZeroConfig) -> ZeroRankState:
     """Build the model from cfg.seed, flatten it, keep what this rank's stage keeps."""
     model = make_model(seed=cfg.seed)
     layout, offset = [], 0
@@ -150,11 +150,11 @@ def init_state(ctx: Context, cfg: ZeroConfig) -> RankState:
     params = flat[start:stop].clone() if cfg.stage == 3 else flat
     n_state = offset if cfg.stage == 0 else stop - start
     n_grad = offset if cfg.stage <= 1 else stop - start
-    return RankState(cfg.stage, offset, start, stop, params, torch.zeros(n_grad), torch.zeros(n_state),
+    return ZeroRankState(cfg.stage, offset, start, stop, params, torch.zeros(n_grad), torch.zeros(n_state),
                      torch.zeros(n_state), 0, _PerExampleLoss(model.to("meta")), layout)
 
 
-def _summed_loss(state: RankState, flat: torch.Tensor, batch: dict[str, torch.Tensor], global_batch: int
+def _summed_loss(state: ZeroRankState, flat: torch.Tensor, batch: dict[str, torch.Tensor], global_batch: int
                  ) -> torch.Tensor:
     """Sum of this rank's per-example losses / global batch: summed over ranks, the global mean."""
     views = {name: flat[a:b].view(shape) for name, shape, a, b in state.layout}
@@ -166,7 +166,7 @@ PROBE_POINTS = ("between forward and backward", "after backward", "after the gra
 Probe = Callable[[str, dict[str, int]], None]
 
 
-def train_step(ctx: Context, state: RankState, cfg: ZeroConfig, *, probe: Probe | None = None) -> None:
+def train_step(ctx: Context, state: ZeroRankState, cfg: ZeroConfig, *, probe: Probe | None = None) -> None:
     """One ZeRO step on this rank's rows of batch number state.step, in the stage's schedule.
 
     `probe(point, held_bytes)` is called at each of PROBE_POINTS with what the

@@ -35,7 +35,7 @@ from wmdist.pipeline.plan import (
     transfer_counts,
 )
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, MAX_MICROBATCHES, Schedule, make_schedule
-from wmdist.pipeline.stages import Reference, gradient_tolerance, loss_tolerance, model_for, reference
+from wmdist.pipeline.stages import PipelineReference, gradient_tolerance, loss_tolerance, model_for, reference
 from wmdist.report import Check, Count, Report, close_check, counts_per_rank, exact_check, max_abs_error
 from wmdist.transformer import TransformerConfig
 
@@ -191,7 +191,7 @@ def compare_train(plans: Plans, results: list[StageRuns]) -> Verdict:
     checks: list[Check] = []
     exact: list[Count] = []
     data = []
-    references: dict[int, Reference] = {}            # one per M: the schedules differ only in accumulation order
+    references: dict[int, PipelineReference] = {}            # one per M: the schedules differ only in accumulation order
     for (schedule, work), runs in zip(plans.cases, by_case(results), strict=True):
         name, m = schedule.name, schedule.microbatches
         if m not in references:

@@ -87,7 +87,7 @@ def microbatch_loss(pred: torch.Tensor, target: torch.Tensor, batch_size: int) -
 
 
 @dataclass(frozen=True)
-class Reference:
+class PipelineReference:
     """One process: the full batch at once, and each microbatch's gradient on its own."""
     output: torch.Tensor                            # (B, T, O) the whole batch in one call
     loss: torch.Tensor                              # () full-batch mean loss
@@ -107,7 +107,7 @@ class Reference:
         return out
 
 
-def reference(work: PipeWork, microbatches: int, *, gradients: bool = True) -> Reference:
+def reference(work: PipeWork, microbatches: int, *, gradients: bool = True) -> PipelineReference:
     """Run the single-device references for `work` split into `microbatches` microbatches, on one thread.
 
     `gradients=False` computes the output and loss only.
@@ -116,12 +116,12 @@ def reference(work: PipeWork, microbatches: int, *, gradients: bool = True) -> R
         return _reference(work, microbatches, gradients)
 
 
-def _reference(work: PipeWork, microbatches: int, gradients: bool) -> Reference:
+def _reference(work: PipeWork, microbatches: int, gradients: bool) -> PipelineReference:
     model, batch = model_for(work), batch_for(work)
     output = model(batch["obs"], batch["actions"]).detach()                     # (B, T, O)
     loss = model.loss(batch)
     if not gradients:
-        return Reference(output, loss.detach(), {}, [], 0.0)
+        return PipelineReference(output, loss.detach(), {}, [], 0.0)
     model.zero_grad()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -130,7 +130,7 @@ def _reference(work: PipeWork, microbatches: int, gradients: bool) -> Reference:
         model.zero_grad()
         microbatch_loss(model(mb["obs"], mb["actions"]), mb["next_obs"], work.batch_size).backward()
         per_mb.append({n: p.grad.clone() for n, p in model.named_parameters()})
-    return Reference(output, loss.detach(), grads, per_mb, gradient_bound(work))
+    return PipelineReference(output, loss.detach(), grads, per_mb, gradient_bound(work))
 
 
 def gradient_bound(work: PipeWork) -> float:

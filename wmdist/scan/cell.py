@@ -160,7 +160,7 @@ def step_errors(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class PicardResult:
+class ScanPicardResult:
     """What `picard` did: the last sweep's states, and per sweep its error, boundary change and work."""
     states: torch.Tensor      # (B, T, n) after the last sweep
     errors: list[float]       # max |states - exact| after each sweep (needs the exact answer)
@@ -168,7 +168,7 @@ class PicardResult:
     work: int                 # cell evaluations over all sweeps, per sequence
 
 
-def picard(cell: Step, x: torch.Tensor, h0: torch.Tensor, chunks: int, *, sweeps: int | None = None) -> PicardResult:
+def picard(cell: Step, x: torch.Tensor, h0: torch.Tensor, chunks: int, *, sweeps: int | None = None) -> ScanPicardResult:
     """Fixed-point (Picard) sweeps over the chunk boundary states; exact after `chunks` sweeps.
 
     Sweep 0 starts chunk 0 from h0 and every other chunk from zeros (which is
@@ -196,7 +196,7 @@ def picard(cell: Step, x: torch.Tensor, h0: torch.Tensor, chunks: int, *, sweeps
         changes.append(max(float((a - b).abs().max()) for a, b in zip(new_starts, starts)))
         errors.append(float((states - exact).abs().max()))
         starts = new_starts
-    return PicardResult(states=states, errors=errors, changes=changes, work=work)
+    return ScanPicardResult(states=states, errors=errors, changes=changes, work=work)
 
 
 def split_episodes(x: torch.Tensor, h0: torch.Tensor, world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -12,7 +12,7 @@ not assumed. Either way each sweep reruns all T steps: N sweeps spend N
 times the loop's work to reach, at best, the loop's own depth.
 
 `SweepPlan` is what the ranks run (checked before any process starts); the
-demo scan-picard is an `Experiment` whose spec, PicardSpec, holds one.
+demo scan-picard is an `Experiment` whose spec, ScanPicardSpec, holds one.
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def sweeps_needed(changes: list[float], stop_below: float) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PicardSpec:
+class ScanPicardSpec:
     """scan-picard's inputs: seeded episodes (cell_demos.episodes) swept N times at most, from guessed starts."""
     world_size: int
     steps: int = 37
@@ -135,12 +135,12 @@ class PicardSpec:
                                                    stop_below=self.stop_below))
 
 
-def sweep_ranks(ctx: Context, spec: PicardSpec) -> PicardRankRun:
+def sweep_ranks(ctx: Context, spec: ScanPicardSpec) -> PicardRankRun:
     """Rank function of scan-picard: `picard_rank` on the spec's plan."""
     return picard_rank(ctx, spec.plan)
 
 
-def compare_picard(spec: PicardSpec, results: list[PicardRankRun]) -> Verdict:
+def compare_picard(spec: ScanPicardSpec, results: list[PicardRankRun]) -> Verdict:
     """The ranks' sweeps against the single-process sweeps (exact) and the loop; sweeps, calls, bytes vs formulas."""
     gru, x, h0, n, stop_below = (spec.plan.inputs.cell, spec.plan.inputs.x, spec.plan.inputs.h0, spec.world_size,
                                  spec.stop_below)
@@ -179,13 +179,13 @@ def compare_picard(spec: PicardSpec, results: list[PicardRankRun]) -> Verdict:
 
 PICARD_DEMO = Experiment(name="scan-picard", chapter="07", world_sizes=(1, 2, 4, 8),
                          title="Picard sweeps over N ranks: exact after at most N sweeps, at N times the work",
-                         spec=lambda n: PicardSpec(world_size=n), ranks=sweep_ranks, compare=compare_picard)
+                         spec=lambda n: ScanPicardSpec(world_size=n), ranks=sweep_ranks, compare=compare_picard)
 
 
 def picard_demo(world_size: int, *, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
                 step_seconds: float = 1e-4, seed: int = 0) -> Report:
     """Picard sweeps on N ranks against the single-process sweeps and the loop; exact when stop_below = 0."""
-    return PICARD_DEMO.run_spec(PicardSpec(world_size=world_size, steps=steps, batch=batch, stop_below=stop_below,
+    return PICARD_DEMO.run_spec(ScanPicardSpec(world_size=world_size, steps=steps, batch=batch, stop_below=stop_below,
                                            step_seconds=step_seconds, seed=seed))
 
 

@@ -77,15 +77,15 @@ def versus_ranks(ctx: Context, spec: TPSpec) -> OursAndTorch:
 
 
 @dataclass(frozen=True)
-class Traffic:
+class TPTraffic:
     """Bytes each rank sent per layout (ledger), and the papers' per-rank figure for one layer and step."""
     bytes_sent: dict[str, list[int]]            # layout -> per rank
     ideal_bytes: float                          # Megatron's 4 x 2(N-1)/N b*s*h*4 (the same with SP)
 
 
 @dataclass(frozen=True)
-class BlockTraffic(Traffic):
-    """Traffic, plus the bytes each rank kept for backward per layout and the one-device figure."""
+class BlockTraffic(TPTraffic):
+    """TPTraffic, plus the bytes each rank kept for backward per layout and the one-device figure."""
     saved_bytes: dict[str, list[int]]           # layout -> per rank
     single_saved_bytes: int                     # the same block on one device
 
@@ -152,7 +152,7 @@ def compare_layouts(spec: TPSpec, results: list[MLPRuns]) -> Verdict:
     checks.append(differ_check("PITFALL gathering fc1's output: rank 0 sends more bytes than column -> row",
                                float(sent[bad][0]), float(sent[good][0]), float(extra[0]),
                                "at least the two all-gathers of (B, T, F) the formula predicts"))
-    data = Traffic(sent, costs.megatron_layer_bytes(batch, seq, shape.width, n, sequence_parallel=False))
+    data = TPTraffic(sent, costs.megatron_layer_bytes(batch, seq, shape.width, n, sequence_parallel=False))
     return Verdict(checks=checks, exact=exact, params={"batch": batch, "seq": seq, "hidden": shape.hidden},
                    data=data)
 

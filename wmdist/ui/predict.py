@@ -2,7 +2,7 @@
 
 The pure half of the prediction prompts (the widgets are in ask.py): `read_guess` reads the box
 against the range the question states, `compare` turns guess, formula and measurement into a
-frozen `Verdict`, and `verdict_text` / `verdict_html` render it, with no timestamps or widget
+frozen `GuessComparison`, and `verdict_text` / `verdict_html` render it, with no timestamps or widget
 ids. An `Answer` is what a chapter's measurement hands back; a `Reveal` is the rendered record.
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import ipywidgets as W
 
 NO_GUESS = "no guess entered"
 SHOWN = "shown without a guess"
@@ -46,7 +45,7 @@ def parse_guess(text: str) -> float | None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Verdict:
+class GuessComparison:
     """Guess, formula and measurement side by side, and how far the guess and formula were off.
 
     `relative_error` is (guess - measured) / |measured|, signed (positive: the guess was high);
@@ -68,17 +67,17 @@ def _relative(value: float, measured: float) -> float | None:
     return None if measured == 0 else (value - measured) / abs(measured)
 
 
-def compare(guess: float | None, measured: float, *, formula: float | None = None, unused: str = NO_GUESS) -> Verdict:
+def compare(guess: float | None, measured: float, *, formula: float | None = None, unused: str = NO_GUESS) -> GuessComparison:
     """How far `guess` (None: no guess; `unused` says why) and `formula` are from `measured`."""
     measured = float(measured)
     formula = None if formula is None else float(formula)
     formula_rel = None if formula is None else _relative(formula, measured)
     if guess is None:
-        return Verdict(guess=None, measured=measured, formula=formula, difference=None, relative_error=None,
+        return GuessComparison(guess=None, measured=measured, formula=formula, difference=None, relative_error=None,
                        ratio=None, formula_relative_error=formula_rel, summary=unused)
     guess = float(guess)
     ratio = None if measured == 0 else guess / measured
-    return Verdict(guess=guess, measured=measured, formula=formula, difference=guess - measured,
+    return GuessComparison(guess=guess, measured=measured, formula=formula, difference=guess - measured,
                    relative_error=_relative(guess, measured), ratio=ratio, formula_relative_error=formula_rel,
                    summary=how_far(guess, measured))
 
@@ -155,7 +154,7 @@ def _percent(rel: float) -> str:
     return f"{abs(rel) * 100:.3g}%"
 
 
-def _formula_line(v: Verdict) -> str:
+def _formula_line(v: GuessComparison) -> str:
     if v.formula is None:
         return ""
     if v.formula == v.measured:
@@ -168,7 +167,7 @@ def _formula_line(v: Verdict) -> str:
     return how_far(v.formula, v.measured)
 
 
-def _rows(v: Verdict, unit: str, formula_text: str) -> list[tuple[str, str, str]]:
+def _rows(v: GuessComparison, unit: str, formula_text: str) -> list[tuple[str, str, str]]:
     guess = "-" if v.guess is None else format_number(v.guess, unit=unit)
     rows = [("your guess", guess, v.summary)]
     if v.formula is not None:
@@ -178,7 +177,7 @@ def _rows(v: Verdict, unit: str, formula_text: str) -> list[tuple[str, str, str]
     return rows
 
 
-def verdict_text(question: str, v: Verdict, *, unit: str = "", formula_text: str = "", why: str = "") -> str:
+def verdict_text(question: str, v: GuessComparison, *, unit: str = "", formula_text: str = "", why: str = "") -> str:
     """The plain-text view of a reveal (what nbval and static renderers show)."""
     rows = _rows(v, unit, formula_text)
     w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
@@ -189,7 +188,7 @@ def verdict_text(question: str, v: Verdict, *, unit: str = "", formula_text: str
     return "\n".join(lines)
 
 
-def verdict_html(question: str, v: Verdict, *, unit: str = "", formula_text: str = "", why: str = "") -> str:
+def verdict_html(question: str, v: GuessComparison, *, unit: str = "", formula_text: str = "", why: str = "") -> str:
     """The HTML view of a reveal: a small table inside a div of class `wmdist-reveal`."""
     e = html.escape
     cells = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{e(a)}</th>"
@@ -221,7 +220,7 @@ class Reveal:
 
     question: str
     unit: str
-    verdict: Verdict
+    verdict: GuessComparison
     formula_text: str = ""
     why: str = ""
 
