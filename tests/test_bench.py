@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from wmdist import bench, costs
+from wmdist.bench_result import BenchResult
 from wmdist.cli import main
 
 
@@ -35,7 +36,7 @@ def test_pool_memory_is_measured_for_each_size():
 
 
 def test_bench_cli_json(monkeypatch, capsys):
-    fake = bench.BenchResult("fake", {"n": 1}, {"t": 2.0}, 3.0, "x", ">= 1x", True)
+    fake = BenchResult(name="fake", inputs={"n": 1}, measured={"t": 2.0}, value=3.0, unit="x", target=">= 1x", met=True)
     monkeypatch.setattr(bench, "benchmarks", lambda: {"fake": lambda: fake})
     assert main(["bench", "fake", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [fake.to_dict()]

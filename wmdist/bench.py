@@ -10,7 +10,6 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import psutil
@@ -22,28 +21,8 @@ from wmdist.comm import Context, all_reduce, barrier, ring_all_reduce
 from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, measure_allreduce
 from wmdist.data_parallel.scaling import TARGET_MEDIAN_REL_ERROR, fit_alpha_beta
 from wmdist.ring_attention.measure import time_ring_forward, time_sdpa
+from wmdist.bench_result import BenchResult
 from wmdist.ring_attention.spec import RingSpec
-
-
-@dataclass
-class BenchResult:
-    """One benchmark's inputs, measurements, its headline figure (a ratio, or MB) and target."""
-    name: str
-    inputs: dict[str, Any]
-    measured: dict[str, Any]
-    value: float
-    unit: str           # "x" for a ratio, "MB" for memory
-    target: str
-    met: bool
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        lines = [f"{self.name}: {self.value:.3g}{self.unit} (target {self.target}) -> {'met' if self.met else 'NOT met'}",
-                 f"  inputs:   {self.inputs}", f"  measured: {self.measured}"]
-        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
 
 # --- warm pool vs a fresh spawn per call -------------------------------------------
@@ -90,11 +69,11 @@ def bench_warm_vs_spawn(*, world_size: int = 4, warm_calls: int = 20, spawn_call
                                         nprocs=world_size, join=True)
             cold.append(time.perf_counter() - t)
     ratio = statistics.median(cold) / statistics.median(warm)
-    return BenchResult("warm-vs-spawn", {"world_size": world_size, "warm_calls": warm_calls,
+    return BenchResult(name="warm-vs-spawn", inputs={"world_size": world_size, "warm_calls": warm_calls,
                                          "spawn_calls": spawn_calls, "work": "one 4-element all_reduce"},
-                       {"warm_median_ms": round(1e3 * statistics.median(warm), 2),
+                       measured={"warm_median_ms": round(1e3 * statistics.median(warm), 2),
                         "spawn_median_ms": round(1e3 * statistics.median(cold), 1)},
-                       ratio, "x", ">= 30x faster", ratio >= 30)
+                       value=ratio, unit="x", target=">= 30x faster", met=ratio >= 30)
 
 
 # --- hand-written ring vs gloo's all_reduce -----------------------------------------------
@@ -133,16 +112,16 @@ def bench_ring_vs_gloo(*, world_size: int = 4, mib: int = 16, repeats: int = 15)
     per_rank_bytes = [o["bytes"] // repeats for o in out]
     predicted = [costs.ring_allreduce_bytes(numel, world_size, r) for r in range(world_size)]
     ratio = statistics.median(ratios)
-    result = BenchResult("ring-vs-gloo", {"world_size": world_size, "payload_MiB": mib, "dtype": "float32",
+    result = BenchResult(name="ring-vs-gloo", inputs={"world_size": world_size, "payload_MiB": mib, "dtype": "float32",
                                           "repeats": repeats},
-                         {"ring_median_s": round(statistics.median(ring), 4),
+                         measured={"ring_median_s": round(statistics.median(ring), 4),
                           "gloo_median_s": round(statistics.median(gloo), 4),
                           "pair_ratio_quartiles": [round(ratios[len(ratios) // 4], 3),
                                                    round(ratios[(3 * len(ratios)) // 4], 3)],
                           "ring_bytes_sent_per_rank": per_rank_bytes,
                           "bound_2(N-1)G/N": costs.ring_allreduce_ideal_bytes(numel * 4, world_size)},
-                         ratio, "x", ">= 0.9x gloo's throughput, bytes at the bound",
-                         ratio >= 0.9 and per_rank_bytes == predicted)
+                         value=ratio, unit="x", target=">= 0.9x gloo's throughput, bytes at the bound",
+                         met=ratio >= 0.9 and per_rank_bytes == predicted)
     result.notes.append("throughput ratio = gloo time / ring time for the same payload, median over paired runs")
     return result
 
@@ -181,9 +160,9 @@ def bench_memory(*, world_sizes: tuple[int, ...] = (4, 8)) -> BenchResult:
         measured[f"{n}_ranks_MB"] = round(tree_pss_mb(), 1)
     runtime.shutdown()
     top = measured[f"{max(world_sizes)}_ranks_MB"]
-    return BenchResult("pool-memory", {"world_sizes": list(world_sizes),
+    return BenchResult(name="pool-memory", inputs={"world_sizes": list(world_sizes),
                                        "measure": "PSS of parent + forkserver + ranks, after one SGD step"},
-                       measured, top, "MB", f"{max(world_sizes)} ranks + parent < 600 MB", top < 600)
+                       measured=measured, value=top, unit="MB", target=f"{max(world_sizes)} ranks + parent < 600 MB", met=top < 600)
 
 
 def bench_allreduce_fit(*, world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
@@ -196,16 +175,16 @@ def bench_allreduce_fit(*, world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
     fit = fit_alpha_beta(ms, cores=cores)
     bytes_ok = all(m.bytes_sent[r] == costs.ring_allreduce_bytes(m.payload_bytes // 4, m.world_size, r)
                    for m in ms for r in range(m.world_size))
-    return BenchResult("allreduce-fit", {"world_sizes": list(world_sizes), "sizes_bytes": list(sizes_bytes),
+    return BenchResult(name="allreduce-fit", inputs={"world_sizes": list(world_sizes), "sizes_bytes": list(sizes_bytes),
                                          "repeats": repeats, "cores": cores},
-                       {"alpha_s": fit.alpha, "beta_s_per_byte": fit.beta, "contention_g": fit.contention,
+                       measured={"alpha_s": fit.alpha, "beta_s_per_byte": fit.beta, "contention_g": fit.contention,
                         "bandwidth_GB_per_s": None if fit.bandwidth_bytes_per_s is None   # b not resolved
                         else fit.bandwidth_bytes_per_s / 1e9,
                         "unresolved_terms": list(fit.unresolved), "max_rel_error": fit.max_rel_error,
                         "ledger_bytes_exact": bytes_ok, "seconds": time.perf_counter() - start},
-                       100 * fit.median_rel_error, "%", f"median relative error <= {100 * TARGET_MEDIAN_REL_ERROR:g}%",
-                       fit.median_rel_error <= TARGET_MEDIAN_REL_ERROR and bytes_ok,
-                       [f"model: (1 + g max(0, N/{cores} - 1)) (2(N-1)a + 2(N-1)/N bG); g is the one fitted "
+                       value=100 * fit.median_rel_error, unit="%", target=f"median relative error <= {100 * TARGET_MEDIAN_REL_ERROR:g}%",
+                       met=fit.median_rel_error <= TARGET_MEDIAN_REL_ERROR and bytes_ok,
+                       notes=[f"model: (1 + g max(0, N/{cores} - 1)) (2(N-1)a + 2(N-1)/N bG); g is the one fitted "
                         "contention term for ranks sharing cores"]
                        + [f"{t}: {fit.describe(t)}" for t in fit.unresolved])
 
@@ -228,14 +207,14 @@ def bench_ring_attention(*, world_size: int = 4, seq_len: int = 4096, repeats: i
     single_s = statistics.median(single_times)
     peak = max(r[1] for r in ring)
     ratio = single_s / ring_s
-    return BenchResult("ring-attention", {"world_size": world_size, "seq_len": seq_len, "heads": 4, "head_dim": 32,
+    return BenchResult(name="ring-attention", inputs={"world_size": world_size, "seq_len": seq_len, "heads": 4, "head_dim": 32,
                                           "block_size": 256, "causal": True, "layout": "zigzag", "dtype": "float32"},
-                       {"ring_median_s": round(ring_s, 4), "sdpa_median_s": round(single_s, 4),
+                       measured={"ring_median_s": round(ring_s, 4), "sdpa_median_s": round(single_s, 4),
                         "ring_peak_bytes_per_rank": [r[1] for r in ring], "sdpa_peak_bytes": single_peak,
                         "peak_ratio": round(peak / single_peak, 3)},
-                       ratio, "x", "speed reported (SDPA time / ring time); per-rank peak < single-process peak",
-                       peak < single_peak,
-                       [(f"{world_size} ranks share {os.cpu_count()} cores; ring tiles run as Python loops of torch "
+                       value=ratio, unit="x", target="speed reported (SDPA time / ring time); per-rank peak < single-process peak",
+                       met=peak < single_peak,
+                       notes=[(f"{world_size} ranks share {os.cpu_count()} cores; ring tiles run as Python loops of torch "
                          "ops, SDPA as one fused kernel"),
                         (f"per-rank peak / single-process peak = {peak / single_peak:.3f} (1/N = {1 / world_size:.3f}): "
                          "a rank also keeps two packed K, V blocks (one in use, one arriving) and its score tiles")])
@@ -260,15 +239,15 @@ def bench_session_memory(*, memory_limit_mib: int = 2048, cpu_quota: float = 1.0
     inputs = {"chapters": len(notebooks), "memory_limit_MiB": memory_limit_mib, "cpu_quota": cpu_quota,
               "kernel": " ".join(s.kernel_argv[1:3]), "kernels": "one per chapter, all kept"}
     if s.skipped:
-        return BenchResult("session-memory", inputs, {}, float("nan"), "x", "< 1.0", False, [s.skipped])
+        return BenchResult(name="session-memory", inputs=inputs, measured={}, value=float("nan"), unit="x", target="< 1.0", met=False, notes=[s.skipped])
     ratio = s.peak_pss_mib / memory_limit_mib
     measured = {"peak_pss_MiB": round(s.peak_pss_mib, 1), "cgroup_peak_MiB": round(s.max_usage_mib, 1),
                 "oom_kills": s.oom_kills, "all_kernels_alive": s.all_alive, "return_ok": s.revisit_ok,
                 "notebooks_with_errors": sorted(s.errors), "seconds": round(s.seconds, 1)}
-    return BenchResult("session-memory", inputs, measured, ratio, "x",
-                       "< 1.0 (peak summed PSS / limit), no OOM kill, every kernel alive, the return re-runs",
-                       ratio < 1.0 and s.oom_kills == 0 and s.all_alive and bool(s.revisit_ok),
-                       [*s.table().splitlines(), f"back to {s.revisit}: {'ok' if s.revisit_ok else s.revisit_errors}",
+    return BenchResult(name="session-memory", inputs=inputs, measured=measured, value=ratio, unit="x",
+                       target="< 1.0 (peak summed PSS / limit), no OOM kill, every kernel alive, the return re-runs",
+                       met=ratio < 1.0 and s.oom_kills == 0 and s.all_alive and bool(s.revisit_ok),
+                       notes=[*s.table().splitlines(), f"back to {s.revisit}: {'ok' if s.revisit_ok else s.revisit_errors}",
                         *s.notes])
 
 
