@@ -13,7 +13,8 @@ from types import ModuleType
 
 from wmdist import runtime
 from wmdist.exercises import Exercise
-from wmdist.experiment import Experiment, OnProgress
+from wmdist.experiment import Experiment
+from wmdist.on_progress import OnProgress
 from wmdist.report import Report
 
 

@@ -41,8 +41,8 @@ from typing import Any, Generic, Protocol, TypeVar
 from wmdist.comm import Context
 from wmdist.report import Check, Count, Report
 from wmdist.runtime import run
+from wmdist.on_progress import OnProgress
 
-OnProgress = Callable[[int, int, str], None]    # on_progress(done, total, text): how far a run has got
 
 
 class Spec(Protocol):

@@ -22,7 +22,8 @@ from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, OnProgress, Verdict
+from wmdist.experiment import Experiment, Verdict
+from wmdist.on_progress import OnProgress
 from wmdist.pipeline.demos import Plans, StageRuns, by_case, plans_rank
 from wmdist.pipeline.executor import StageRun, run_pipeline
 from wmdist.pipeline.plan import PipeWork, require_world, slow_stage_work

@@ -23,7 +23,7 @@ from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.spec import DTypeName, RingSpec
 from wmdist.ring_attention.traffic import RingMeasurement, TrafficConfig
 from wmdist.runtime import run
-from wmdist.experiment import OnProgress
+from wmdist.on_progress import OnProgress
 
 RUN_MAX_SEQ, RUN_MAX_RANKS, RUN_MAX_WIDTH = 1024, 8, 1024
 
