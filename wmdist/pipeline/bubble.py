@@ -12,12 +12,12 @@ the ranks' work per microbatch as M grows, not to 0.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.pipeline import ScheduleName
-from wmdist.costs.validate import require_bool, require_choice, require_int
+from wmdist.costs.validate import require_bool, require_choice
 from wmdist.knobs import knob
 from wmdist.pipeline.plan import slow_stage_work
 from wmdist.pipeline.schedules import Schedule, make_schedule
@@ -35,14 +35,14 @@ class BubbleConfig:
     microbatches: int = knob(8, "M: microbatches", low=1, high=CURVE_MAX_M)
     chunks: int = knob(1, "v: chunks per rank", low=1, high=4)
     unequal: bool = knob(False, "unequal stages (stage 1 does 2x)")
+    built_schedule: Schedule = field(init=False, repr=False, compare=False)    # made once, here
 
     def __post_init__(self) -> None:
+        """Check the choices and build the schedule once: make_schedule checks P, M and v (and their product)."""
         require_choice("schedule", self.schedule, [v for _, v in SCHEDULE_OPTIONS])
-        require_int("stages", self.stages, 1)
-        require_int("microbatches", self.microbatches, 1)
-        require_int("chunks", self.chunks, 1)
         require_bool("unequal", self.unequal)
-        make_schedule(self.schedule, self.stages, self.microbatches, chunks=self.chunks)   # raises on a bad combination
+        object.__setattr__(self, "built_schedule",
+                           make_schedule(self.schedule, self.stages, self.microbatches, chunks=self.chunks))
 
     @property
     def stage_work(self) -> tuple[float, ...]:
@@ -130,14 +130,14 @@ def bubble_curve(config: BubbleConfig, *, cache: dict | None = None) -> BubbleCu
             f, r = memo[key]
         idle.append(f)
         ratio.append(r)
-        formula.append((p - 1) / (v * m + p - 1))
+        formula.append(pcosts.fraction_from_ratio(pcosts.bubble_over_ideal(p, m, chunks=v)))
     return BubbleCurve(ms, tuple(idle), tuple(ratio), tuple(formula), limit_idle(config))
 
 
 def bubble_view(config: BubbleConfig, *, cache: dict | None = None) -> BubbleView:
     """The panel's model: simulate the selected schedule and compute both conventions, peaks and the curve."""
     p, m, v = config.stages, config.microbatches, config.chunks
-    schedule = make_schedule(config.schedule, p, m, chunks=v)
+    schedule = config.built_schedule
     forward, backward = _times(config)
     sim = simulate(schedule, forward=forward, backward=backward)
     ratio = pcosts.bubble_over_ideal(p, m, chunks=v)

@@ -1,0 +1,123 @@
+"""Every number a panel, a reveal or a listing shows is pinned to its one formula in costs/ (issue 26 §1).
+
+Each test here was written against a wrong copy of the code it guards, and fails on it: the
+bubble curve drawn from (P-1)/(M+P); the traffic panel's "hides the transfer" flipped; a reveal
+reporting the formula's error as the guess's; a cache key that rounds floats to 3 digits; a
+count listing that prints PASS for a wrong count; an Experiment of jobs that runs another
+world size than it was given; the schedule size limit leaving out v.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+
+from wmdist.comm import Context, all_reduce
+from wmdist.costs import pipeline as pcosts
+from wmdist.costs import ring_attention as ra
+from wmdist.experiment import Experiment, Verdict
+from wmdist.pipeline.bubble import BubbleConfig, bubble_view
+from wmdist.pipeline.panel import BubblePanel
+from wmdist.pipeline.schedules import MAX_SLOTS, check_size
+from wmdist.report import Count, Report
+from wmdist.ring_attention.traffic import CUSTOM, TrafficConfig, traffic_model
+from wmdist.ui.panel import stable
+from wmdist.ui.predict import compare
+
+SETTINGS = [("gpipe", 4, 8, 1), ("1f1b", 2, 3, 1), ("1f1b", 8, 32, 1), ("interleaved", 4, 8, 2),
+            ("interleaved", 2, 4, 4), ("gpipe", 1, 5, 1)]
+
+
+@pytest.mark.parametrize("schedule, p, m, v", SETTINGS)
+def test_the_bubble_panel_shows_the_formulas_of_costs_pipeline(schedule, p, m, v):
+    config = BubbleConfig(schedule=schedule, stages=p, microbatches=m, chunks=v)
+    view = bubble_view(config)
+    r = pcosts.bubble_over_ideal(p, m, chunks=v)
+    assert view.formula_over_ideal == r and view.formula_idle == pcosts.fraction_from_ratio(r)
+    if v == 1:
+        assert view.formula_idle == pytest.approx(pcosts.bubble_fraction(p, m), rel=1e-15)    # two roundings
+    assert view.curve.formula == tuple(pcosts.fraction_from_ratio(pcosts.bubble_over_ideal(p, k, chunks=v))
+                                       for k in view.curve.microbatches)
+    assert view.transfers == pcosts.boundary_transfers(p, m, chunks=v)
+    assert view.peak_formula == tuple(pcosts.peak_activations_in_flight(schedule, p, m, chunks=v, rank=k)
+                                      for k in range(p))
+    text = BubblePanel(config).describe(config, view)
+    assert f"<b>{pcosts.fraction_from_ratio(r):.3f}</b>" in text and f"<b>{r:.3f}</b>" in text
+
+
+def test_the_bubble_config_builds_its_schedule_once_and_the_view_uses_it():
+    config = BubbleConfig(schedule="1f1b", stages=4, microbatches=8)
+    assert bubble_view(config).schedule is config.built_schedule
+    assert dataclasses.replace(config, microbatches=9).built_schedule.microbatches == 9
+
+
+@pytest.mark.parametrize("tokens_over_min", [0.25, 0.5, 2.0, 4.0])
+def test_the_traffic_panel_says_the_transfer_hides_exactly_when_the_block_is_large_enough(tokens_over_min):
+    # c >= e F / 2B (doubled when causal) is costs.ring_attention.min_overlap_block_size: the panel's yes/no
+    # must follow it on both sides, far enough from the boundary that its rounding up does not decide.
+    n, flops = 4, 1e11
+    for causal in (False, True):
+        half = 2 if causal else 1
+        tokens = 1024
+        link = flops * 2 * half / (2 * tokens / tokens_over_min)       # B such that half * e F / 2B = tokens / x
+        c = TrafficConfig(seq_len=tokens * n, world_size=n, device=CUSTOM, flops=flops, link=link, causal=causal,
+                          dtype="bfloat16")
+        r = traffic_model(c)
+        assert r.min_block == half * ra.min_overlap_block_size(flops, link, elem_size=2)
+        assert r.tokens_per_rank == tokens
+        assert r.hides == (tokens_over_min >= 1), (causal, tokens, r.min_block, r.step_compute_s, r.step_comm_s)
+
+
+def test_a_reveal_gives_the_guess_its_own_error_and_the_formula_its_own():
+    v = compare(8000, 6000, formula=5000)
+    assert v.relative_error == pytest.approx(2000 / 6000) and v.ratio == pytest.approx(8000 / 6000)
+    assert v.formula_relative_error == pytest.approx(-1000 / 6000)
+    assert "33.3% above" in v.summary
+
+
+def test_neighbouring_float_settings_get_their_own_pictures():
+    assert stable(1.2345) != stable(1.2346) and stable(3.0e-3) != stable(3.0001e-3)
+    assert stable(0.1 + 0.2) == stable(0.3)                        # 16th-digit noise is one setting
+
+
+def test_a_count_listing_fails_a_wrong_count():
+    right = [Count("bytes sent", r, 100, 100) for r in range(2)]
+    wrong = [Count("bytes sent", 0, 100, 100), Count("bytes sent", 1, 101, 100)]
+    assert "PASS bytes sent" in Report(name="x", world_size=2, exact=right).listing(counts=True)
+    listed = Report(name="x", world_size=2, exact=wrong).listing(counts=True)
+    assert "PASS" not in listed and "FAIL bytes sent: measured [100, 101], predicted [100, 100]" in listed
+
+
+def test_the_schedule_size_limit_counts_the_chunks():
+    p, m = 4, MAX_SLOTS // 4 // 4               # P * M is a quarter of the limit
+    assert check_size(p, m, chunks=4) == (p, m, 4)
+    with pytest.raises(ValueError, match="stages\\*microbatches\\*chunks must be at most"):
+        check_size(p, m, chunks=5)
+
+
+@dataclass(frozen=True)
+class Sized:
+    world_size: int
+
+
+def summed_rank(ctx: Context, spec: Sized) -> int:
+    import torch
+    t = torch.ones(1)
+    all_reduce(ctx, t)
+    return int(t.item())
+
+
+def test_an_experiment_of_jobs_runs_on_the_world_size_it_is_given():
+    def jobs(spec: Sized, launch) -> list[int]:
+        return launch(summed_rank, spec.world_size, spec)
+
+    def judge(spec: Sized, results: list[list[int]]) -> Verdict:
+        return Verdict(checks=[], exact=[Count("ranks summed", r, got, spec.world_size)
+                                         for r, got in enumerate(results[0])])
+
+    exp = Experiment(name="toy-jobs", title="toy: sum of ones", chapter="99", world_sizes=(1, 2, 3), spec=Sized,
+                     jobs=jobs, compare=judge)
+    for n in (1, 3):
+        report = exp.run(n)
+        assert report.world_size == n and report.passed and len(report.exact) == n, report.listing(counts=True)
