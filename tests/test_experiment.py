@@ -115,3 +115,25 @@ def test_an_experiment_runs_one_way_only(no_processes):
         pairs(ranks=None)
     with pytest.raises(ValueError, match=r"exactly one of ranks, local, jobs; got \['ranks', 'local'\]"):
         pairs(local=lambda spec: 0)
+
+
+def test_verify_from_the_command_line_builds_the_registry_and_each_spec_once(monkeypatch, one_thread, capsys):
+    from types import SimpleNamespace
+
+    from wmdist import catalog
+    from wmdist.cli import main
+    calls, built = [], []
+
+    def counted(n: int) -> Pairs:
+        calls.append(n)
+        return pairs_spec(n)
+
+    toy = pairs(spec=counted)
+    calls.clear()                                        # Experiment checked its declared size once, at definition
+    monkeypatch.setattr(registry_module, "registry", lambda: built.append(1) or {toy.name: toy})
+    monkeypatch.setattr(catalog, "DEMOS", [SimpleNamespace(name=toy.name)])
+    assert main(["verify", toy.name, "-n", "2"]) == 0
+    assert calls == [2] and built == [1]
+    assert "toy-pairs" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="not both"):
+        registry_module.verify([toy.name], prepared=registry_module.prepare([toy.name]))

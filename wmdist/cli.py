@@ -93,7 +93,7 @@ def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     unknown = [n for n in args.names if n not in {d.name for d in catalog.DEMOS}]
     if unknown:                        # answered before torch is imported
         parser.error(f"unknown demo(s): {', '.join(unknown)} (see `wmdist list`)")
-    from wmdist.demos import plan, verify
+    from wmdist.demos import prepare, verify
     from wmdist.report import format_table, to_json
 
     world = args.world_size
@@ -103,16 +103,16 @@ def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             parser.error(f"-n {world} disagrees with torchrun's WORLD_SIZE={env_world}")
         world = env_world
     try:
-        _, left_out = plan(args.names or None, world_size=world)    # every size checked before anything runs
+        prepared = prepare(args.names or None, world_size=world)    # every size checked, each spec built, once
     except ValueError as err:
         parser.error(f"-n {world}: {err}")
     printing = not under_torchrun() or int(os.environ["RANK"]) == 0
-    for why in left_out.values() if printing else ():
+    for why in prepared.left_out.values() if printing else ():
         print(f"left out: {why}", file=sys.stderr)
     quiet = under_torchrun() or not sys.stderr.isatty()
     # Every usage error was raised above, before any process started; from here a demo that
     # breaks is a FAIL row with its reason, and the other demos still run.
-    reports = verify(args.names or None, world_size=world, progress=None if quiet else _progress_line)
+    reports = verify(prepared=prepared, progress=None if quiet else _progress_line)
     failed = any(not r.passed for r in reports)
     if printing:
         try:
