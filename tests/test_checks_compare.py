@@ -110,7 +110,7 @@ def test_one_thread_sets_one_and_puts_the_setting_back_even_on_error():
 
 
 def test_a_report_that_broke_while_running_fails_and_says_why():
-    broke = Report("demo", 2, [Check("x", 0.0, 1.0, "r")], error="ValueError: tolerance must be finite, got nan")
+    broke = Report(name="demo", world_size=2, checks=[Check("x", 0.0, 1.0, "r")], error="ValueError: tolerance must be finite, got nan")
     assert not broke.passed
     assert broke.failures[0] == "broke while running: ValueError: tolerance must be finite, got nan"
     assert "FAIL broke while running" in str(broke) and "broke while running" in broke._repr_html_()

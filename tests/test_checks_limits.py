@@ -13,7 +13,7 @@ from wmdist.pipeline.measure import ALLOWANCE, SMALL_M, MeasuredBubble, off_by_o
 def _judged(stages, idle):
     """pp-bubble's verdict on fabricated measurements (no ranks): every timed step's idle fraction is idle(P, M)."""
     plans = measure.bubble_spec(stages)
-    fakes = [MeasuredBubble(s, w, ((),) * 3, (x,) * 3, (), x)
+    fakes = [MeasuredBubble(schedule=s, work=w, timelines=((),) * 3, idle=(x,) * 3, ideal=(), predicted=x)
              for s, w in plans.cases for x in [idle(s.stages, s.microbatches)]]
     return measure.bubble_verdict(plans, fakes)
 

@@ -89,8 +89,8 @@ def test_ring_attention_checks_are_tight_at_their_elementwise_bound(key):
         for r in range(n):
             rows = positions(spec.seq_len, n, r, layout=layout).tolist()
             grads = tuple(moved[g][:, :, rows] for g in ("dq", "dk", "dv"))
-            ranks.append({case_name("float32", causal=True, layout=layout): RankCase(rows, moved["out"][:, :, rows],
-                                                                                     grads, {}, None, None)})
+            ranks.append({case_name("float32", causal=True, layout=layout): RankCase(rows=rows, out=moved["out"][:, :, rows],
+                                                                                     grads=grads, sent={}, forward=None, backward=None)})
         assert 5 in ranks[1][case_name("float32", causal=True, layout=layout)].rows
         checks = {c.name.rsplit(": ", 1)[1]: c for c in _checks(spec, n, ranks, "float32", True, layout)}
         assert checks[f"{key} == SDPA"].passed is passes
@@ -129,7 +129,7 @@ def test_scan_affine_agreement_check_is_tight_for_each_case():
     loops = [sequential(c.A, c.b, c.h0) for c in cases]
     for times, passes in EDGES:
         moved = [loops[0], _moved(loops[1], (1, 12, 2), times * tolerance(cases[1], n))]   # case 1, last rank's step
-        outcomes = [ScanRank(tuple((RankOutcome(h[:, sum(sizes[:r]):sum(sizes[:r + 1])], 0, 0, 0, 0, 0),) * 2
+        outcomes = [ScanRank(tuple((RankOutcome(states=h[:, sum(sizes[:r]):sum(sizes[:r + 1])], composes=0, applies=0, bytes_sent=0, bytes_recv=0, messages=0),) * 2
                                    for h in moved)) for r in range(n)]
         checks = agreement_checks(cases, outcomes, n)
         assert [c.passed for c in checks] == [True, True, passes, True]      # hand-off == all-gather: both moved

@@ -82,7 +82,7 @@ def test_verify_json_is_a_list_of_report_dicts(capsys):
 
 
 def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
-    failing = Report("broken", 2, [Check("deliberately wrong", 1.0, 0.0, "test")])
+    failing = Report(name="broken", world_size=2, checks=[Check("deliberately wrong", 1.0, 0.0, "test")])
     monkeypatch.setattr("wmdist.demos.verify", lambda names=None, *, world_size=None, progress=None, prepared=None: [failing])
     assert main(["verify"]) == 1
     out = capsys.readouterr().out

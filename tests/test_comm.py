@@ -97,12 +97,12 @@ def test_all_gather_rejects_a_wrong_chunk():
 def test_ledger_totals_by_phase_and_pickling_drops_callback():
     import pickle
     seen = []
-    led = Ledger(0, on_enter=seen.append)
+    led = Ledger(rank=0, on_enter=seen.append)
     led.enter("x")
-    led.add(Record("send", "a", "p2p", 10, 0, 1, 1))
+    led.add(Record(op="send", phase="a", kind="p2p", bytes_sent=10, bytes_recv=0, messages=1, peer=1))
     led.leave()
-    led.add(Record("recv", "b", "p2p", 0, 6, 0, 1))
-    led.add(Record("all_reduce", "a", "collective", 4, 4, 1))
+    led.add(Record(op="recv", phase="b", kind="p2p", bytes_sent=0, bytes_recv=6, messages=0, peer=1))
+    led.add(Record(op="all_reduce", phase="a", kind="collective", bytes_sent=4, bytes_recv=4, messages=1))
     assert led.totals() == {"bytes_sent": 10, "bytes_recv": 6, "messages": 1, "rounds": 2}
     assert led.by_phase() == {"a": {"bytes_sent": 10, "bytes_recv": 0, "messages": 1, "rounds": 1},
                               "b": {"bytes_sent": 0, "bytes_recv": 6, "messages": 0, "rounds": 1}}

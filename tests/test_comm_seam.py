@@ -14,7 +14,7 @@ from wmdist.runtime import RankFailure, run
 # --- the seam, without processes --------------------------------------------------------
 
 def test_counted_records_after_the_body_and_names_an_op_that_raises():
-    ctx = Context(0, 1, Ledger(0))
+    ctx = Context(rank=0, world_size=1, ledger=Ledger(rank=0))
     with counted(ctx, "send", "warm-up", sent=12, kind="p2p", peer=1):
         assert ctx.ledger.in_progress and "send 12 B to rank 1 [phase 'warm-up']" in ctx.ledger.last_entered
     (rec,) = ctx.ledger.records
@@ -32,7 +32,7 @@ def test_counted_records_after_the_body_and_names_an_op_that_raises():
 
 
 def test_ledger_select_by_phase_prefix():
-    ctx = Context(0, 1, Ledger(0))
+    ctx = Context(rank=0, world_size=1, ledger=Ledger(rank=0))
     for phase, n in (("step 0/grads", 4), ("step 1/grads", 8), ("other", 1)):
         with counted(ctx, "exchange", phase, sent=n, kind="p2p"):
             pass

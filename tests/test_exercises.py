@@ -130,8 +130,10 @@ def _wrong_answers():
             order += [f"F{warmup + m}", f"B{m}"]
         return order + [f"B{m}" for m in range(microbatches - warmup, microbatches)]
 
-    def plain_average(ctx, out_a, lse_a, out_b, lse_b):     # ignores how much of the softmax each block holds
-        return (out_a + out_b) / 2
+    def plain_average(ctx, out, lse):                       # swaps, but ignores how much of the softmax each holds
+        from wmdist.comm import exchange
+        other = 1 - ctx.rank
+        return (out + exchange(ctx, out, other, torch.empty_like(out), other)) / 2
 
     def forwards_its_input(ctx, microbatches, weight):         # passes x on instead of its own output y
         from wmdist.comm import recv, send
@@ -195,3 +197,10 @@ def test_solution_prints_the_reference_source(capsys):
     source = solution(RING_PASS)
     assert source.startswith("def ring_pass_solution(ctx") and "exchange(" in source
     assert capsys.readouterr().out.strip() == source.strip()
+
+
+def test_the_merge_exercise_needs_the_other_rank():
+    """A merge of this rank's block alone is wrong: the exercise cannot be passed without communicating."""
+    from wmdist.ring_attention.exercises import ONLINE_SOFTMAX_MERGE
+    verdict = check(ONLINE_SOFTMAX_MERGE, lambda ctx, out, lse: out)
+    assert not verdict.passed and verdict.status == "wrong"

@@ -41,7 +41,7 @@ def pairs_compare(spec: Pairs, results: list[Got]) -> Verdict:
     want = [r * spec.scale for r in range(spec.world_size)]
     return Verdict(checks=[Check("value == rank * scale", max(abs(g.value - w) for g, w in zip(results, want)), 0.0,
                                  "one multiplication, exact")],
-                   exact=[Count("world size seen", g.rank, g.world_size, spec.world_size) for g in results],
+                   exact=[Count(quantity="world size seen", rank=g.rank, measured=g.world_size, predicted=spec.world_size) for g in results],
                    params={"scale": spec.scale}, data=tuple(g.value for g in results))
 
 

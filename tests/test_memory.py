@@ -229,7 +229,7 @@ def test_panel_measure_button_with_fake_report(monkeypatch):
 
     def fake(world_size, stage):
         calls.append((world_size, stage))
-        return Report("zero-memory", world_size, exact=[Count("held bytes", r, 10 + r, 10, case="parameters")
+        return Report(name="zero-memory", world_size=world_size, exact=[Count(quantity="held bytes", rank=r, measured=10 + r, predicted=10, case="parameters")
                                                         for r in range(world_size)], params={"params": 2105})
     monkeypatch.setattr(zero_demos, "zero_memory_report", fake)
     panel = MemoryPanel()

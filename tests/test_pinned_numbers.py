@@ -82,8 +82,8 @@ def test_neighbouring_float_settings_get_their_own_pictures():
 
 
 def test_a_count_listing_fails_a_wrong_count():
-    right = [Count("bytes sent", r, 100, 100) for r in range(2)]
-    wrong = [Count("bytes sent", 0, 100, 100), Count("bytes sent", 1, 101, 100)]
+    right = [Count(quantity="bytes sent", rank=r, measured=100, predicted=100) for r in range(2)]
+    wrong = [Count(quantity="bytes sent", rank=0, measured=100, predicted=100), Count(quantity="bytes sent", rank=1, measured=101, predicted=100)]
     assert "PASS bytes sent" in Report(name="x", world_size=2, exact=right).listing(counts=True)
     listed = Report(name="x", world_size=2, exact=wrong).listing(counts=True)
     assert "PASS" not in listed and "FAIL bytes sent: measured [100, 101], predicted [100, 100]" in listed
@@ -113,7 +113,7 @@ def test_an_experiment_of_jobs_runs_on_the_world_size_it_is_given():
         return launch(summed_rank, spec.world_size, spec)
 
     def judge(spec: Sized, results: list[list[int]]) -> Verdict:
-        return Verdict(checks=[], exact=[Count("ranks summed", r, got, spec.world_size)
+        return Verdict(checks=[], exact=[Count(quantity="ranks summed", rank=r, measured=got, predicted=spec.world_size)
                                          for r, got in enumerate(results[0])])
 
     exp = Experiment(name="toy-jobs", title="toy: sum of ones", chapter="99", world_sizes=(1, 2, 3), spec=Sized,

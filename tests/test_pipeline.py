@@ -117,7 +117,7 @@ def test_any_schedule_runs_even_when_ranks_disagree_on_backward_order():
     # needs 2 first. Receives are posted in the sender's order, so each gradient still lands in its own buffer.
     order0 = [Action(FORWARD, m, 0) for m in range(3)] + [Action(BACKWARD, m, 0) for m in (2, 1, 0)]
     order1 = [Action(k, m, 1) for m in range(3) for k in (FORWARD, BACKWARD)]
-    schedule = Schedule("custom", 2, 3, 1, (tuple(order0), tuple(order1)))
+    schedule = Schedule(name="custom", stages=2, microbatches=3, chunks=1, ranks=(tuple(order0), tuple(order1)))
     simulate(schedule)                                               # it can finish
     work = plan.PipeWork(batch_size=6)
     runs = run_pipeline(2, schedule, work)

@@ -145,10 +145,10 @@ def test_an_order_that_cannot_finish_is_named():
     swapped = (good.ranks[0][:1] + (Action(BACKWARD, 0, 0), Action(FORWARD, 1, 0), Action(BACKWARD, 1, 0)),
                (Action(FORWARD, 1, 1), Action(BACKWARD, 1, 1), Action(FORWARD, 0, 1), Action(BACKWARD, 0, 1)))
     with pytest.raises(ScheduleDeadlock, match=r"rank 0 waits at s0B0 .* for s1B0.*rank 1 waits at s1F1 .* for s0F1"):
-        simulate(Schedule("broken", 2, 2, 1, swapped))
+        simulate(Schedule(name="broken", stages=2, microbatches=2, chunks=1, ranks=swapped))
     backward_first = ((Action(BACKWARD, 0, 0), Action(FORWARD, 0, 0)),)
     with pytest.raises(ScheduleDeadlock, match=r"rank 0 waits at s0B0 \(action 0 .* for s0F0"):
-        simulate(Schedule("self", 1, 1, 1, backward_first))
+        simulate(Schedule(name="self", stages=1, microbatches=1, chunks=1, ranks=backward_first))
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
@@ -230,11 +230,11 @@ def test_gantt_text_and_spans():
     (lambda: parse_token("F3"), "names no stage"),
     (lambda: Action("W", 0, 0), "kind must be one of"),
     (lambda: Action("F", -1, 0), "microbatch must be an integer >= 0"),
-    (lambda: Schedule("x", 1, 1, 1, ((Action("F", 0, 0),),)), r"lacks s0B0"),
-    (lambda: Schedule("x", 1, 1, 1, ((Action("F", 0, 0), Action("B", 0, 0), Action("B", 0, 0)),)), "2 times"),
-    (lambda: Schedule("x", 2, 1, 1, ((Action("F", 0, 1),), ())), r"ranks\[0\]\[0\] = s1F0"),
-    (lambda: Schedule("x", 2, 1, 1, ((),)), "one action list per rank"),
-    (lambda: Schedule("", 1, 1, 1, ((),)), "name must be a non-empty string"),
+    (lambda: Schedule(name="x", stages=1, microbatches=1, chunks=1, ranks=((Action("F", 0, 0),),)), r"lacks s0B0"),
+    (lambda: Schedule(name="x", stages=1, microbatches=1, chunks=1, ranks=((Action("F", 0, 0), Action("B", 0, 0), Action("B", 0, 0)),)), "2 times"),
+    (lambda: Schedule(name="x", stages=2, microbatches=1, chunks=1, ranks=((Action("F", 0, 1),), ())), r"ranks\[0\]\[0\] = s1F0"),
+    (lambda: Schedule(name="x", stages=2, microbatches=1, chunks=1, ranks=((),)), "one action list per rank"),
+    (lambda: Schedule(name="", stages=1, microbatches=1, chunks=1, ranks=((),)), "name must be a non-empty string"),
     (lambda: from_json({"schedule": "gpipe"}), "lacks"),
     (lambda: simulate(gpipe(2, 2), forward=0), r"forward\[0\] must be > 0"),
     (lambda: simulate(gpipe(2, 2), backward=[1, 2, 3]), "backward must be a number or one number per virtual"),
@@ -255,7 +255,7 @@ def test_bad_inputs_name_the_argument(call, message):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: parse_token(3), "token must be a string"),
-    (lambda: Schedule("x", 1, 1, 1, (("F0", "B0"),)), r"ranks\[0\]\[0\] must be an Action"),
+    (lambda: Schedule(name="x", stages=1, microbatches=1, chunks=1, ranks=(("F0", "B0"),)), r"ranks\[0\]\[0\] must be an Action"),
     (lambda: from_json([["F0", "B0"]]), "data must be a dict"),
     (lambda: from_json({"schedule": "x", "stages": 1, "microbatches": 1, "chunks": 1, "ranks": "F0 B0"}),
      "ranks must be a list of token lists"),

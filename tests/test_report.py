@@ -14,7 +14,7 @@ def _report() -> Report:
     exact += counts_per_rank("held bytes", [4, 4], [4, 4], case="parameters")
     checks = [Check("sum == reference", 1e-7, 1e-6, "reordered float32 sum"),
               Check("naive mean is wrong", 0.2, 1e-3, "1000x rounding", must_differ=True)]
-    return Report("demo", 2, checks, exact, 0.5, {"numel": 11})
+    return Report(name="demo", world_size=2, checks=checks, exact=exact, seconds=0.5, params={"numel": 11})
 
 
 def test_counts_are_looked_up_by_key_in_rank_order():
@@ -46,10 +46,10 @@ def test_text_html_and_json_views():
     # one table per reason (two here) and one of exact counts; each reason is said once, above its rows
     assert html.count("<table>") == 3 and "naive mean is wrong" in html and "held bytes [case parameters]" in html
     assert html.count("reordered float32 sum") == 1 and html.count("1000x rounding") == 1
-    many = Report("many", 2, checks=[Check(f"rank {i}", 0.1, 1.0, "same reason") for i in range(12)])
+    many = Report(name="many", world_size=2, checks=[Check(f"rank {i}", 0.1, 1.0, "same reason") for i in range(12)])
     folded = many._repr_html_()
     assert folded.count("same reason") == 1 and "<details>" in folded and "all ok</b>, 12 check(s)" in folded
-    assert "<details open>" in Report("bad", 2, checks=[*many.checks, Check("x", 2.0, 1.0, "same reason")])._repr_html_()
+    assert "<details open>" in Report(name="bad", world_size=2, checks=[*many.checks, Check("x", 2.0, 1.0, "same reason")])._repr_html_()
     d = json.loads(to_json([r]))[0]
     assert d["passed"] is False and d["exact"][0] == {"quantity": "bytes sent", "rank": 0, "measured": 10,
                                                       "predicted": 10, "phase": None, "step": 0, "case": None}
@@ -58,8 +58,8 @@ def test_text_html_and_json_views():
 
 
 def test_count_label_names_its_keys():
-    assert Count("bytes sent", 0, 1, 1, phase="ring", step=2).label == "bytes sent [phase ring, step 2]"
-    assert Count("rounds", 0, 1, 1).label == "rounds"
+    assert Count(quantity="bytes sent", rank=0, measured=1, predicted=1, phase="ring", step=2).label == "bytes sent [phase ring, step 2]"
+    assert Count(quantity="rounds", rank=0, measured=1, predicted=1).label == "rounds"
 
 
 def test_the_listing_says_how_each_check_passed_without_its_machine_dependent_numbers():
@@ -68,7 +68,7 @@ def test_the_listing_says_how_each_check_passed_without_its_machine_dependent_nu
               Check("close", 3.1e-7, 1e-6, "rounding"), Check("pitfall", 0.5, 1e-3, "r", must_differ=True),
               fact_check("pointer moved", holds=True, reason="rename"),
               Check("worst", 2e-7, 1e-6, "r", detail="w on 1")]
-    report = Report("demo", 2, checks, [Count("bytes", 0, 8, 8), Count("bytes", 1, 8, 8)])
+    report = Report(name="demo", world_size=2, checks=checks, exact=[Count(quantity="bytes", rank=0, measured=8, predicted=8), Count(quantity="bytes", rank=1, measured=8, predicted=8)])
     assert report.listing(counts=True).splitlines() == [
         "PASS exact: bit for bit", "PASS lucky zero: within its tolerance", "PASS close: within its tolerance",
         "PASS pitfall: differs by at least 0.001", "PASS pointer moved: holds", "PASS worst: within its tolerance",
@@ -78,11 +78,11 @@ def test_the_listing_says_how_each_check_passed_without_its_machine_dependent_nu
 
 
 def test_failing_lines_keep_their_numbers_and_a_fact_that_does_not_hold_fails():
-    wrong = Report("demo", 2, [Check("close", 2e-6, 1e-6, "rounding"), Check("nan", float("nan"), 1e-6, "rounding"),
-                               fact_check("pointer moved", holds=False, reason="rename")], [Count("bytes", 0, 9, 8)])
+    wrong = Report(name="demo", world_size=2, checks=[Check("close", 2e-6, 1e-6, "rounding"), Check("nan", float("nan"), 1e-6, "rounding"),
+                               fact_check("pointer moved", holds=False, reason="rename")], exact=[Count(quantity="bytes", rank=0, measured=9, predicted=8)])
     lines = wrong.listing(counts=True).splitlines()
     assert lines[0] == "FAIL close: max abs error 2e-06 > 1e-06 (rounding)"
     assert lines[1].startswith("FAIL nan: not finite")
     assert lines[2] == "FAIL pointer moved: does NOT hold (rename)" and not wrong.passed
     assert lines[3] == "FAIL bytes: measured [9], predicted [8]"
-    assert Report("demo", 2, error="boom").listing() == "FAIL demo broke while running: boom"
+    assert Report(name="demo", world_size=2, error="boom").listing() == "FAIL demo broke while running: boom"

@@ -73,7 +73,7 @@ def _synthetic(alpha, beta, noise=0.0, seed=0, g=0.0, cores=8):
     for n in (2, 4, 8):
         for size in (256 * 1024, 1 << 20, 4 << 20, 16 << 20):
             t = contention(n, cores, g) * costs.allreduce_time(n, alpha, beta, size)
-            out.append(Measurement(n, size, t * (1 + noise * rng.standard_normal())))
+            out.append(Measurement(world_size=n, payload_bytes=size, seconds=t * (1 + noise * rng.standard_normal())))
     return out
 
 
@@ -120,9 +120,9 @@ def test_fit_never_returns_a_negative_time_per_round():
 
 def test_fit_needs_points_that_separate_alpha_from_beta():
     with pytest.raises(ValueError, match="separate"):
-        fit_alpha_beta([Measurement(4, 1 << 20, 0.01)])
+        fit_alpha_beta([Measurement(world_size=4, payload_bytes=1 << 20, seconds=0.01)])
     with pytest.raises(ValueError, match="world_size"):
-        fit_alpha_beta([Measurement(1, 1 << 20, 0.01), Measurement(2, 1 << 20, 0.01)])
+        fit_alpha_beta([Measurement(world_size=1, payload_bytes=1 << 20, seconds=0.01), Measurement(world_size=2, payload_bytes=1 << 20, seconds=0.01)])
 
 
 # --- a fit the noise defeats: fabricated timings of a busy machine ------------------------
@@ -130,14 +130,14 @@ def test_fit_needs_points_that_separate_alpha_from_beta():
 def _chapter01(alpha, beta, noise, seed):
     """Times shaped like chapter 01's measurement: N = 2, 3 and 64 KiB to 1 MiB, `noise` relative scatter."""
     rng = np.random.default_rng(seed)
-    return [Measurement(n, size, costs.allreduce_time(n, alpha, beta, size) * (1 + noise * rng.standard_normal()))
+    return [Measurement(world_size=n, payload_bytes=size, seconds=costs.allreduce_time(n, alpha, beta, size) * (1 + noise * rng.standard_normal()))
             for n in (2, 3) for size in (64 * 1024, 256 * 1024, 1 << 20)]
 
 
 def _no_byte_term():
     """Chapter 01's points on a busy machine: the larger messages happened to take less time (a scatter of
     +-10 % around 2(N-1)a with a = 500 us), so least squares would give b < 0 and fixes it at 0."""
-    data = [Measurement(n, size, 2 * (n - 1) * 5e-4 * wobble)
+    data = [Measurement(world_size=n, payload_bytes=size, seconds=2 * (n - 1) * 5e-4 * wobble)
             for n in (2, 3) for size, wobble in ((64 * 1024, 1.1), (256 * 1024, 1.0), (1 << 20, 0.9))]
     assert fit_alpha_beta(data, cores=2).beta == 0.0        # the case seen under load: b fitted at exactly 0
     return data

@@ -28,6 +28,7 @@ POSITIONAL_DATA = {
     ("cli.py", "main", "argv"),            # main(["verify", "-n", "2"]): the command line, as every CLI takes it
     ("demos.py", "verify", "names"),       # verify(["ring-allreduce"], world_size=4): which demos
     ("demos.py", "plan", "names"),
+    ("demos.py", "prepare", "names"),
     ("bench.py", "tree_pss_mb", "pid"),    # tree_pss_mb(pid): whose memory (default: this process)
     ("report.py", "exact_check", "reason"),  # exact_check(name, got, expected, reason): like close_check's, the
 }                                          # check's own statement (it has a default only for "same ops, same order")

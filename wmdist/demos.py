@@ -100,7 +100,7 @@ def _run_one(demo: Experiment, spec: Any) -> Report:
     try:
         return demo.run_spec(spec)
     except Exception as err:     # a demo's failure is a row of the table, not the end of verify
-        return Report(demo.name, spec.world_size, seconds=time.perf_counter() - start,
+        return Report(name=demo.name, world_size=spec.world_size, seconds=time.perf_counter() - start,
                       error=f"{type(err).__name__}: {err}")
 
 

@@ -23,7 +23,7 @@ from wmdist.runtime import RankFailure, run
 NOT_ATTEMPTED = "not attempted yet"
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Exercise:
     """What the reader must write, and how to judge it.
 

@@ -142,8 +142,8 @@ class Experiment(Generic[S, R]):
         seconds = time.perf_counter() - start
         say(1, 2, f"{self.name}: against the reference and the formulas")
         verdict = self.compare(spec, results)
-        report = Report(self.name, n, list(verdict.checks), list(verdict.exact), seconds, dict(verdict.params),
-                        verdict.data)
+        report = Report(name=self.name, world_size=n, checks=list(verdict.checks), exact=list(verdict.exact), seconds=seconds, params=dict(verdict.params),
+                        data=verdict.data)
         say(2, 2, f"{self.name}: {'PASS' if report.passed else 'FAIL'}, ranks {seconds:.2f} s")
         return report
 

@@ -84,7 +84,7 @@ class Check:
     __str__ = describe
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Count:
     """An exact integer one rank produced (bytes sent, rounds, bytes held), and the formula's; they must be equal.
 
@@ -117,11 +117,11 @@ KEYS = ("quantity", "rank", "phase", "step", "case")
 
 def counts_per_rank(quantity: str, measured: Sequence[int], predicted: Sequence[int], **keys: Any) -> list[Count]:
     """One Count per rank (rank = position) for a quantity; `keys` are phase/step/case."""
-    return [Count(quantity, r, int(m), int(p), **keys)
+    return [Count(quantity=quantity, rank=r, measured=int(m), predicted=int(p), **keys)
             for r, (m, p) in enumerate(zip(measured, predicted, strict=True))]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Report:
     """The outcome of one demo at one world size.
 

@@ -33,7 +33,7 @@ class ProcessResources(Protocol):
         ...
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Context:
     """What a rank function receives: who it is and how to talk.
 

@@ -25,7 +25,7 @@ Kind = Literal["p2p", "collective"]      # a record is a point-to-point message 
 KINDS: tuple[str, ...] = get_args(Kind)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Record:
     """One communication step as this rank saw it.
 
@@ -43,7 +43,7 @@ class Record:
     peer: int | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Ledger:
     """Everything one rank communicated during one call, in order."""
     rank: int
@@ -131,5 +131,5 @@ def counted(ctx: Context, op: str, phase: str, *, sent: int = 0, recv: int = 0, 
     ledger = ctx.ledger
     ledger.enter(_describe(op, phase, sent, recv, peer, src))
     yield
-    ledger.add(Record(op, phase, kind, sent, recv, (1 if sent else 0) if messages is None else messages, peer))
+    ledger.add(Record(op=op, phase=phase, kind=kind, bytes_sent=sent, bytes_recv=recv, messages=(1 if sent else 0) if messages is None else messages, peer=peer))
     ledger.leave()

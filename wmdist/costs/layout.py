@@ -21,7 +21,7 @@ COORD_AXES = ("dp", "cp", "tp", "pp")
 DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Mesh:
     """Degrees of data, tensor, pipeline and context parallelism; world_size is their product."""
     dp: int = 1

@@ -80,7 +80,7 @@ def _launch(ctx: Context, k: int, params: list[torch.Tensor], bucket: list[int],
     return entry
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BucketRank:
     """One rank's bucketed backward: its gradients three ways, the bucket layout, the timed pass, its ledger."""
     bucketed: torch.Tensor                   # (P,) averaged bucket by bucket during backward
@@ -143,7 +143,7 @@ def bucketed_backward(ctx: Context, spec: BucketSpec, *, warmup: int = 1) -> Buc
             pos += params[i].numel()
     flat = all_reduce(ctx, local.clone(), phase="no buckets") / ctx.world_size
     records = ctx.ledger.select(phase="bucket ", kind="collective", prefix=True)
-    return BucketRank(bucketed, local, flat, buckets, spans, len(records), sum(r.bytes_sent for r in records))
+    return BucketRank(bucketed=bucketed, local=local, flat=flat, buckets=buckets, spans=spans, bucket_rounds=len(records), bucket_bytes=sum(r.bytes_sent for r in records))
 
 
 @dataclass(frozen=True, kw_only=True)

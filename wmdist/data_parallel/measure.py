@@ -65,7 +65,7 @@ def measure_allreduce(*, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
             progress(i, len(plan), f"N={n}, {size / MIB:g} MiB")
         per_rank = run(time_ring_allreduce, n, size // 4, repeats)
         samples = tuple(max(r[0][k] for r in per_rank) for k in range(repeats))   # slowest rank per repeat
-        out.append(Measurement(n, size, statistics.median(samples), samples, tuple(r[1] for r in per_rank)))
+        out.append(Measurement(world_size=n, payload_bytes=size, seconds=statistics.median(samples), samples=samples, bytes_sent=tuple(r[1] for r in per_rank)))
     if progress is not None:
         progress(len(plan), len(plan), f"measured {len(plan)} points")
     return out

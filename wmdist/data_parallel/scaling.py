@@ -63,7 +63,7 @@ class ScalingParams:
         require_positive("compute_seconds", self.compute_seconds)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ScalingCurve:
     """The model evaluated at N = 1..N_max; every tuple has one entry per N."""
     params: ScalingParams
@@ -105,12 +105,12 @@ def scaling_curve(params: ScalingParams) -> ScalingCurve:
     total = tuple(c + t for c, t in zip(compute, allreduce))
     speed = tuple(costs.speedup(total[0], t) for t in total)
     eff = tuple(costs.efficiency(total[0], t, n) for t, n in zip(total, ns))
-    return ScalingCurve(p, ns, latency, bandwidth, allreduce, compute, total, speed, eff)
+    return ScalingCurve(params=p, workers=ns, latency=latency, bandwidth=bandwidth, allreduce=allreduce, compute=compute, total=total, speedup=speed, efficiency=eff)
 
 
 # --- the fit ------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Measurement:
     """Median wall time of a ring all-reduce of `payload_bytes` on `world_size` ranks.
 

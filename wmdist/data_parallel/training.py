@@ -144,7 +144,7 @@ def _skew_momentum(model: nn.Module, opt: torch.optim.Optimizer, rank: int) -> N
         opt.state[p]["momentum_buffer"] = 0.01 * torch.randn(p.shape, generator=g)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class DPRun:
     """What one rank of a data-parallel run ends with."""
     local_grad0: torch.Tensor            # (P,) its own shard's step-0 gradient, before the all-reduce
@@ -178,7 +178,7 @@ def dp_train(ctx: Context, spec: TrainSpec) -> DPRun:
             local0, grad0 = local, synced
     norm = model.encoder.norm
     running_mean = norm.running_mean.clone() if isinstance(norm, nn.BatchNorm1d) else None
-    return DPRun(local0, grad0, flat_params(model), running_mean, tuple(sent))
+    return DPRun(local_grad0=local0, grad0=grad0, params=flat_params(model), running_mean=running_mean, bytes_per_step=tuple(sent))
 
 
 @dataclass(frozen=True, kw_only=True)

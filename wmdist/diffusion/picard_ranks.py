@@ -161,7 +161,7 @@ def compare_picard(spec: PicardSpec, results: list[PicardRank]) -> Verdict:
                                  [total] * n)
         exact += counts_per_rank("rounds", [o.result.rounds for o in outs],
                                  [dcost.picard_rounds(k_total, iterations)] * n)
-    data = PicardRun(result, k_total, n, level, first)
+    data = PicardRun(result=result, steps=k_total, world_size=n, rounding_level=level, first_at_rounding=first)
     params = {"steps": k_total, "batch": spec.sampling.batch, "iterations": iterations, "window": window, "tol": tol,
               "sequential_evaluations": dcost.sequential_evaluations(k_total)}
     return Verdict(checks=checks, exact=exact, params=params, data=data)

@@ -11,7 +11,7 @@ from wmdist.diffusion.sampler import PicardResult
 from wmdist.spans import Span
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class PicardRun:
     """One Picard run on N ranks, next to the sequential sampler's K evaluations in K slots."""
     result: PicardResult                 # rank 0's (every rank holds the same trajectory, bitwise)
@@ -26,7 +26,7 @@ class PicardRun:
         return dcost.picard_critical_path(self.result.evaluations, self.world_size)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class StepTimelines:
     """Per case (keys of CASES): every rank's spans from time 0, and what they add up to."""
     timelines: dict[str, list[Span]]

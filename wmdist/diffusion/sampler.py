@@ -75,7 +75,7 @@ def sample(model: Velocity, x_T: torch.Tensor, steps: int, *, trajectory: bool =
     return torch.stack(states) if trajectory else states[-1]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class PicardResult:
     """What Picard iteration produced and what it cost, one list entry per iteration (round)."""
     trajectory: torch.Tensor     # (K+1, B, S, C): the last iterate, state 0 (noise) to state K (sample)
@@ -176,7 +176,7 @@ def picard_sample(model: Velocity, x_T: torch.Tensor, steps: int, iterations: in
             trajectory = torch.stack(states)                                  # (K+1, B, S, C)
             errors.append(float((trajectory - reference).abs().max()))
             sample_errors.append(float((trajectory[-1] - reference[-1]).abs().max()))
-    return PicardResult(trajectory, errors, sample_errors, evaluations, settled)
+    return PicardResult(trajectory=trajectory, errors=errors, sample_errors=sample_errors, evaluations=evaluations, settled=settled)
 
 
 def _change(new: torch.Tensor, old: torch.Tensor) -> float:

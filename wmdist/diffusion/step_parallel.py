@@ -52,7 +52,7 @@ def _evaluate(model: Denoiser, x: torch.Tensor, t: float, eval_seconds: float) -
     return v
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class CaseRank:
     """One rank in one case: its finished samples (None where it owns no last step), spans, what it sent."""
     samples: torch.Tensor | None      # (m, S, C)
@@ -65,8 +65,8 @@ class CaseRank:
 
 def _case_rank(ctx: Context, samples: torch.Tensor | None, spans: list[Span], phase: str | None) -> CaseRank:
     p2p = ctx.ledger.totals(phase=phase)
-    return CaseRank(samples, tuple(spans), p2p["bytes_sent"], p2p["bytes_recv"], p2p["messages"],
-                    len(ctx.ledger.select(kind="collective")))
+    return CaseRank(samples=samples, spans=tuple(spans), bytes_sent=p2p["bytes_sent"], bytes_recv=p2p["bytes_recv"], messages=p2p["messages"],
+                    collectives=len(ctx.ledger.select(kind="collective")))
 
 
 def steps_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval_seconds: float) -> CaseRank:
@@ -210,7 +210,7 @@ def compare_steps(spec: StepsSpec, results: list[StepRanks]) -> Verdict:
     for case, out in outs.items():
         exact += counts_per_rank("collective calls", [o.collectives for o in out], [0] * n, case=case)
     exact += counts_per_rank("bytes sent", [o.bytes_sent for o in outs[CASES[2]]], [0] * n, case=CASES[2])
-    data = StepTimelines(timelines, elapsed, concurrency, ideal, overlap)
+    data = StepTimelines(timelines=timelines, elapsed=elapsed, concurrency=concurrency, ideal=ideal, cross_rank_overlap=overlap)
     params = {"steps": sampling.steps, "samples": n, "eval_seconds": d, "state_bytes": state,
               "handoffs_per_sample": dcost.step_handoffs(sampling.steps, n)}
     return Verdict(checks=checks, exact=exact, params=params, data=data)

@@ -59,7 +59,7 @@ def gather_tokens(ctx: Context, y: torch.Tensor, dim: int, bounds: list[tuple[in
     return every.view(bounds[-1][1], *front.shape[1:]).movedim(0, dim).contiguous()
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ShardRun:
     """One rank's token shard through one run: states (K+1, B, s, C), velocities (K, B, s, C), ledger per step."""
     states: torch.Tensor
@@ -102,8 +102,8 @@ def token_sharded_sampling(ctx: Context, spec: SamplingSpec, noise: torch.Tensor
         states.append(x)
         velocities.append(v)
     per_step = [ctx.ledger.totals(phase=f"step {k}") for k in range(spec.steps)]
-    return ShardRun(torch.stack(states), torch.stack(velocities), tuple(t["bytes_sent"] for t in per_step),
-                    tuple(t["bytes_recv"] for t in per_step), tuple(t["rounds"] for t in per_step))
+    return ShardRun(states=torch.stack(states), velocities=torch.stack(velocities), sent=tuple(t["bytes_sent"] for t in per_step),
+                    recv=tuple(t["bytes_recv"] for t in per_step), rounds=tuple(t["rounds"] for t in per_step))
 
 
 def gathers_per_run(gather: Gather, steps: int) -> int:

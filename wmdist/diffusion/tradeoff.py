@@ -26,7 +26,7 @@ from wmdist.diffusion.sampler import picard_sample
 from wmdist.diffusion.spec import SamplingSpec, one_thread, reference_trajectory
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class TradeoffRow:
     """One way of sampling with N ranks: how much work, how many slots, how far from the sequential sample."""
     method: str            # "sequential", "exact Picard" or "window N, tol"
@@ -47,13 +47,13 @@ def tradeoff(spec: SamplingSpec, world_sizes: list[int], *, tol: float = 1e-4,
     x_T = spec.noise() if noise is None else noise
     ref = reference_trajectory(spec, x_T)
     exact_evals = dcost.picard_evaluations(k_total, k_total)
-    rows = [TradeoffRow("sequential", 1, k_total, k_total, k_total, 0.0)]
+    rows = [TradeoffRow(method="sequential", world_size=1, rounds=k_total, evaluations=k_total, slots=k_total, sample_error=0.0)]
     model = Denoiser(spec.model)
     for n in sizes:
-        rows.append(TradeoffRow("exact Picard", n, k_total, sum(exact_evals),
-                                dcost.picard_critical_path(exact_evals, n), 0.0))
+        rows.append(TradeoffRow(method="exact Picard", world_size=n, rounds=k_total, evaluations=sum(exact_evals),
+                                slots=dcost.picard_critical_path(exact_evals, n), sample_error=0.0))
         with one_thread():
             fast = picard_sample(model, x_T, k_total, k_total, window=n, tol=tol, reference=ref)
-        rows.append(TradeoffRow(f"window N, tol {tol:g}", n, fast.rounds, fast.total_evaluations,
-                                dcost.picard_critical_path(fast.evaluations, n), fast.sample_errors[-1]))
+        rows.append(TradeoffRow(method=f"window N, tol {tol:g}", world_size=n, rounds=fast.rounds, evaluations=fast.total_evaluations,
+                                slots=dcost.picard_critical_path(fast.evaluations, n), sample_error=fast.sample_errors[-1]))
     return rows

@@ -156,11 +156,11 @@ def compare_balance(spec: BalanceSpec, results: list[BalanceRanks]) -> Verdict:
         for step, want in enumerate(ref.counts):
             loads = ecosts.rank_loads(list(want), n)
             for e, c in enumerate(want):
-                exact.append(Count("tokens at this expert", 0, runs[0].counts[step][e], c, step=step,
+                exact.append(Count(quantity="tokens at this expert", rank=0, measured=runs[0].counts[step][e], predicted=c, step=step,
                                    case=f"{case}, expert {e}"))
             exact += counts_per_rank("rows at this rank's experts", [r.rows[step] for r in runs], loads, step=step,
                                      case=case)
-            exact.append(Count("busiest rank's rows", 0, max(r.rows[step] for r in runs), max(loads), step=step,
+            exact.append(Count(quantity="busiest rank's rows", rank=0, measured=max(r.rows[step] for r in runs), predicted=max(loads), step=step,
                                case=case))
             got = sum(r.aux[step] for r in runs)
             checks.append(Check(f"{case}, step {step}: balancing loss == one process", abs(got - ref.aux[step]),

@@ -181,8 +181,8 @@ def compare_seeds(spec: SeedsSpec, results: list[SeedRuns]) -> Verdict:
         per_rank = [_moments(r.mine) for r in res]
         single, single_rse = sum(v for v, _ in per_rank) / world_size, per_rank[0][1]
         avg, avg_rse = _moments(res[0].average)
-        stats[mode] = SeedStats(mode, corr, corr * single, single, avg, avg * world_size / single,
-                                math.hypot(single_rse, avg_rse))
+        stats[mode] = SeedStats(mode=mode, corr_rank0_rank1=corr, cov_rank0_rank1=corr * single, var_one_rank=single, var_average=avg, var_ratio=avg * world_size / single,
+                                rse=math.hypot(single_rse, avg_rse))
     s, i, t = stats["shared"], stats["independent"], stats["antithetic"]
     corr_tol = 4 / math.sqrt(trials)    # a sample correlation of R independent pairs has SE ~ 1/sqrt(R)
     checks.append(exact_check("shared seeds: every rank's estimates are identical",

@@ -24,7 +24,7 @@ class EstimatorStats:
         return self.bias / self.se
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class SeedStats:
     """One seeding mode: correlation of ranks 0 and 1, variances of one rank and of the rank average."""
     mode: SeedMode

@@ -41,7 +41,7 @@ __all__ = ["POINTER", "SHARDED", "Commit", "DroppedSaveWarning", "drop_uncommitt
            "CrashEvidence", "CrashRuns", "crash_jobs", "compare_crash", "CRASH", "crash_report", "DEMOS"]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ResumableRun:
     """One rank's part of a resumable run: the step it resumed from, its chunks as loaded and at the end, and the
     uncommitted directories its saves removed (what killed saves left; only rank 0 removes, so only its is filled)."""
@@ -73,8 +73,8 @@ def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, *, until: int, sav
                 commit = save_checkpoint(ctx, root, state, die_on_rank=die_on_rank if state.step == die_at else None)
             warned += [str(w.message) for w in caught or [] if issubclass(w.category, DroppedSaveWarning)]
             dropped += [str(d) for d in commit.dropped]
-    return ResumableRun(resumed_from, loaded, _own_chunks(state), (state.start, state.stop), tuple(dropped),
-                        tuple(warned))
+    return ResumableRun(resumed_from=resumed_from, loaded=loaded, final=_own_chunks(state), range=(state.start, state.stop), dropped=tuple(dropped),
+                        warned=tuple(warned))
 
 
 def _own_chunks(state: ZeroRankState) -> dict[str, torch.Tensor]:
@@ -195,7 +195,7 @@ class CrashEvidence:
     partial_files: list[str]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class CrashRuns:
     """What the crash jobs saw: the failure ('' if the save did not fail) and its leftovers, what LATEST named after
     the crash and after the resumed run (None: nothing), and each rank's part of the resumed run."""
@@ -225,8 +225,8 @@ def crash_jobs(spec: CrashSpec, launch: Launch) -> CrashRuns:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     name = lambda path: None if path is None else path.name   # noqa: E731 - what LATEST named, if anything
-    return CrashRuns(CrashEvidence(str(failure).splitlines()[0] if failure else "", partial), failure is not None,
-                     name(latest), resumed, name(committed))
+    return CrashRuns(evidence=CrashEvidence(str(failure).splitlines()[0] if failure else "", partial), failed=failure is not None,
+                     latest_after_crash=name(latest), resumed=resumed, latest_after_resume=name(committed))
 
 
 def compare_crash(spec: CrashSpec, results: list[CrashRuns]) -> Verdict:

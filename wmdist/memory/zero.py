@@ -101,7 +101,7 @@ class _PerExampleLoss(nn.Module):
         return self.model.per_example_loss(batch)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ZeroRankState:
     """What one rank keeps between steps. The module is on the meta device: code and shapes, no numbers."""
     stage: int
@@ -150,8 +150,8 @@ def init_state(ctx: Context, cfg: ZeroConfig) -> ZeroRankState:
     params = flat[start:stop].clone() if cfg.stage == 3 else flat
     n_state = offset if cfg.stage == 0 else stop - start
     n_grad = offset if cfg.stage <= 1 else stop - start
-    return ZeroRankState(cfg.stage, offset, start, stop, params, torch.zeros(n_grad), torch.zeros(n_state),
-                     torch.zeros(n_state), 0, _PerExampleLoss(model.to("meta")), layout)
+    return ZeroRankState(stage=cfg.stage, numel=offset, start=start, stop=stop, params=params, grads=torch.zeros(n_grad), exp_avg=torch.zeros(n_state),
+                     exp_avg_sq=torch.zeros(n_state), step=0, loss_module=_PerExampleLoss(model.to("meta")), layout=layout)
 
 
 def _summed_loss(state: ZeroRankState, flat: torch.Tensor, batch: dict[str, torch.Tensor], global_batch: int
@@ -215,7 +215,7 @@ def train_step(ctx: Context, state: ZeroRankState, cfg: ZeroConfig, *, probe: Pr
         state.params.copy_(ring_all_gather(ctx, own.clone(), sizes, phase="parameter all-gather"))
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ZeroRun:
     """What one rank ends a ZeRO run with: its own chunk of the weights, what it held, what its last step sent."""
     chunk: torch.Tensor                            # this rank's element range of the final flat parameters
@@ -234,4 +234,4 @@ def zero_rank(ctx: Context, cfg: ZeroConfig) -> ZeroRun:
         during = {}
         train_step(ctx, state, cfg, probe=lambda point, held: during.__setitem__(point, held))
     own = state.params if state.stage == 3 else state.params[state.start:state.stop]
-    return ZeroRun(own.clone(), state.held_bytes(), during, ctx.ledger.by_phase(), ctx.ledger.totals()["rounds"])
+    return ZeroRun(chunk=own.clone(), held=state.held_bytes(), during=during, phases=ctx.ledger.by_phase(), rounds=ctx.ledger.totals()["rounds"])

@@ -62,8 +62,8 @@ def compare_mesh(spec: MeshSpec, runs: list[RankStep]) -> Verdict:
     for kind in HELD:
         exact += counts_per_rank(f"{kind} bytes held", [r.held[kind] for r in runs],
                                  [h[kind] for h in held_predicted], case=case)
-    data = MeshRun(spec, [r.coords for r in runs], [r.traffic for r in runs], predicted, [r.phases for r in runs],
-                   [r.held for r in runs], held_predicted, [r.seconds for r in runs], [r.groups for r in runs])
+    data = MeshRun(spec=spec, coords=[r.coords for r in runs], measured=[r.traffic for r in runs], predicted=predicted, phases=[r.phases for r in runs],
+                   held=[r.held for r in runs], held_predicted=held_predicted, step_seconds=[r.seconds for r in runs], groups=[r.groups for r in runs])
     params = {"mesh": case, "width": spec.width, "heads": spec.heads, "layers": spec.layers, "seq_len": spec.seq_len,
               "batch": spec.batch, "microbatches": spec.microbatches, "buckets": spec.buckets}
     return Verdict(checks=checks, exact=exact, params=params, data=data)

@@ -112,7 +112,7 @@ def shown_coords(shape: StepShape) -> dict[str, int]:
     return {"dp": 0, "tp": 0, "pp": 1 if shape.pp > 2 else 0, "cp": 0}
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Placement:
     """One Mesh order on the machine: which axes fit in a node, and each axis's exposed seconds."""
     order: tuple[str, ...]                 # fastest-varying first (Mesh.order)
@@ -138,10 +138,10 @@ def place(config: PatternsConfig, traffic: dict[str, Traffic], order: tuple[str,
     for a in config.axes:
         latency[a], transfer[a] = (config.fast if inside[a] else config.slow).terms(traffic[a])
         exposed[a] = (latency[a] + transfer[a]) * ((1 - config.dp_hidden) if a == "dp" else 1.0)
-    return Placement(order, inside, latency, transfer, exposed)
+    return Placement(order=order, inside=inside, latency=latency, transfer=transfer, exposed=exposed)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class PatternsResult:
     """The four patterns for the shown rank, and every distinct placement from best to worst."""
     config: PatternsConfig
@@ -193,4 +193,4 @@ def patterns(config: PatternsConfig) -> PatternsResult:
         p = place(config, traffic, order)
         distinct.setdefault(tuple(p.inside[a] for a in TRAFFIC_AXES), p)
     ranked = tuple(sorted(distinct.values(), key=lambda p: p.total))     # stable: ties keep the default first
-    return PatternsResult(config, coords, traffic, ranked, place(config, traffic, DEFAULT_ORDER))
+    return PatternsResult(config=config, coords=coords, traffic=traffic, placements=ranked, default=place(config, traffic, DEFAULT_ORDER))

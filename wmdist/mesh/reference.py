@@ -43,7 +43,7 @@ PARAM_WHY = ("lr x the gradient's first-order allowance, plus p - lr g rounded t
 WHY = "float32 sums regrouped by tp, cp, dp and microbatch: 2(K-1) 2^-24 max|X|, K = max(3H, F, B*T) (first order)"
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Reference:
     """One device, the whole batch: loss, every gradient, every parameter after the step, and the bounds' sizes."""
     loss: float
@@ -83,7 +83,7 @@ def reference_step(spec: MeshSpec) -> Reference:
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         Momentum(list(model.parameters()), spec.lr).step()
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return Reference(loss.item(), pred.detach().abs().max().item(), grads, params, reordered_terms(spec))
+    return Reference(loss=loss.item(), pred_abs=pred.detach().abs().max().item(), grads=grads, params=params, terms=reordered_terms(spec))
 
 
 def _worst(label: str, got: list[dict[str, torch.Tensor]], want: list[dict[str, torch.Tensor]],

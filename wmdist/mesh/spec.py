@@ -89,7 +89,7 @@ class MeshSpec:
         return self
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class MeshRun:
     """Everything a notebook shows about one mesh step: per rank, per axis, measured next to predicted."""
     spec: MeshSpec

@@ -34,16 +34,15 @@ from wmdist.costs.mesh import TRAFFIC_AXES, Traffic
 from wmdist.mesh.spec import MeshSpec
 from wmdist.mesh.stage import MeshStage, full_model
 from wmdist.models import flat_grads, make_batch, set_flat_grads, shard_batch
-from wmdist.pipeline.executor import PHASE, Mailbox
-from wmdist.pipeline.plan import incoming
+from wmdist.pipeline.executor import PHASE, Mailbox, split_microbatches
+from wmdist.pipeline.plan import Message, incoming
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, make_schedule
-from wmdist.pipeline.stages import split_microbatches
 from wmdist.tensor_parallel.layers import TPGroup
 
 HELD = ("parameters", "gradients", "optimizer_state")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RankStep:
     """What one rank of the mesh did in one training step, measured."""
     rank: int
@@ -83,7 +82,7 @@ def run_schedule(pp: Context, spec: MeshSpec, stage: MeshStage, micro: list[dict
     for a in schedule.ranks[pp.rank]:
         m, mb = a.microbatch, micro[a.microbatch]
         if a.kind == FORWARD:
-            x = None if stage.first else mailbox.take(pp.rank - 1, (FORWARD, a.stage - 1, m)).requires_grad_(True)
+            x = None if stage.first else mailbox.take(pp.rank - 1, Message(FORWARD, a.stage - 1, m)).requires_grad_(True)
             out = stage((mb["obs"], mb["actions"]) if stage.first else (x,), tp, cp)
             if stage.last:
                 out = (out - mb["next_obs"]).pow(2).sum() / scale
@@ -93,7 +92,7 @@ def run_schedule(pp: Context, spec: MeshSpec, stage: MeshStage, micro: list[dict
             held[m] = (x, out)
         else:
             x, out = held.pop(m)
-            grad = None if stage.last else mailbox.take(pp.rank + 1, (BACKWARD, a.stage + 1, m))
+            grad = None if stage.last else mailbox.take(pp.rank + 1, Message(BACKWARD, a.stage + 1, m))
             torch.autograd.backward(out, grad)
             if not stage.first:
                 sends.append(isend(pp, x.grad, pp.rank - 1, phase=PHASE[BACKWARD]))
@@ -172,5 +171,5 @@ def mesh_step(ctx: Context, spec: MeshSpec) -> RankStep:
         t = ctx.ledger.totals(phase=f"{axis}/", kind="p2p", prefix=True)
         traffic[axis] = Traffic(t["bytes_sent"], t["messages"])
     params = {n: p.detach().clone() for n, p in zip(names, stage.parameters())}
-    return RankStep(ctx.rank, coords, loss, grads, params, traffic, ctx.ledger.by_phase(kind=None),
-                    held_bytes(stage, opt), seconds, len(ctx.resources.groups))
+    return RankStep(rank=ctx.rank, coords=coords, loss=loss, grads=grads, params=params, traffic=traffic, phases=ctx.ledger.by_phase(kind=None),
+                    held=held_bytes(stage, opt), seconds=seconds, groups=len(ctx.resources.groups))

@@ -51,7 +51,7 @@ class BubbleConfig:
         return slow_stage_work(n) if self.unequal and n > 1 else (1.0,) * n
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BubbleCurve:
     """Idle fraction against M at fixed P (and v): simulated, and the balanced closed forms."""
     microbatches: tuple[int, ...]
@@ -61,7 +61,7 @@ class BubbleCurve:
     limit: float                         # what f tends to as M grows: 0 balanced, 1 - mean/max unequal
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BubbleView:
     """Everything the panel shows for one config, computed without processes."""
     config: BubbleConfig
@@ -131,7 +131,7 @@ def bubble_curve(config: BubbleConfig, *, cache: dict | None = None) -> BubbleCu
         idle.append(f)
         ratio.append(r)
         formula.append(pcosts.fraction_from_ratio(pcosts.bubble_over_ideal(p, m, chunks=v)))
-    return BubbleCurve(ms, tuple(idle), tuple(ratio), tuple(formula), limit_idle(config))
+    return BubbleCurve(microbatches=ms, idle=tuple(idle), over_ideal=tuple(ratio), formula=tuple(formula), limit=limit_idle(config))
 
 
 def bubble_view(config: BubbleConfig, *, cache: dict | None = None) -> BubbleView:
@@ -141,7 +141,7 @@ def bubble_view(config: BubbleConfig, *, cache: dict | None = None) -> BubbleVie
     forward, backward = _times(config)
     sim = simulate(schedule, forward=forward, backward=backward)
     ratio = pcosts.bubble_over_ideal(p, m, chunks=v)
-    return BubbleView(config, schedule, sim, float(sim.idle_fraction), float(sim.bubble_over_ideal),
-                      pcosts.fraction_from_ratio(ratio), ratio, sim.peak_in_flight,
-                      tuple(pcosts.peak_activations_in_flight(config.schedule, p, m, chunks=v, rank=r) for r in range(p)),
-                      pcosts.boundary_transfers(p, m, chunks=v), bubble_curve(config, cache=cache))
+    return BubbleView(config=config, schedule=schedule, sim=sim, idle=float(sim.idle_fraction), over_ideal=float(sim.bubble_over_ideal),
+                      formula_idle=pcosts.fraction_from_ratio(ratio), formula_over_ideal=ratio, peak=sim.peak_in_flight,
+                      peak_formula=tuple(pcosts.peak_activations_in_flight(config.schedule, p, m, chunks=v, rank=r) for r in range(p)),
+                      transfers=pcosts.boundary_transfers(p, m, chunks=v), curve=bubble_curve(config, cache=cache))

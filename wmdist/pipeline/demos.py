@@ -79,7 +79,7 @@ def boundary_counts(schedule: Schedule, runs: list[StageRun], work: PipeWork, ca
     ranks = range(len(runs))
 
     def nbytes(messages: Iterable[Message]) -> int:       # one boundary tensor: b_m x T x H float32
-        return sum(4 * sizes[m[2]] * work.seq_len * WIDTH for m in messages)
+        return sum(4 * sizes[m.microbatch] * work.seq_len * WIDTH for m in messages)
 
     out: list[Count] = []
     kinds = (("activation", FORWARD),) + (() if only else (("gradient", BACKWARD),))
@@ -89,9 +89,9 @@ def boundary_counts(schedule: Schedule, runs: list[StageRun], work: PipeWork, ca
                                    [transfer_counts(schedule, r, forward_only=only)[quantity] for r in ranks],
                                    case=case)
     for kind, letter in kinds:
-        sent = [nbytes(m for dst, m in outgoing(schedule, r, forward_only=only) if dst != r and m[0] == letter)
+        sent = [nbytes(m for dst, m in outgoing(schedule, r, forward_only=only) if dst != r and m.kind == letter)
                 for r in ranks]
-        got = [nbytes(m for msgs in incoming(schedule, r, forward_only=only).values() for m in msgs if m[0] == letter)
+        got = [nbytes(m for msgs in incoming(schedule, r, forward_only=only).values() for m in msgs if m.kind == letter)
                for r in ranks]
         out += counts_per_rank(f"{kind} bytes sent", [r.bytes[f"{kind} bytes sent"] for r in runs], sent, case=case)
         out += counts_per_rank(f"{kind} bytes received", [r.bytes[f"{kind} bytes received"] for r in runs], got,
@@ -99,7 +99,7 @@ def boundary_counts(schedule: Schedule, runs: list[StageRun], work: PipeWork, ca
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ForwardResult:
     """The forward pipeline's totals, as the text states them."""
     stages: int
@@ -131,10 +131,10 @@ def compare_forward(plans: Plans, results: list[StageRuns]) -> Verdict:
                           "order for fewer rows")]
     exact = boundary_counts(schedule, runs, work, "forward")
     total = sum(r.transfers["activation sends"] for r in runs)
-    exact.append(Count("activation transfers, all ranks (M(P-1))", 0, total, pcosts.boundary_transfers(P, M),
+    exact.append(Count(quantity="activation transfers, all ranks (M(P-1))", rank=0, measured=total, predicted=pcosts.boundary_transfers(P, M),
                        case="forward"))
-    data = ForwardResult(P, M, total, sum(r.bytes["activation bytes sent"] for r in runs),
-                         max_abs_error(output, ref.output))
+    data = ForwardResult(stages=P, microbatches=M, transfers=total, bytes=sum(r.bytes["activation bytes sent"] for r in runs),
+                         output_error=max_abs_error(output, ref.output))
     params = {"schedule": "gpipe (forwards only)", "microbatches": M, "batch_size": work.batch_size,
               "layers": work.layers, "blocks per stage": [len(b) for b in stage_blocks(work.layers, P)]}
     return Verdict(checks=checks, exact=exact, params=params, data=data)
@@ -150,7 +150,7 @@ def forward_demo(world_size: int, *, microbatches: int = 8, work: PipeWork | Non
     return FORWARD_DEMO.run_spec(forward_spec(world_size, microbatches=microbatches, work=work))
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class TrainResult:
     """One schedule's training step against the single-device runs."""
     schedule: str
@@ -215,9 +215,9 @@ def compare_train(plans: Plans, results: list[StageRuns]) -> Verdict:
         exact += counts_per_rank("activation sets held (peak)", [r.peak_held for r in runs],
                                  [pcosts.peak_activations_in_flight(name, P, m, chunks=schedule.chunks, rank=r)
                                   for r in range(P)], case=name)
-        data.append(TrainResult(name, m, schedule.chunks, max_abs_error(loss, ref.loss),
-                                max_abs_error([grads[k] for k in names], [ref.grads[k] for k in names]), gtol,
-                                tuple(r.peak_held for r in runs)))
+        data.append(TrainResult(schedule=name, microbatches=m, chunks=schedule.chunks, loss_error=max_abs_error(loss, ref.loss),
+                                grad_error=max_abs_error([grads[k] for k in names], [ref.grads[k] for k in names]), grad_tolerance=gtol,
+                                peak_held=tuple(r.peak_held for r in runs)))
     params = {"plans": [f"{s.name} M={s.microbatches} v={s.chunks}" for s, _ in plans.cases], "batch_size": "2M"}
     return Verdict(checks=checks, exact=exact, params=params, data=tuple(data))
 

@@ -29,6 +29,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from wmdist.comm import Context, Pending, barrier, irecv, isend
 from wmdist.pipeline.plan import (
@@ -40,16 +41,83 @@ from wmdist.pipeline.plan import (
     microbatch_sizes,
     owner,
     require_world,
+    stage_blocks,
 )
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Action, Schedule, format_token
-from wmdist.pipeline.stages import StageModule, batch_for, microbatch_loss, model_for, split_microbatches
+from wmdist.models import make_batch
 from wmdist.runtime import run
 from wmdist.spans import Span
+from wmdist.transformer import TransformerConfig, TransformerWorldModel, make_transformer
 
 PHASE = {FORWARD: f"pp/{ACTIVATION}", BACKWARD: f"pp/{GRADIENT}"}
 
 
-@dataclass(frozen=True)
+# --- the model cut into stages (the single-device reference in stages.py chains the same modules) ---
+
+class StageModule(nn.Module):
+    """Virtual stage `stage` of `n_stages`: [embedding] + consecutive blocks + [final LayerNorm and head].
+
+    Holds references to the full model's own submodules, so its parameters'
+    names and values are the model's. First stage: (obs, actions) -> hidden;
+    middle: hidden -> hidden; last: hidden -> predicted next frames.
+    """
+
+    def __init__(self, model: TransformerWorldModel, stage: int, n_stages: int):
+        super().__init__()
+        self.first, self.last = stage == 0, stage == n_stages - 1
+        self.model_ref = [model]                                  # a list: not registered as a submodule
+        self.blocks = nn.ModuleList(model.blocks[i] for i in stage_blocks(len(model.blocks), n_stages)[stage])
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        model = self.model_ref[0]
+        x = model.embed_tokens(*inputs) if self.first else inputs[0]     # (b, T, H)
+        for block in self.blocks:
+            x = block(x)
+        return model.predict(x) if self.last else x                      # (b, T, O) or (b, T, H)
+
+
+def stage_modules(model: TransformerWorldModel, n_stages: int) -> list[StageModule]:
+    """All P*v stages of `model`, in pipeline order."""
+    return [StageModule(model, s, n_stages) for s in range(n_stages)]
+
+
+def stage_parameter_names(model: TransformerWorldModel, n_stages: int) -> list[list[str]]:
+    """The full model's parameter names that each virtual stage owns (embedding on the first, head on the last)."""
+    where = {i: s for s, blocks in enumerate(stage_blocks(len(model.blocks), n_stages)) for i in blocks}
+    names: list[list[str]] = [[] for _ in range(n_stages)]
+    for name, _ in model.named_parameters():
+        parts = name.split(".")
+        stage = where[int(parts[1])] if parts[0] == "blocks" else 0 if parts[0] in ("embed", "pos") else n_stages - 1
+        names[stage].append(name)
+    return names
+
+
+def model_for(work: PipeWork) -> TransformerWorldModel:
+    """The model every rank (and the reference) builds: same seed, same weights."""
+    return make_transformer(seed=work.seed, cfg=TransformerConfig(layers=work.layers))
+
+
+def batch_for(work: PipeWork, *, step: int = 0) -> dict[str, torch.Tensor]:
+    """The step's batch of B independent trajectories (obs, actions, next_obs: (B, T, .))."""
+    return make_batch(work.batch_size, seq_len=work.seq_len, seed=work.seed * 1000 + step)
+
+
+def split_microbatches(batch: dict[str, torch.Tensor], microbatches: int) -> list[dict[str, torch.Tensor]]:
+    """Whole trajectories per microbatch, in batch order (tensor_split layout)."""
+    sizes = microbatch_sizes(batch["obs"].shape[0], microbatches)
+    return [dict(zip(batch, parts)) for parts in zip(*(torch.split(v, sizes) for v in batch.values()))]
+
+
+def microbatch_loss(pred: torch.Tensor, target: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """This microbatch's share of the full-batch loss: its per-trajectory mean squared errors summed, / B.
+
+    Summed over microbatches it is the single-device loss (mean over all B
+    trajectories), whatever the microbatch sizes: no re-weighting needed.
+    """
+    return (pred - target).pow(2).mean(dim=(1, 2)).sum() / batch_size       # pred, target: (b, T, O)
+
+
+@dataclass(kw_only=True, frozen=True)
 class StageRun:
     """What one rank did in a pipeline run, measured."""
     rank: int
@@ -74,7 +142,7 @@ class Mailbox:
 
     def __init__(self, ctx: Context, expected: dict[int, list[Message]], shapes: dict[int, tuple[int, ...]]):
         self.ctx = ctx                                   # shapes[microbatch]: (b, T, H), every boundary tensor
-        self.posted = {msg: irecv(ctx, torch.empty(shapes[msg[2]]), src, phase=PHASE[msg[0]])
+        self.posted = {msg: irecv(ctx, torch.empty(shapes[msg.microbatch]), src, phase=PHASE[msg.kind])
                        for src, msgs in expected.items() for msg in msgs}
 
     def take(self, src: int, message: Message) -> torch.Tensor:
@@ -85,7 +153,7 @@ class Mailbox:
         return self.posted.pop(message).wait()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Step:
     """One step's working state on one rank."""
     ctx: Context
@@ -111,7 +179,7 @@ class _Step:
         if dst == self.ctx.rank:
             self.local[message] = tensor
         else:
-            self.sends.append(isend(self.ctx, tensor, dst, phase=PHASE[message[0]]))
+            self.sends.append(isend(self.ctx, tensor, dst, phase=PHASE[message.kind]))
 
     def busy(self, a: Action, start: float) -> None:
         """Sleep the action's fixed extra time, then record its span: from inputs ready to work done."""
@@ -124,7 +192,7 @@ class _Step:
 
     def forward(self, a: Action) -> None:
         s, m, mb = a.stage, a.microbatch, self.micro[a.microbatch]
-        x = None if s == 0 else self.fetch((FORWARD, s - 1, m), s - 1)
+        x = None if s == 0 else self.fetch(Message(FORWARD, s - 1, m), s - 1)
         if x is not None and not self.work.forward_only:
             x.requires_grad_(True)
         start = time.monotonic()
@@ -138,17 +206,17 @@ class _Step:
             self.held[(s, m)] = (x, self.losses[m] if self.stages[s].last else out)
             self.peak = max(self.peak, len(self.held))
         if not self.stages[s].last:
-            self.deliver((FORWARD, s, m), out.detach(), s + 1)
+            self.deliver(Message(FORWARD, s, m), out.detach(), s + 1)
 
     def backward(self, a: Action) -> None:
         s, m = a.stage, a.microbatch
-        grad = None if self.stages[s].last else self.fetch((BACKWARD, s + 1, m), s + 1)
+        grad = None if self.stages[s].last else self.fetch(Message(BACKWARD, s + 1, m), s + 1)
         x, out = self.held.pop((s, m))
         start = time.monotonic()
         torch.autograd.backward(out, grad)              # adds microbatch m's gradient into this stage's .grad
         self.busy(a, start)
         if s > 0:
-            self.deliver((BACKWARD, s, m), x.grad, s - 1)
+            self.deliver(Message(BACKWARD, s, m), x.grad, s - 1)
 
 
 def pipeline_rank(ctx: Context, schedule: Schedule, work: PipeWork) -> StageRun:
@@ -168,7 +236,7 @@ def pipeline_rank(ctx: Context, schedule: Schedule, work: PipeWork) -> StageRun:
         barrier(ctx, phase="pp/line up")
         ctx.ledger.reset()                                # keep one step's transfers
         expected = incoming(schedule, ctx.rank, forward_only=work.forward_only)
-        step = _Step(ctx, schedule, work, stages, micro, Mailbox(ctx, expected, shapes))
+        step = _Step(ctx=ctx, schedule=schedule, work=work, stages=stages, micro=micro, mailbox=Mailbox(ctx, expected, shapes))
         for a in actions:
             (step.forward if a.kind == FORWARD else step.backward)(a)
         for pending in step.sends:
@@ -178,8 +246,10 @@ def pipeline_rank(ctx: Context, schedule: Schedule, work: PipeWork) -> StageRun:
     loss = sum((step.losses[m] for m in range(schedule.microbatches)), torch.zeros(())).detach() if last else None
     outputs = torch.cat([step.outputs[m] for m in range(schedule.microbatches)]) if last and work.forward_only else None
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return StageRun(ctx.rank, tuple(format_token(a, with_stage=True) for a in actions), tuple(timelines), loss, outputs, grads,
-                    step.peak, *_ledger_counts(ctx))
+    transfers, sent = _ledger_counts(ctx)
+    return StageRun(rank=ctx.rank, order=tuple(format_token(a, with_stage=True) for a in actions),
+                    spans=tuple(timelines), loss=loss, outputs=outputs, grads=grads, peak_held=step.peak,
+                    transfers=transfers, bytes=sent)
 
 
 def _ledger_counts(ctx: Context) -> tuple[dict[str, int], dict[str, int]]:

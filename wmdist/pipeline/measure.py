@@ -84,7 +84,7 @@ def timed(schedule: Schedule, work: PipeWork, steps: list[tuple[Span, ...]]) -> 
     ideal = ideal_timeline(schedule, work)
     timelines = tuple(from_zero(list(t)) for t in steps)
     idle = tuple(idle_fraction(t, schedule.stages) for t in timelines)
-    return MeasuredBubble(schedule, work, timelines, idle, ideal, idle_fraction(ideal, schedule.stages))
+    return MeasuredBubble(schedule=schedule, work=work, timelines=timelines, idle=idle, ideal=ideal, predicted=idle_fraction(ideal, schedule.stages))
 
 
 def measured(plans: Plans, results: list[StageRuns]) -> list[MeasuredBubble]:
@@ -198,8 +198,8 @@ def compare_imbalance(plans: Plans, results: list[StageRuns]) -> Verdict:
     microbatches = tuple(s.microbatches for s, _ in plans.cases)
     runs = tuple(measured(plans, results))
     limit = 1 - sum(work) / (P * max(work))
-    curve = ImbalanceCurve(microbatches, tuple(r.median_idle for r in runs), tuple(r.predicted for r in runs),
-                           tuple(pcosts.bubble_fraction(P, m) for m in microbatches), limit, runs)
+    curve = ImbalanceCurve(microbatches=microbatches, measured=tuple(r.median_idle for r in runs), predicted=tuple(r.predicted for r in runs),
+                           balanced=tuple(pcosts.bubble_fraction(P, m) for m in microbatches), limit=limit, runs=runs)
     checks = [close_check(f"M={m}: measured idle == ideal time with the slow stage", got, want, ALLOWANCE,
                           WHY.format(1e3 * IMBALANCE_SLOT))
               for m, got, want in zip(microbatches, curve.measured, curve.predicted)]

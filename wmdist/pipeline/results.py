@@ -9,7 +9,7 @@ from wmdist.pipeline.schedules import Schedule
 from wmdist.spans import Span
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class MeasuredBubble:
     """Timed steps of one schedule on P ranks: every step's spans, idle fractions, and the ideal-time prediction."""
     schedule: Schedule
@@ -31,7 +31,7 @@ class MeasuredBubble:
         return self.timelines[k]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ImbalanceCurve:
     """Idle fraction against M with one stage twice as slow: measured, ideal time, balanced formula."""
     microbatches: tuple[int, ...]

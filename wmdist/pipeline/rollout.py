@@ -90,7 +90,7 @@ def time_cut_gradient(work: PipeWork, windows: int) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RolloutResult:
     """The pipeline's one step against one process, and the two mistakes' distances from the right answer."""
     environments: int
@@ -131,10 +131,10 @@ def compare_rollout(spec: RolloutSpec, results: list[RolloutRank]) -> Verdict:
     ptol = lr * gtol + 2 * FLOAT32_ROUNDOFF * max(float(v.abs().max()) for v in right.values())
     sizes = microbatch_sizes(work.batch_size, m)
     envs = tuple(tuple(range(sum(sizes[:k]), sum(sizes[:k + 1]))) for k in range(m))
-    data = RolloutResult(work.batch_size, work.seq_len, envs, max_abs_error([stepped[n] for n in names],
-                                                                            [right[n] for n in names]), ptol,
-                         max_abs_error([cut[n] for n in names], [ref.grads[n] for n in names]),
-                         max_abs_error([per_step[n] for n in names], [right[n] for n in names]))
+    data = RolloutResult(environments=work.batch_size, horizon=work.seq_len, microbatch_envs=envs, param_error=max_abs_error([stepped[n] for n in names],
+                                                                            [right[n] for n in names]), param_tolerance=ptol,
+                         time_cut_gap=max_abs_error([cut[n] for n in names], [ref.grads[n] for n in names]),
+                         per_transition_gap=max_abs_error([per_step[n] for n in names], [right[n] for n in names]))
     checks = [
         close_check("one step on the pipeline == one step in one process", [stepped[n] for n in names],
                     [right[n] for n in names], ptol,

@@ -75,7 +75,7 @@ def parse_token(token: str, *, stage: int | None = None) -> Action:
     return Action(kind, int(microbatch), require_int("stage", stage, 0))
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Schedule:
     """A complete pipeline schedule: which actions each rank runs, in order.
 
@@ -132,7 +132,7 @@ class Schedule:
 
 def _plain(name: str, stages: int, microbatches: int, orders: Iterable[Iterable[tuple[str, int]]]) -> Schedule:
     ranks = tuple(tuple(Action(kind, mb, rank) for kind, mb in order) for rank, order in enumerate(orders))
-    return Schedule(name, stages, microbatches, 1, ranks)
+    return Schedule(name=name, stages=stages, microbatches=microbatches, chunks=1, ranks=ranks)
 
 
 def gpipe(stages: int, microbatches: int) -> Schedule:
@@ -204,7 +204,7 @@ def interleaved_one_f_one_b(stages: int, microbatches: int, chunks: int) -> Sche
         for j in range(total - warmup):
             order += [fwd[warmup + j], bwd[j]]
         ranks.append(tuple(order + bwd[total - warmup:]))
-    return Schedule("interleaved", p, m, v, tuple(ranks))
+    return Schedule(name="interleaved", stages=p, microbatches=m, chunks=v, ranks=tuple(ranks))
 
 
 def check_size(stages: int, microbatches: int, *, chunks: int = 1) -> tuple[int, int, int]:
@@ -258,4 +258,4 @@ def from_json(data: dict[str, Any]) -> Schedule:
     if not isinstance(ranks, (list, tuple)) or any(not isinstance(r, (list, tuple)) for r in ranks):
         raise TypeError(f"ranks must be a list of token lists, one per rank, got {ranks!r}")
     actions = tuple(tuple(parse_token(t, stage=rank) for t in tokens) for rank, tokens in enumerate(ranks))
-    return Schedule(data["schedule"], data["stages"], data["microbatches"], data["chunks"], actions)
+    return Schedule(name=data["schedule"], stages=data["stages"], microbatches=data["microbatches"], chunks=data["chunks"], ranks=actions)

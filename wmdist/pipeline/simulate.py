@@ -40,7 +40,7 @@ class Timing:
     end: Fraction
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class SimResult:
     """Everything the ideal-time run measured, per rank and overall."""
     timings: tuple[tuple[Timing, ...], ...]                     # timings[r]: rank r's actions, in order

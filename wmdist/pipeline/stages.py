@@ -1,13 +1,10 @@
-"""The transformer world model cut into pipeline stages, and the single-device runs they are checked against.
+"""The single-device runs a pipeline is checked against, and their rounding bounds.
 
-Where the ends go: the first virtual stage also embeds the (frame, action)
-tokens and adds positions; the last also applies the final LayerNorm, the
-head and the loss. Every boundary between stages therefore carries one
-microbatch of hidden states (b, T, H), whatever the cut.
-
-A microbatch is a group of whole trajectories (rows of the batch): time steps
-of one trajectory never go to different microbatches, so the causal attention
-inside each trajectory sees exactly the context it sees in one process.
+The stages themselves (StageModule, the model every rank builds, the batch,
+whole-trajectory microbatches, each microbatch's share of the loss) live in
+executor.py with the code that runs them, and are re-exported here. The
+reference chains those same modules in one process: its loss and gradients are
+what every pipeline run must reproduce, up to the bounds derived below.
 """
 from __future__ import annotations
 
@@ -18,75 +15,24 @@ from torch import nn
 
 from wmdist.compare import one_thread
 from wmdist.costs.rounding import reordered_sum_bound
-from wmdist.models import make_batch
-from wmdist.pipeline.plan import PipeWork, microbatch_sizes, stage_blocks
-from wmdist.transformer import TransformerConfig, TransformerWorldModel, make_transformer
+from wmdist.pipeline.executor import (  # the model cut into stages lives with the executor; re-exported here
+    StageModule,
+    batch_for,
+    microbatch_loss,
+    model_for,
+    split_microbatches,
+    stage_modules,
+    stage_parameter_names,
+)
+
+__all__ = ["StageModule", "batch_for", "microbatch_loss", "model_for", "split_microbatches", "stage_modules",
+           "stage_parameter_names", "PipelineReference", "reference", "gradient_bound", "gradient_tolerance",
+           "loss_tolerance"]
+from wmdist.pipeline.plan import PipeWork
+from wmdist.transformer import TransformerConfig, TransformerWorldModel
 
 
-class StageModule(nn.Module):
-    """Virtual stage `stage` of `n_stages`: [embedding] + consecutive blocks + [final LayerNorm and head].
-
-    Holds references to the full model's own submodules, so its parameters'
-    names and values are the model's. First stage: (obs, actions) -> hidden;
-    middle: hidden -> hidden; last: hidden -> predicted next frames.
-    """
-
-    def __init__(self, model: TransformerWorldModel, stage: int, n_stages: int):
-        super().__init__()
-        self.first, self.last = stage == 0, stage == n_stages - 1
-        self.model_ref = [model]                                  # a list: not registered as a submodule
-        self.blocks = nn.ModuleList(model.blocks[i] for i in stage_blocks(len(model.blocks), n_stages)[stage])
-
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        model = self.model_ref[0]
-        x = model.embed_tokens(*inputs) if self.first else inputs[0]     # (b, T, H)
-        for block in self.blocks:
-            x = block(x)
-        return model.predict(x) if self.last else x                      # (b, T, O) or (b, T, H)
-
-
-def stage_modules(model: TransformerWorldModel, n_stages: int) -> list[StageModule]:
-    """All P*v stages of `model`, in pipeline order."""
-    return [StageModule(model, s, n_stages) for s in range(n_stages)]
-
-
-def stage_parameter_names(model: TransformerWorldModel, n_stages: int) -> list[list[str]]:
-    """The full model's parameter names that each virtual stage owns (embedding on the first, head on the last)."""
-    where = {i: s for s, blocks in enumerate(stage_blocks(len(model.blocks), n_stages)) for i in blocks}
-    names: list[list[str]] = [[] for _ in range(n_stages)]
-    for name, _ in model.named_parameters():
-        parts = name.split(".")
-        stage = where[int(parts[1])] if parts[0] == "blocks" else 0 if parts[0] in ("embed", "pos") else n_stages - 1
-        names[stage].append(name)
-    return names
-
-
-def model_for(work: PipeWork) -> TransformerWorldModel:
-    """The model every rank (and the reference) builds: same seed, same weights."""
-    return make_transformer(seed=work.seed, cfg=TransformerConfig(layers=work.layers))
-
-
-def batch_for(work: PipeWork, *, step: int = 0) -> dict[str, torch.Tensor]:
-    """The step's batch of B independent trajectories (obs, actions, next_obs: (B, T, .))."""
-    return make_batch(work.batch_size, seq_len=work.seq_len, seed=work.seed * 1000 + step)
-
-
-def split_microbatches(batch: dict[str, torch.Tensor], microbatches: int) -> list[dict[str, torch.Tensor]]:
-    """Whole trajectories per microbatch, in batch order (tensor_split layout)."""
-    sizes = microbatch_sizes(batch["obs"].shape[0], microbatches)
-    return [dict(zip(batch, parts)) for parts in zip(*(torch.split(v, sizes) for v in batch.values()))]
-
-
-def microbatch_loss(pred: torch.Tensor, target: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """This microbatch's share of the full-batch loss: its per-trajectory mean squared errors summed, / B.
-
-    Summed over microbatches it is the single-device loss (mean over all B
-    trajectories), whatever the microbatch sizes: no re-weighting needed.
-    """
-    return (pred - target).pow(2).mean(dim=(1, 2)).sum() / batch_size       # pred, target: (b, T, O)
-
-
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class PipelineReference:
     """One process: the full batch at once, and each microbatch's gradient on its own."""
     output: torch.Tensor                            # (B, T, O) the whole batch in one call
@@ -121,7 +67,7 @@ def _reference(work: PipeWork, microbatches: int, gradients: bool) -> PipelineRe
     output = model(batch["obs"], batch["actions"]).detach()                     # (B, T, O)
     loss = model.loss(batch)
     if not gradients:
-        return PipelineReference(output, loss.detach(), {}, [], 0.0)
+        return PipelineReference(output=output, loss=loss.detach(), grads={}, per_microbatch=[], bound=0.0)
     model.zero_grad()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -130,7 +76,7 @@ def _reference(work: PipeWork, microbatches: int, gradients: bool) -> PipelineRe
         model.zero_grad()
         microbatch_loss(model(mb["obs"], mb["actions"]), mb["next_obs"], work.batch_size).backward()
         per_mb.append({n: p.grad.clone() for n, p in model.named_parameters()})
-    return PipelineReference(output, loss.detach(), grads, per_mb, gradient_bound(work))
+    return PipelineReference(output=output, loss=loss.detach(), grads=grads, per_microbatch=per_mb, bound=gradient_bound(work))
 
 
 def gradient_bound(work: PipeWork) -> float:

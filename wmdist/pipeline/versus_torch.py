@@ -99,7 +99,7 @@ def _record(stage: Any, s: int, order: list[str]) -> None:
         setattr(stage, method, logged)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Comparison:
     """Ours vs torch for one schedule: each rank's order of work, and how far apart losses and gradients are."""
     schedule: str
@@ -160,9 +160,9 @@ def comparisons(plans: Plans, results: list[BothRuns]) -> list[Comparison]:
         grad_error = max_abs_error([mine[n] for n in sorted(mine)],
                                    [torch_grads.get(n, torch.zeros(0)) for n in sorted(mine)])
         loss_error = max_abs_error(ours[-1].loss, theirs[-1].loss)
-        out.append(Comparison(schedule.name, tuple(r.order for r in ours), tuple(r.order for r in theirs), loss_error,
-                              grad_error, max(r.seconds[k][0] for r in results),
-                              max(r.seconds[k][1] for r in results)))
+        out.append(Comparison(schedule=schedule.name, ours=tuple(r.order for r in ours), theirs=tuple(r.order for r in theirs), loss_error=loss_error,
+                              grad_error=grad_error, seconds_ours=max(r.seconds[k][0] for r in results),
+                              seconds_torch=max(r.seconds[k][1] for r in results)))
     return out
 
 

@@ -33,7 +33,7 @@ from wmdist.spans import Span
 LAYOUTS = lay.LAYOUTS
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BalanceRank:
     """One rank's forward under one layout: its rows, output, work and times."""
     rows: list[int]
@@ -54,7 +54,7 @@ def balance_rank(ctx: Context, spec: RingSpec, *, layout: Layout, repeats: int) 
         out, _, trace = ring_forward(ctx, q, k, v, seq_len=spec.seq_len, layout=layout, causal=True,
                                      block_size=spec.block_size)
         cpu.append(trace.compute_cpu_s)
-    return BalanceRank(rows.tolist(), out, sum(trace.tiles), sum(trace.pairs), cpu, trace.spans)
+    return BalanceRank(rows=rows.tolist(), out=out, tiles=sum(trace.tiles), pairs=sum(trace.pairs), cpu_s=cpu, spans=trace.spans)
 
 
 @dataclass(frozen=True)

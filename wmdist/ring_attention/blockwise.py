@@ -233,7 +233,7 @@ def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bl
     return BlockwiseResult(out, lse, largest)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ScoreMemory:
     """Measured working memory of blockwise attention next to the formulas it should obey (bytes)."""
     forward: Allocations     # blockwise_attention(...)

@@ -86,7 +86,7 @@ def case_name(dtype: DTypeName, *, causal: bool, layout: Layout) -> str:
     return f"{dtype} {'causal' if causal else 'full'} {layout}"
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RankCase:
     """What one rank returns for one case: its rows of the results, its ledger bytes by phase, its traces."""
     rows: list[int]
@@ -110,7 +110,7 @@ def _run_case(ctx: Context, spec: RingSpec, dtype: DTypeName, causal: bool, layo
         *grads, bwd = ring_backward(ctx, q, k, v, out, lse, dout, seq_len=spec.seq_len, layout=layout, causal=causal,
                                     block_size=spec.block_size)
     sent = {phase: t["bytes_sent"] for phase, t in ctx.ledger.by_phase().items()}
-    return RankCase(rows.tolist(), out, tuple(grads), sent, fwd, bwd)
+    return RankCase(rows=rows.tolist(), out=out, grads=tuple(grads), sent=sent, forward=fwd, backward=bwd)
 
 
 def ring_cases(ctx: Context, run: RingRun) -> Cases[RankCase]:

@@ -57,7 +57,7 @@ class Decoder:
         return torch.tanh(o @ self.w[3])
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RankGeneration:
     """What one rank saw: its prefill rows, the new tokens and each step's merged attention output, ledger counts."""
     rows: list[int]
@@ -96,9 +96,9 @@ def generate_rank(ctx: Context, seq_len: int, new_tokens: int, width: int, block
         token = model.next_token(o[0])
         tokens.append(token)
         seconds.append(time.perf_counter() - start)
-    return RankGeneration(rows.tolist(), out, torch.stack(tokens), torch.stack(outputs),
-                          len(ctx.ledger.select(phase=DECODE, kind=None)),
-                          ctx.ledger.totals(phase=FORWARD)["bytes_sent"], seconds)
+    return RankGeneration(rows=rows.tolist(), prefill=out, tokens=torch.stack(tokens), outputs=torch.stack(outputs),
+                          decode_rounds=len(ctx.ledger.select(phase=DECODE, kind=None)),
+                          prefill_bytes=ctx.ledger.totals(phase=FORWARD)["bytes_sent"], step_seconds=seconds)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -75,7 +75,7 @@ def single_memory(spec: RingSpec) -> int:
     return 3 * q.numel() * q.element_size() + alloc.peak
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class LongContextData:
     """Per S: each rank's memory; at the S that fits, single-process full attention's too."""
     budget: int
@@ -145,8 +145,8 @@ def compare_long(run: LongRun, results: list[MemoryRanks]) -> Verdict:
     budget, long_seq, fit_seq = run.budget, run.long_seq, run.fit_seq
     specs = {s: run.spec(s) for s in (long_seq, fit_seq)}
     ranks = {long_seq: [m.long for m in results], fit_seq: [m.fit for m in results]}
-    data = LongContextData(budget, long_seq, fit_seq, ranks, single_memory(specs[fit_seq]),
-                           {s: costs.full_scores_bytes(s, heads=SHAPE["heads"], batch=SHAPE["batch"], elem_size=4)
+    data = LongContextData(budget=budget, long_seq=long_seq, fit_seq=fit_seq, ranks=ranks, single_fit=single_memory(specs[fit_seq]),
+                           full_scores={s: costs.full_scores_bytes(s, heads=SHAPE["heads"], batch=SHAPE["batch"], elem_size=4)
                             for s in specs})
     b, h, d = SHAPE["block_size"], SHAPE["heads"], SHAPE["head_dim"]
     tile = costs.score_tile_bytes(b, b, heads=h, batch=SHAPE["batch"], elem_size=4)

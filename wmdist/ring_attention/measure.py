@@ -64,9 +64,9 @@ def measure_ring(c: TrafficConfig, *, progress: OnProgress | None = None) -> Rin
     if progress:
         progress(1, 1, f"measured S={spec.seq_len} on {n} rank(s)")
     args, sizes = (spec.seq_len, n, spec.kv_width), {"batch": spec.batch, "elem_size": e}
-    return RingMeasurement(spec.seq_len, n, [o[0] for o in out], ra.ring_kv_bytes_per_rank(*args, **sizes),
-                           [o[1] for o in out], sum(ra.ring_backward_bytes_per_rank(*args, **sizes)),
-                           [o[2] for o in out], ra.ring_kv_storage_bytes(*args, **sizes))
+    return RingMeasurement(seq_len=spec.seq_len, world_size=n, sent=[o[0] for o in out], sent_predicted=ra.ring_kv_bytes_per_rank(*args, **sizes),
+                           backward=[o[1] for o in out], backward_predicted=sum(ra.ring_backward_bytes_per_rank(*args, **sizes)),
+                           peak=[o[2] for o in out], kv_storage=ra.ring_kv_storage_bytes(*args, **sizes))
 
 
 def _time_exchange(ctx: Context, numel: int, repeats: int) -> list[float]:

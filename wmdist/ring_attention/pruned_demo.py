@@ -46,7 +46,7 @@ def case_name(ring: Ring, *, layout: Layout) -> str:
     return f"{ring} {layout}"
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class PrunedRank:
     """One rank's result for one case: rows, output, gradients, ledger bytes and sends by phase, work."""
     rows: list[int]
@@ -74,8 +74,8 @@ def pruned_cases(ctx: Context, run: RingRun) -> Cases[PrunedRank]:
                              block_size=spec.block_size)
         phases = ctx.ledger.by_phase()
         out[case_name(ring, layout=layout)] = PrunedRank(
-            rows.tolist(), o, tuple(grads), {p: t["bytes_sent"] for p, t in phases.items()},
-            {p: t["messages"] for p, t in phases.items()}, sum(trace.pairs), len(trace.skipped))
+            rows=rows.tolist(), out=o, grads=tuple(grads), sent={p: t["bytes_sent"] for p, t in phases.items()},
+            sends={p: t["messages"] for p, t in phases.items()}, pairs=sum(trace.pairs), skipped=len(trace.skipped))
     return Cases(tuple(out), tuple(out.values()))
 
 

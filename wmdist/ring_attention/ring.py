@@ -40,7 +40,7 @@ from wmdist.spans import Span
 FORWARD, BACKWARD_KV, BACKWARD_GRAD = "ring kv", "backward kv", "backward dkv"
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RingTrace:
     """What one rank did in one ring pass: tiles computed per step, steps skipped, and its timeline."""
     tiles: tuple[int, ...]       # score tiles computed at each step t = 0..N-1
@@ -135,8 +135,8 @@ def _forward_step(clock: _Clock, work: list[tuple[int, int]], skipped: list[int]
 
 
 def _trace(work: list[tuple[int, int]], skipped: list[int], clock: _Clock) -> RingTrace:
-    return RingTrace(tuple(w[0] for w in work), tuple(w[1] for w in work), tuple(skipped), tuple(clock.spans),
-                     clock.cpu)
+    return RingTrace(tiles=tuple(w[0] for w in work), pairs=tuple(w[1] for w in work), skipped=tuple(skipped), spans=tuple(clock.spans),
+                     compute_cpu_s=clock.cpu)
 
 
 def _post(ctx: Context, send_buf: torch.Tensor, recv_buf: torch.Tensor, phase: str) -> tuple[Pending, Pending]:

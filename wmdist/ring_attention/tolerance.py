@@ -31,7 +31,7 @@ REASON = ("first-order rounding bound, elementwise: ours (tiles, merges, 1-ulp e
           "(every key its own block, 2-ulp exp); in units of that bound")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ExactAttention:
     """Attention and its gradients in float64, with the three magnitudes the rounding bounds need."""
     q: torch.Tensor          # (B, H, Sq, D) float64
@@ -68,10 +68,10 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: tor
     a = (scale * q.abs() @ k.abs().transpose(-2, -1))[..., live].max().item()
     r = (lse[..., None] - s)[..., live].max().item()
     m = max(lse.abs().max().item(), s[..., live].abs().max().item())
-    return ExactAttention(q, k, v, dout, scale, p, o, lse, dp, delta, ds, a, r, m)
+    return ExactAttention(q=q, k=k, v=v, dout=dout, scale=scale, p=p, o=o, lse=lse, dp=dp, delta=delta, ds=ds, score_abs=a, exponent_range=r, lse_abs=m)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class AttentionBounds:
     """Elementwise bounds on |computed - exact| for the output, the lse and the three gradients."""
     out: torch.Tensor        # (B, H, Sq, Dv)
@@ -84,7 +84,7 @@ class AttentionBounds:
         """factor * (self + other): the gap two implementations can have."""
         def add(a: Any, b: Any) -> Any:
             return None if a is None or b is None else factor * (a + b)
-        return AttentionBounds(*(add(getattr(self, n), getattr(other, n)) for n in ("out", "lse", "dq", "dk", "dv")))
+        return AttentionBounds(**{n: add(getattr(self, n), getattr(other, n)) for n in ("out", "lse", "dq", "dk", "dv")})
 
 
 def rounding_bounds(ex: ExactAttention, unit_roundoff: float, block_keys: int, key_blocks: int,
@@ -109,7 +109,7 @@ def rounding_bounds(ex: ExactAttention, unit_roundoff: float, block_keys: int, k
     p, q, k, v, dout = ex.p, ex.q.abs(), ex.k.abs(), ex.v.abs(), ex.dout
     out_err = weight_err * (p @ v)
     if not grads:
-        return AttentionBounds(out_err, lse_err, None, None, None)
+        return AttentionBounds(out=out_err, lse=lse_err, dq=None, dk=None, dv=None)
     p_err = (d + 1) * u * ex.score_abs + lse_err + u * (ex.exponent_range + 2 * exp_ulps)
     dv_err = (p.transpose(-2, -1) @ dout.abs()) * (p_err + (s_q + 1) * u)
     delta_err = (dout.abs() * out_err).sum(-1, keepdim=True) + dv_dim * u * (dout * ex.o).abs().sum(-1, True)
@@ -117,7 +117,7 @@ def rounding_bounds(ex: ExactAttention, unit_roundoff: float, block_keys: int, k
                   + (ex.dp - ex.delta).abs() * (p_err + 3 * u))
     dq_err = ex.scale * (ds_err @ k + (s_k + 1) * u * (ex.ds.abs() @ k))
     dk_err = ex.scale * (ds_err.transpose(-2, -1) @ q + (s_q + 1) * u * (ex.ds.abs().transpose(-2, -1) @ q))
-    return AttentionBounds(out_err, lse_err, dq_err, dk_err, dv_err)
+    return AttentionBounds(out=out_err, lse=lse_err, dq=dq_err, dk=dk_err, dv=dv_err)
 
 
 def sdpa_bounds(ex: ExactAttention, dtype: torch.dtype, *, grads: bool = True) -> AttentionBounds:

@@ -95,7 +95,7 @@ def parallel_bytes(c: TrafficConfig, seq_len: int, width: int) -> dict[str, int]
             "CP": fwd + kv_back + grad_back + grads}
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class TrafficResult:
     """The numbers at the current setting and the curves over S and over width."""
     sent: int                        # forward K, V bytes per rank, N-1 sends
@@ -161,7 +161,7 @@ def traffic_model(c: TrafficConfig) -> TrafficResult:
         parallel_w={k: tuple(d[k] for d in by_w) for k in ("DP", "TP", "CP")})
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RingMeasurement:
     """What "run it" measured on local ranks, at its own (smaller) S, with the model's predictions there."""
     seq_len: int

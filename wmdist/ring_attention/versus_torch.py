@@ -43,7 +43,7 @@ CASES = (("float64", False, "contiguous"), ("float64", True, "contiguous"), ("fl
 A2A = "_c10d_functional::all_to_all_single"
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class TorchCase:
     """One rank's rows of torch's and our results for one case, and torch's all-to-all traffic."""
     rows: list[int]
@@ -77,7 +77,7 @@ def _torch_ring(ctx: Context, spec: RingSpec, dtype: DTypeName, causal: bool, la
     sizes = {"seq_len": spec.seq_len, "layout": layout, "causal": causal, "block_size": spec.block_size}
     o, l2, _ = ring_forward(ctx, q, k, v, **sizes)
     ours = (o, *ring_backward(ctx, q, k, v, o, l2, dout, **sizes)[:3])
-    return TorchCase(rows.tolist(), (out, *grads), ours, (fwd_calls, bwd_calls), (fwd_bytes, bwd_bytes))
+    return TorchCase(rows=rows.tolist(), theirs=(out, *grads), ours=ours, calls=(fwd_calls, bwd_calls), sent=(fwd_bytes, bwd_bytes))
 
 
 def template_missing() -> str | None:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 _CPU = torch.device("cpu")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Setting:
     """One process-wide setting: how to read it, how to put it back, and how to tell it changed.
 
@@ -86,35 +86,35 @@ def _numpy_rng_bytes(generator: Any = np.random.mtrand._rand._bit_generator) -> 
 
 
 SETTINGS = (
-    Setting("default device", torch.get_default_device, _put_default_device),
-    Setting("default dtype", torch.get_default_dtype, torch.set_default_dtype),
-    Setting("grad mode", torch.is_grad_enabled, torch.set_grad_enabled),
-    Setting("torch RNG state", torch.get_rng_state, torch.set_rng_state, None),
-    Setting("numpy RNG state", _numpy_rng_bytes, lambda v: np.random.set_state(v[1]), lambda now, v: now == v[0],
-            lambda: (_numpy_rng_bytes(), np.random.get_state())),
-    Setting("python RNG state", random.getstate, random.setstate, None),
-    Setting("torch threads", torch.get_num_threads, torch.set_num_threads),
-    Setting("working directory", os.getcwd, os.chdir),
-    Setting("environment variables", _environ, _put_environ),
-    Setting("deterministic algorithms", lambda: (torch.are_deterministic_algorithms_enabled(),
+    Setting(name="default device", get=torch.get_default_device, put=_put_default_device),
+    Setting(name="default dtype", get=torch.get_default_dtype, put=torch.set_default_dtype),
+    Setting(name="grad mode", get=torch.is_grad_enabled, put=torch.set_grad_enabled),
+    Setting(name="torch RNG state", get=torch.get_rng_state, put=torch.set_rng_state, same=None),
+    Setting(name="numpy RNG state", get=_numpy_rng_bytes, put=lambda v: np.random.set_state(v[1]), same=lambda now, v: now == v[0],
+            capture=lambda: (_numpy_rng_bytes(), np.random.get_state())),
+    Setting(name="python RNG state", get=random.getstate, put=random.setstate, same=None),
+    Setting(name="torch threads", get=torch.get_num_threads, put=torch.set_num_threads),
+    Setting(name="working directory", get=os.getcwd, put=os.chdir),
+    Setting(name="environment variables", get=_environ, put=_put_environ),
+    Setting(name="deterministic algorithms", get=lambda: (torch.are_deterministic_algorithms_enabled(),
                                                  torch.is_deterministic_algorithms_warn_only_enabled()),
-            lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
-    Setting("anomaly detection", lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
-            lambda v: torch.set_anomaly_enabled(*v)),
-    Setting("float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-    Setting("CPU autocast", lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
-            lambda v: (torch.set_autocast_enabled("cpu", v[0]), torch.set_autocast_dtype("cpu", v[1]))),
+            put=lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+    Setting(name="anomaly detection", get=lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+            put=lambda v: torch.set_anomaly_enabled(*v)),
+    Setting(name="float32 matmul precision", get=torch.get_float32_matmul_precision, put=torch.set_float32_matmul_precision),
+    Setting(name="CPU autocast", get=lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
+            put=lambda v: (torch.set_autocast_enabled("cpu", v[0]), torch.set_autocast_dtype("cpu", v[1]))),
     # torch has no getter for flush-denormal; a rank starts with it off (torch's default), so it is reset to off.
-    Setting("flush denormal", lambda: False, torch.set_flush_denormal, None),
-    Setting("torch print options", lambda: dict(vars(torch._tensor_str.PRINT_OPTS)),
-            lambda v: torch.set_printoptions(**v)),
-    Setting("numpy print options", np.get_printoptions, lambda v: np.set_printoptions(**v)),
-    Setting("numpy floating-point errors", np.geterr, lambda v: np.seterr(**v)),
-    Setting("warning filters", lambda: list(warnings.filters), _put_warning_filters),
-    Setting("sys.path", lambda: list(sys.path), lambda v: sys.path.__setitem__(slice(None), v)),
-    Setting("recursion limit", sys.getrecursionlimit, sys.setrecursionlimit),
-    Setting("sys.stdout", lambda: sys.stdout, lambda v: setattr(sys, "stdout", v), operator.is_),
-    Setting("sys.stderr", lambda: sys.stderr, lambda v: setattr(sys, "stderr", v), operator.is_),
+    Setting(name="flush denormal", get=lambda: False, put=torch.set_flush_denormal, same=None),
+    Setting(name="torch print options", get=lambda: dict(vars(torch._tensor_str.PRINT_OPTS)),
+            put=lambda v: torch.set_printoptions(**v)),
+    Setting(name="numpy print options", get=np.get_printoptions, put=lambda v: np.set_printoptions(**v)),
+    Setting(name="numpy floating-point errors", get=np.geterr, put=lambda v: np.seterr(**v)),
+    Setting(name="warning filters", get=lambda: list(warnings.filters), put=_put_warning_filters),
+    Setting(name="sys.path", get=lambda: list(sys.path), put=lambda v: sys.path.__setitem__(slice(None), v)),
+    Setting(name="recursion limit", get=sys.getrecursionlimit, put=sys.setrecursionlimit),
+    Setting(name="sys.stdout", get=lambda: sys.stdout, put=lambda v: setattr(sys, "stdout", v), same=operator.is_),
+    Setting(name="sys.stderr", get=lambda: sys.stderr, put=lambda v: setattr(sys, "stderr", v), same=operator.is_),
 )
 
 

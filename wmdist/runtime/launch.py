@@ -149,7 +149,7 @@ def _run_torchrun(fn: Callable[..., Any], world_size: int, args: tuple, kwargs: 
         _torchrun_resources.append(RankResources())
     resources = _torchrun_resources[0]
     resources.timeout = timedelta(seconds=timeout)        # groups made during this call
-    ctx = Context(rank, env_world, Ledger(rank), device=device, backend=backend, resources=resources)
+    ctx = Context(rank=rank, world_size=env_world, ledger=Ledger(rank=rank), device=device, backend=backend, resources=resources)
     gathered: list[Any] = [None] * env_world
     with _within(timeout, rank, resources):
         result = fn(ctx, *args, **kwargs)

@@ -155,13 +155,13 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
             publish(AT_END_OF_CALL)
             _reply(conn, "drained", audit.drain(within=float(message[6:])))
             continue
-        ledger = Ledger(rank, on_enter=publish)
+        ledger = Ledger(rank=rank, on_enter=publish)
         publish("")
         audit.begin(ledger=ledger)
         try:
             fn, args, kwargs = cloudpickle.loads(message)
             with main_names(fn):
-                result = fn(Context(rank, world_size, ledger, resources=resources), *args, **kwargs)
+                result = fn(Context(rank=rank, world_size=world_size, ledger=ledger, resources=resources), *args, **kwargs)
             _only_the_rank(me)
             _end_lines(streams)
             end_children()

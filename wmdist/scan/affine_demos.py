@@ -169,8 +169,8 @@ class BytesSpec:
 def compare_bytes(spec: BytesSpec, results: list[ScanRank]) -> Verdict:
     """Bytes and messages per rank vs the formulas; one sanity check of the states (scan-affine checks them all)."""
     cases, n = spec.scan.cases, spec.world_size
-    rows = tuple(BytesRow(c.steps, c.state_size, c.diagonal, combine,
-                          tuple(per_rank.outcomes[i][j].bytes_sent for per_rank in results))
+    rows = tuple(BytesRow(steps=c.steps, state_size=c.state_size, diagonal=c.diagonal, combine=combine,
+                          sent_per_rank=tuple(per_rank.outcomes[i][j].bytes_sent for per_rank in results))
                  for i, c in enumerate(cases) for j, combine in enumerate(COMBINES))
     last = len(cases) - 1
     check = close_check(f"{cases[last].label}: ranks == sequential loop",
@@ -179,7 +179,7 @@ def compare_bytes(spec: BytesSpec, results: list[ScanRank]) -> Verdict:
                         "reassociation_bound(chunked depth, T) * max|h|_abs")
     return Verdict(checks=[check], exact=traffic_counts(results, cases, n, ops=False),
                    params={"steps": list(spec.steps), "state_sizes": list(spec.state_sizes), "batch": spec.batch},
-                   data=ByteSweep(n, spec.batch, spec.fixed_state_size, spec.fixed_steps, rows))
+                   data=ByteSweep(world_size=n, batch=spec.batch, fixed_state_size=spec.fixed_state_size, fixed_steps=spec.fixed_steps, rows=rows))
 
 
 BYTES_DEMO = Experiment(name="scan-bytes", chapter="07", world_sizes=(4,),

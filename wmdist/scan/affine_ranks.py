@@ -78,7 +78,7 @@ class AffineCase:
         return cls(f"{kind} n={state_size} T={steps}", A, b, h0)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RankOutcome:
     """What one rank produced for one case and one combine: its chunk's states and what it counted."""
     states: torch.Tensor     # (B, L_r, n)
@@ -154,8 +154,8 @@ def scan_rank(ctx: Context, spec: ScanSpec) -> ScanRank:
             h_in = incoming(ctx, summary, case.h0, phase=phase, tally=tally)
             states = apply_incoming(A, b, h_in, tally=tally)                                # (B, L_r, n)
             sent = ctx.ledger.totals(phase=phase)
-            row.append(RankOutcome(states, tally.composes, tally.applies, sent["bytes_sent"], sent["bytes_recv"],
-                                   sent["messages"]))
+            row.append(RankOutcome(states=states, composes=tally.composes, applies=tally.applies, bytes_sent=sent["bytes_sent"], bytes_recv=sent["bytes_recv"],
+                                   messages=sent["messages"]))
         out.append(tuple(row))
     return ScanRank(tuple(out))
 

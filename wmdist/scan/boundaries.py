@@ -93,7 +93,7 @@ def time_chunk(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return torch.split(x, time_chunk_sizes(x.shape[1], world_size), dim=1)[rank]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class SchemeRun:
     """One rank's part in one scheme: its states, its spans (absolute clock), its cell calls and traffic."""
     states: torch.Tensor          # (B, L_r, n) for a time split, (B_r, T, n) for episodes
@@ -129,7 +129,7 @@ def _scheme(ctx: Context, name: str, cell: GRUCell, x: torch.Tensor, h0: torch.T
         if name == "hand-off" and r < n - 1:
             _timed(spans, r, "send", "boundary state", lambda: send(ctx, states[:, -1], r + 1, phase=name))
     sent = ctx.ledger.totals(phase=name)
-    return SchemeRun(states, tuple(spans), step.calls, sent["bytes_sent"], sent["bytes_recv"])
+    return SchemeRun(states=states, spans=tuple(spans), calls=step.calls, bytes_sent=sent["bytes_sent"], bytes_recv=sent["bytes_recv"])
 
 
 @dataclass(frozen=True)

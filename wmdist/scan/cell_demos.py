@@ -92,8 +92,8 @@ def compare_cell(spec: CellSpec, results: list[BoundaryRank]) -> Verdict:
         counts += counts_per_rank("bytes sent", [r[name].bytes_sent for r in results], sent, case=name)
         counts += counts_per_rank("bytes received", [r[name].bytes_recv for r in results], recvd, case=name)
     least = tuple(step_seconds * x.shape[0] * sum(sizes[:r]) for r in range(n))
-    data = CellSplit(tuple(sizes), tuple(step_errors(from_zero, exact).tolist()), bound,
-                     {name: timeline(results, name) for name in SCHEMES}, tuple(waits(results)), least, step_seconds)
+    data = CellSplit(chunk_sizes=tuple(sizes), from_zero_errors=tuple(step_errors(from_zero, exact).tolist()), bound=bound,
+                     timelines={name: timeline(results, name) for name in SCHEMES}, waits=tuple(waits(results)), least_waits=least, step_seconds=step_seconds)
     return Verdict(checks=checks, exact=counts, data=data,
                    params={"steps": x.shape[1], "batch": x.shape[0], "state_size": cell.state_size,
                            "dtype": "float32", "step_seconds": step_seconds})

@@ -62,7 +62,7 @@ def torch_scan_ops(steps: int) -> OpCount:
 
 def _count_rows(label: str, measured: OpCount, predicted: OpCount,
                 quantities: tuple[str, ...] = ("composes", "applies", "depth")) -> list[Count]:
-    return [Count(q, 0, getattr(measured, q), getattr(predicted, q), case=label) for q in quantities]
+    return [Count(quantity=q, rank=0, measured=getattr(measured, q), predicted=getattr(predicted, q), case=label) for q in quantities]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +147,7 @@ def compare_scans(spec: OneProcessSpec, results: list[ScanRuns]) -> Verdict:
             for name, tally, ops in (("loop", loop_tally, sequential_ops(t)), (hs.name, hs.tally, formulas[hs.name])):
                 exact += _count_rows(name, OpCount(tally.composes, tally.applies, tally.calls), ops)
             exact += _count_rows("torch associative_scan", runs.torch_ops, blelloch_ops(t), ("composes", "depth"))
-            exact += [Count(q, 0, getattr(ch.tally, q), getattr(formulas[ch.name], q), case=ch.name)
+            exact += [Count(quantity=q, rank=0, measured=getattr(ch.tally, q), predicted=getattr(formulas[ch.name], q), case=ch.name)
                       for q in ("composes", "applies")]
     return Verdict(checks=checks, exact=exact,
                    params={"steps": t, "state_size": spec.state_size, "batch": spec.batch, "chunks": n})
@@ -172,8 +172,8 @@ def measure_times(*, steps: tuple[int, ...] = (16, 64, 256, 1024), state_size: i
     """Time the three in this process (affine.time_scans); timings vary by machine and load: never asserted."""
     rows = time_scans(steps=steps, state_size=state_size, batch=batch, diagonal=diagonal, repeats=repeats)
     loop, scan, theirs = ([r[key] for r in rows] for key in ("sequential_s", "hillis_steele_s", "torch_scan_s"))
-    return ScanTimes(state_size, diagonal, tuple(int(r["steps"]) for r in rows), tuple(loop), tuple(scan),
-                     tuple(theirs))
+    return ScanTimes(state_size=state_size, diagonal=diagonal, steps=tuple(int(r["steps"]) for r in rows), loop_s=tuple(loop), hillis_steele_s=tuple(scan),
+                     torch_scan_s=tuple(theirs))
 
 
 DEMOS = [SCAN_DEMO]

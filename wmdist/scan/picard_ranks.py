@@ -36,7 +36,7 @@ from wmdist.spans import Span
 BOUNDARIES, CONVERGENCE = "picard boundaries", "picard convergence"
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class PicardRankRun:
     """One rank's sweeps: its chunk's states after each, the global start change after each, spans, counts."""
     sweep_states: tuple[torch.Tensor, ...]   # each (B, L_r, n)
@@ -91,8 +91,8 @@ def picard_rank(ctx: Context, plan: SweepPlan) -> PicardRankRun:
         if changes[-1] <= stop_below:
             break
     b, c = ctx.ledger.totals(phase=BOUNDARIES), ctx.ledger.totals(phase=CONVERGENCE, kind="collective")
-    return PicardRankRun(tuple(sweeps), tuple(changes), tuple(spans), step.calls, b["bytes_sent"], b["bytes_recv"],
-                         c["bytes_sent"])
+    return PicardRankRun(sweep_states=tuple(sweeps), changes=tuple(changes), spans=tuple(spans), calls=step.calls, boundary_sent=b["bytes_sent"], boundary_recv=b["bytes_recv"],
+                         convergence_sent=c["bytes_sent"])
 
 
 def run_picard(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, *, max_sweeps: int | None = None,
@@ -168,10 +168,10 @@ def compare_picard(spec: ScanPicardSpec, results: list[PicardRankRun]) -> Verdic
     exact_counts += counts_per_rank("convergence bytes sent", [r.convergence_sent for r in results],
                                     [k * h0.element_size()] * n)
     t = x.shape[1]
-    data = PicardSweeps(tuple(sizes), tuple(errors), tuple(results[0].changes),
-                        tuple(picard_work(t, j) for j in range(1, k + 1)),
-                        tuple(picard_depth(t, n, j) for j in range(1, k + 1)), t, stop_below,
-                        tuple(relative([s for r in results for s in r.spans])))
+    data = PicardSweeps(chunk_sizes=tuple(sizes), errors=tuple(errors), changes=tuple(results[0].changes),
+                        work=tuple(picard_work(t, j) for j in range(1, k + 1)),
+                        depth=tuple(picard_depth(t, n, j) for j in range(1, k + 1)), loop_steps=t, stop_below=stop_below,
+                        spans=tuple(relative([s for r in results for s in r.spans])))
     return Verdict(checks=checks, exact=exact_counts, data=data,
                    params={"steps": t, "batch": x.shape[0], "stop_below": stop_below,
                            "step_seconds": spec.step_seconds})

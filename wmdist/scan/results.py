@@ -15,7 +15,7 @@ Sweep = Literal["steps", "state_size"]     # what a ByteSweep row list runs over
 SWEEPS: tuple[Sweep, ...] = ("steps", "state_size")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BytesRow:
     """Measured bytes one configuration sent, per rank (sum over ranks in `total`)."""
     steps: int
@@ -29,7 +29,7 @@ class BytesRow:
         return sum(self.sent_per_rank)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ByteSweep:
     """Ledger bytes of the chunked scan over a sweep of T (at one n) and of n (at one T)."""
     world_size: int
@@ -49,7 +49,7 @@ class ByteSweep:
         return sorted({getattr(r, over): r for r in keep}.values(), key=lambda r: getattr(r, over))
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class CellSplit:
     """What scan-cell measured: the pitfall's error per step, the bound, timelines and waits."""
     chunk_sizes: tuple[int, ...]
@@ -61,7 +61,7 @@ class CellSplit:
     step_seconds: float
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ScanTimes:
     """Best-of wall seconds of the loop, Hillis-Steele and torch's scan at each T, for one kind of A."""
     state_size: int
@@ -76,7 +76,7 @@ class ScanTimes:
         return self.loop_s[i] / self.hillis_steele_s[i]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class PicardSweeps:
     """What scan-picard measured, per sweep k = 1 .. K: error, start change, work and depth so far."""
     chunk_sizes: tuple[int, ...]

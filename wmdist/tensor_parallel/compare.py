@@ -69,17 +69,17 @@ def collective_counts(measured: list[list[Measured]], schedule: list[Collective]
         by_phase: dict[str, int] = {}
         for m in mine:
             by_phase[m.phase] = by_phase.get(m.phase, 0) + m.bytes_sent
-        out.append(Count("collectives", r, len(mine), len(predicted), case=case))
+        out.append(Count(quantity="collectives", rank=r, measured=len(mine), predicted=len(predicted), case=case))
         for op in OPS:
-            out.append(Count(f"{op} calls", r, sum(_op(m.phase) == op for m in mine),
-                             sum(c.op == op for c in predicted), case=case))
-        out += [Count("bytes sent", r, by_phase.get(c.phase, 0), c.bytes_sent(r), phase=c.phase, case=case)
+            out.append(Count(quantity=f"{op} calls", rank=r, measured=sum(_op(m.phase) == op for m in mine),
+                             predicted=sum(c.op == op for c in predicted), case=case))
+        out += [Count(quantity="bytes sent", rank=r, measured=by_phase.get(c.phase, 0), predicted=c.bytes_sent(r), phase=c.phase, case=case)
                 for c in predicted]
-        out.append(Count("bytes sent", r, sum(by_phase.values()), sum(c.bytes_sent(r) for c in predicted),
+        out.append(Count(quantity="bytes sent", rank=r, measured=sum(by_phase.values()), predicted=sum(c.bytes_sent(r) for c in predicted),
                          phase="total", case=case))
-        out.append(Count("rounds", r, sum(m.rounds for m in mine), sum(c.rounds for c in predicted), case=case))
+        out.append(Count(quantity="rounds", rank=r, measured=sum(m.rounds for m in mine), predicted=sum(c.rounds for c in predicted), case=case))
         order = [m.phase for m in mine]
-        out.append(Count("collectives out of the predicted order", r,
-                         sum(a != b for a, b in zip(order, [c.phase for c in predicted])) + abs(len(order) - len(predicted)),
-                         0, case=case))
+        out.append(Count(quantity="collectives out of the predicted order", rank=r,
+                         measured=sum(a != b for a, b in zip(order, [c.phase for c in predicted])) + abs(len(order) - len(predicted)),
+                         predicted=0, case=case))
     return out

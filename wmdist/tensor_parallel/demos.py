@@ -191,10 +191,10 @@ def compare_dtensor(spec: TPSpec, results: list[OursAndTorch]) -> Verdict:
     checks.append(close_check("DTensor output == single device (rank 0)", results[0].torch.output, ref.output,
                               tolerance(ref.output, terms), WHY))
     calls = 2 if n > 1 else 0
-    exact = [Count("collectives, torch (dispatched)", r, sum(x.torch.comm_counts.values()), calls, case="DTensor")
+    exact = [Count(quantity="collectives, torch (dispatched)", rank=r, measured=sum(x.torch.comm_counts.values()), predicted=calls, case="DTensor")
              for r, x in enumerate(results)]
-    exact += [Count("all-reduce calls, torch (dispatched)", r,
-                    sum(c for op, c in x.torch.comm_counts.items() if "all_reduce" in op), calls, case="DTensor")
+    exact += [Count(quantity="all-reduce calls, torch (dispatched)", rank=r,
+                    measured=sum(c for op, c in x.torch.comm_counts.items() if "all_reduce" in op), predicted=calls, case="DTensor")
               for r, x in enumerate(results)]
     exact += collective_counts([r.ours.collectives for r in results],
                                costs.mlp_schedule(spec.shape, n, layout="column -> row"), "ours")
@@ -252,8 +252,8 @@ def compare_sp_cp(spec: TPSpec, results: list[BlockRuns]) -> Verdict:
         saved[layout] = [m.saved_bytes for m in mine]
         if layout in ("tp", "sp"):      # the activation collectives of all ranks together: 8(N-1) b s h 4, both ways
             moved = sum(c.bytes_sent for m in mine for c in m.collectives if not c.phase.startswith("sequence"))
-            exact.append(Count("activation bytes sent by all ranks together", 0, moved,
-                               costs.megatron_group_bytes(batch, seq, shape.width, n), case=layout))
+            exact.append(Count(quantity="activation bytes sent by all ranks together", rank=0, measured=moved,
+                               predicted=costs.megatron_group_bytes(batch, seq, shape.width, n), case=layout))
     data = BlockTraffic(sent, costs.megatron_layer_bytes(batch, seq, shape.width, n, sequence_parallel=True), saved,
                         ref.saved_bytes)
     return Verdict(checks=checks, exact=exact, params=spec.params, data=data)

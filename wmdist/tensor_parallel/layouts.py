@@ -96,7 +96,7 @@ def mlp_inputs(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -
     return torch.randn(batch, seq, cfg.width, generator=g), torch.randn(batch, seq, cfg.width, generator=g)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class MLPRun:
     """One rank's (or the single device's) MLP under one layout: output, gradients, collectives."""
     layout: str
@@ -117,8 +117,8 @@ def run_mlp_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: ML
     x.requires_grad_()
     y = mlp_forward(params, x, tp, cfg, layout=layout)
     y.backward(dy)
-    return MLPRun(layout, y.detach(), x.grad, {n: p.grad for n, p in params.items()},
-                  measured_collectives(ctx.ledger))
+    return MLPRun(layout=layout, output=y.detach(), input_grad=x.grad, grads={n: p.grad for n, p in params.items()},
+                  collectives=measured_collectives(ctx.ledger))
 
 
 @dataclass(frozen=True)
@@ -142,4 +142,4 @@ def mlp_reference(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0
     y = mlp(x)
     y.backward(dy)
     grads = {n: p.grad for n, p in zip(MLP_NAMES, mlp.parameters())}
-    return MLPRun("single", y.detach(), x.grad, grads, [])
+    return MLPRun(layout="single", output=y.detach(), input_grad=x.grad, grads=grads, collectives=[])

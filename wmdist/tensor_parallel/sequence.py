@@ -100,7 +100,7 @@ def cp_block(block: Block, x: torch.Tensor, tp: TPGroup, seq_len: int, *, causal
     return x + block.mlp(block.ln2(x))
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BlockRun:
     """What one rank (or the single device) produced for one layout: its outputs, gradients, bytes, collectives."""
     layout: str
@@ -149,7 +149,7 @@ def run_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: Layout
         if layout != "tp":
             reduce_sequence_parallel_grads(shard, tp)
         grads = shard.grads()
-    return BlockRun(layout, y.detach(), x.grad, grads, saved, measured_collectives(ctx.ledger))
+    return BlockRun(layout=layout, output=y.detach(), input_grad=x.grad, grads=grads, saved_bytes=saved, collectives=measured_collectives(ctx.ledger))
 
 
 @dataclass(frozen=True)
@@ -172,4 +172,4 @@ def reference_run(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0
     x.requires_grad_()
     y, saved = forward_saving(lambda: block(x), list(block.parameters()))
     y.backward(dy)
-    return BlockRun("single", y.detach(), x.grad, {n: p.grad.clone() for n, p in block.named_parameters()}, saved, [])
+    return BlockRun(layout="single", output=y.detach(), input_grad=x.grad, grads={n: p.grad.clone() for n, p in block.named_parameters()}, saved_bytes=saved, collectives=[])

@@ -50,7 +50,7 @@ class CollectiveCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class DTensorRun:
     """What torch's tensor parallelism held and computed on one rank."""
     local_params: dict[str, torch.Tensor]     # each parameter's local shard (whole for a replicated one)
@@ -83,9 +83,9 @@ def dtensor_mlp(ctx: Context, cfg: TransformerConfig, batch: int, seq: int, *, s
         y.backward(dy)
         y = torch.Tensor(y.wait()) if hasattr(y, "wait") else y
     params = dict(zip(MLP_NAMES, model.parameters()))
-    return DTensorRun({n: _local(p) for n, p in params.items()}, y.detach().clone(), x.grad.clone(),
-                      {n: _local(p.grad) for n, p in params.items()},
-                      dict(mode.calls))
+    return DTensorRun(local_params={n: _local(p) for n, p in params.items()}, output=y.detach().clone(), input_grad=x.grad.clone(),
+                      grads={n: _local(p.grad) for n, p in params.items()},
+                      comm_counts=dict(mode.calls))
 
 
 @dataclass(frozen=True)
