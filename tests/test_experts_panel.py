@@ -17,7 +17,7 @@ from wmdist.costs import experts as ecosts
 from wmdist.costs.units import seconds, si
 from wmdist.experts.panel import RUN_SIZES, ExpertsPanel, run_spec
 from wmdist.experts.tradeoff import CAPACITY_SWEEP, ExpertsConfig, capacity_sweep, experts_view, rank_sweep
-from wmdist.ui.panel import strip_tags
+from wmdist.ui.static import strip_tags
 
 SETTINGS = [ExpertsConfig(),
             ExpertsConfig(experts=16, k=1, ranks=8, capacity_factor=1.0, skew=1.2, tokens=512, width=256),

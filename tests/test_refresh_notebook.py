@@ -61,3 +61,16 @@ def test_a_repeat_is_dropped_and_the_checkout_path_is_not_stored():
     kept = rn.reader_outputs([text, figure, nbformat.from_dict(dict(figure))])
     assert len(kept) == 2
     assert str(REPO) not in kept[0].text and "./wmdist/x.py" in kept[0].text
+
+
+def test_a_figure_with_alt_text_is_stored_with_an_html_picture_that_carries_it():
+    """nbconvert's default template and the site show text/html first and write no alt for a bare PNG."""
+    figure = _display({"image/png": _png(300, 200), "text/plain": "<Figure>"},
+                      {"image/png": {"alt": "Figure, 1 chart. 'a' & <b>"}})
+    panel = _display({"image/png": _png(300, 200), "text/html": "<div>its own</div>", "text/plain": "n = 3"})
+    bare = _display({"image/png": _png(300, 200), "text/plain": "<Figure 2>"})
+    stored_figure, stored_panel, stored_bare = rn.reader_outputs([figure, panel, bare])
+    assert stored_figure.data["text/html"] == (f"<img src='data:image/png;base64,{stored_figure.data['image/png']}' "
+                                               "alt='Figure, 1 chart. &#x27;a&#x27; &amp; &lt;b&gt;'>")
+    assert stored_figure.metadata["image/png"]["alt"] == "Figure, 1 chart. 'a' & <b>"
+    assert stored_panel.data["text/html"] == "<div>its own</div>" and "text/html" not in stored_bare.data

@@ -5,8 +5,10 @@ The whole site (all eleven chapters) is built once into a temporary folder by to
 Every page reached must load with HTTP 200, every image on it must load (requests that leave
 this machine are refused, so an image from elsewhere fails too), every link must resolve (a
 page or file of the site, an anchor that exists on its page, or an https link to a known
-host), and no page may show a Python traceback or a widget error. Each chapter page carries
-its Binder launch link and at least as many images as its notebook stores PNGs.
+host), and no page may show a Python traceback, a widget error, a formula left as TeX or a line
+of code that scrolls sideways out of its box. Each chapter page carries its Binder launch link
+and at least as many images as its notebook stores PNGs; formulas are MathML, drawn by Chromium
+itself with the network refused (a stacked fraction is taller than a line of text).
 
 Needs the `site` extra (part of `test`), Debian's `chromium` and the `playwright` package; like
 tests/test_browser.py it skips without the browser tools, and fails under CI=true.
@@ -36,6 +38,13 @@ import build_site  # noqa: E402  (a script in tools/, not a package)
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated. Check CHANGES for Sphinx API")
 EXTERNAL_HOSTS = {"mybinder.org", "github.com", "www.sphinx-doc.org", "alabaster.readthedocs.io"}
 BAD_TEXT = ("Traceback (most recent call last)", "Error displaying widget", "model not found")
+# TeX a reader would see if formulas were not rendered (outside code, where a backslash is Python's).
+RAW_TEX = r"\\(frac|alpha|beta|cdot|times|text|sum|sqrt|left|right|le|ge|lceil|log|ell|qquad)(?![a-zA-Z])|\$\$"
+PROSE_TEXT = """() => {
+    const skip = n => n.parentElement.closest('pre, code, math, script, style');
+    const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT,
+        {acceptNode: n => skip(n) ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
+    let out = ''; while (walk.nextNode()) out += walk.currentNode.textContent + ' '; return out; }"""
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -83,6 +92,11 @@ def _check_page(page, url: str, pages: dict[str, str], origin: str, anchors: dic
     problems += [f"{url}: image does not load: {src}" for src in broken]
     text = page.inner_text("body")
     problems += [f"{url}: shows {bad!r}" for bad in BAD_TEXT if bad in text]
+    problems += [f"{url}: a formula is shown as TeX: ...{m.string[max(0, m.start() - 40):m.end() + 40]}..."
+                 for m in list(re.finditer(RAW_TEX, page.evaluate(PROSE_TEXT)))[:3]]
+    wide = page.evaluate("""() => [...document.querySelectorAll('pre')].filter(p => p.scrollWidth > p.clientWidth + 1)
+        .map(p => p.innerText.split('\\n').reduce((a, b) => a.length >= b.length ? a : b))""")
+    problems += [f"{url}: a code box scrolls sideways, its longest line: {line[:100]!r}" for line in wide]
     anchors[url] = set(page.evaluate("() => [...document.querySelectorAll('[id]')].map(e => e.id)"))
     for href in page.evaluate("() => [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))"):
         target, fragment = urldefrag(urljoin(url, href))
@@ -138,3 +152,29 @@ def test_readme_binder_links_follow_the_one_place_the_repository_is_named():
     for path in build_site.chapters():
         assert f"[binder-{path.stem[:2]}]" in readme.split(build_site.BEGIN)[0], f"no Binder link for {path.stem}"
     assert "](https://mybinder.org/v2/" not in readme       # every link goes through the generated block
+
+
+def test_formulas_are_drawn_as_mathml_with_the_network_refused(site, tmp_path):
+    """Chapter 05's bubble formula, a stacked fraction, laid out by Chromium's own MathML engine: the fraction's
+    box is 1.67 times its font size here (numerator over denominator); the same elements laid out as a line of
+    text measure 1.07, and TeX left as text has no fraction element at all. 1.4 lies between the two."""
+    html = (site / "05_pipeline_parallel.html").read_text(encoding="utf-8")
+    assert "mathjax" not in re.sub(r"mathjax_ignore", "", html.lower()), "the page still loads MathJax"
+    chromium, sync_playwright = _tools()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1320, "height": 900})
+        refused: list[str] = []
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+                   else (refused.append(route.request.url), route.abort()))
+        page.goto((site / "05_pipeline_parallel.html").as_uri(), wait_until="load")
+        boxes = page.evaluate("""() => [...document.querySelectorAll('math[display="block"] mfrac')].map(f => {
+                f.scrollIntoView();
+                const r = f.getBoundingClientRect();
+                return {width: r.width, height: r.height, font: parseFloat(getComputedStyle(f).fontSize)}; })""")
+        page.screenshot(path=str(tmp_path / "05_formula.png"))     # for a person to look at: pytest's tmp folder
+        browser.close()
+    assert boxes, "no displayed fraction on chapter 05's page"
+    for box in boxes:
+        assert box["width"] > 0 and box["height"] > 1.4 * box["font"], f"a fraction is not laid out as one: {box}"
+    assert not refused, f"the page asked the network for {refused}"

@@ -15,6 +15,12 @@ the previous/next links and the search page, and it is told to skip a widget's l
 the static PNG beside it. `-W` makes any warning (a broken reference, an unreadable output) an
 error, so a bad notebook fails the build instead of shipping a broken page.
 
+Readable offline: formulas are turned into MathML while the site is built (latex2mathml, a
+pure-Python package of the `site` extra), which browsers draw natively, so no page loads MathJax
+or anything else from the network; code and printed output wrap inside the column
+(`white-space: pre-wrap` in the site's CSS) instead of scrolling sideways. This file is also
+the Sphinx extension that does both (`setup` below, named in the generated conf.py).
+
 Each chapter page starts with its Binder launch link; the index lists the chapters with theirs.
 The repository Binder opens is `[tool.wmdist] binder-repo` in pyproject.toml, the one place it
 is written (`--readme` copies it into the README's link block).
@@ -28,6 +34,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+from docutils import nodes
 
 try:
     import tomllib
@@ -41,9 +48,14 @@ BEGIN, END = "<!-- binder links: begin", "<!-- binder links: end -->"
 
 CONF = '''\
 # Written by tools/build_site.py for one build; edit that file, not this one.
+import sys
+sys.path.insert(0, {tools!r})
 project = "wmdist"
 author = "the wmdist authors"
-extensions = ["myst_nb"]
+extensions = ["myst_nb", "build_site"]          # build_site: formulas as MathML, the wrapping CSS
+html_math_renderer = "mathml"                   # drawn by the browser itself: no MathJax, no network
+html_static_path = ["_static"]
+html_css_files = ["wmdist.css"]
 nb_execution_mode = "off"                       # show what tools/refresh_notebook.py stored; run nothing
 # No widget state is stored: skip a widget's live view and show the static picture it carries.
 nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None)]
@@ -58,6 +70,48 @@ html_show_sourcelink = False
 html_copy_source = False
 exclude_patterns = ["_build"]
 '''
+
+# Alabaster scrolls a long line inside its box (`overflow: auto`): on a page that is read, not edited,
+# the end of a call would be hidden. Wrap it at the column instead, breaking a long word if it must.
+CSS = """\
+div.highlight pre, div.cell_output pre, div.output pre {
+    white-space: pre-wrap;
+    overflow-wrap: anywhere;
+}
+div.math { overflow-x: auto; margin: 0.8em 0; }
+math[display="block"] { font-size: 115%; }
+/* A font with an OpenType MATH table spaces fractions and limits properly; `math` is the browser's own choice. */
+math { font-family: "STIX Two Math", "Latin Modern Math", "DejaVu Math TeX Gyre", math; }
+"""
+
+
+def mathml(tex: str, *, display: bool) -> str:
+    """`tex` as a MathML element (block or inline); ValueError naming the formula if it cannot be converted."""
+    from latex2mathml.converter import convert
+    try:
+        return convert(tex.strip(), display="block" if display else "inline")
+    except Exception as err:            # latex2mathml raises its own exception types, and some plain ones
+        raise ValueError(f"cannot convert the formula {tex!r} to MathML: {err}") from err
+
+
+def _math(translator, node: nodes.Element, *, display: bool) -> None:
+    """Write `node`'s formula as MathML (a build warning, so an error under -W, and the TeX as code if it fails)."""
+    tag = "div" if display else "span"
+    try:
+        body = mathml(node.astext(), display=display)
+    except ValueError as err:
+        from sphinx.util import logging
+        logging.getLogger(__name__).warning(str(err), location=node)
+        body = f"<code>{translator.encode(node.astext())}</code>"
+    translator.body.append(translator.starttag(node, tag, "", CLASS="math") + body + f"</{tag}>")
+    raise nodes.SkipNode
+
+
+def setup(app) -> dict[str, bool]:
+    """The Sphinx extension: the "mathml" math renderer for HTML."""
+    app.add_html_math_renderer("mathml", (lambda t, n: _math(t, n, display=False), None),
+                               (lambda t, n: _math(t, n, display=True), None))
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
 def binder_repo() -> str:
@@ -149,7 +203,9 @@ def build(selected: list[str] | None = None, out: Path = BUILD / "site", noteboo
         entries.append((path.stem, title(nb)))
         nbformat.write(with_launch_link(nb, binder_url(path.name, repo)), src / path.name)
     (src / "index.md").write_text(index_page(entries, repo), encoding="utf-8")
-    (src / "conf.py").write_text(CONF.format(), encoding="utf-8")
+    (src / "conf.py").write_text(CONF.format(tools=str(Path(__file__).resolve().parent)), encoding="utf-8")
+    (src / "_static").mkdir()
+    (src / "_static" / "wmdist.css").write_text(CSS, encoding="utf-8")
     code = build_main(["-b", "html", "-q", "-W", "--keep-going", "-d", str(doctrees),
                        str(src), str(out)])
     if code:

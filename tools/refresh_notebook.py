@@ -16,6 +16,15 @@ The course's convention (docs/notebooks.md):
   fallbacks (`image/png`, `text/html`, a meaningful `text/plain`) stay. A widget that has only
   ipywidgets' default repr to fall back on (a progress bar) is dropped whole.
 - Code cells are numbered 1, 2, ... in order; widget state and machine-specific metadata go.
+- Every figure a cell shows is stored with alt text saying what it shows (from its titles, axis
+  labels and legend: wmdist.ui.render.describe_figures, run in the kernel before the first cell),
+  in its metadata and in a `text/html` <img> beside the PNG: nbconvert's default template and the
+  site show the HTML (they prefer it to a PNG, and the template writes no alt for a bare PNG).
+  A panel stores its own HTML: the picture and its key numbers (wmdist.ui.panel).
+
+`stale_pictures` is the other half: it compares a cell's stored pictures with those a fresh run
+drew (their count and their size as stored), so a stored output that the current code would draw
+differently fails the suite's nbval run (notebooks/conftest.py calls it after every cell).
 
 Fails if a cell raised (unless marked NBVAL_RAISES_EXCEPTION) or a checked output holds an
 absolute path of this machine.
@@ -24,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import copy
+import html
 import io
 import json
 import re
@@ -43,6 +54,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 MAX_WIDTH = 1200                       # px: wider than any panel the course draws (ui/render.py, 1 px per CSS px)
 WIDGET_REPR = re.compile(r"^[A-Z]\w*\(.*\)$", re.S)      # ipywidgets' default text/plain: `IntProgress(value=3, ...)`
 REPO = Path(__file__).resolve().parents[1]
+# Run in the kernel before the notebook's first cell (and not stored): every Figure displayed gets alt text.
+PRELUDE = "from wmdist.ui.render import describe_figures\nassert describe_figures(), 'no IPython kernel'"
 
 
 def screen_size_png(data: str, meta: dict[str, Any]) -> str:
@@ -64,6 +77,12 @@ def screen_size_png(data: str, meta: dict[str, Any]) -> str:
         meta.pop("width", None)
         meta.pop("height", None)
     return encoded if resized or len(encoded) < len(data) else data
+
+
+def picture_html(png: str, alt: str) -> str:
+    """An <img> of a base64 PNG with its alt text: what nbconvert's default (lab) template and the site show, since
+    they prefer text/html to image/png and the lab template writes no alt for a bare PNG."""
+    return f"<img src='data:image/png;base64,{png}' alt='{html.escape(alt, quote=True)}'>"
 
 
 def _scrub(value: Any, root: str) -> Any:
@@ -89,6 +108,9 @@ def reader_outputs(outputs: list[Any], root: str = str(REPO)) -> list[Any]:
         if data is not None and "image/png" in data:
             meta = out.get("metadata", {})
             data["image/png"] = screen_size_png(data["image/png"], meta.get("image/png", {}))
+            alt = meta.get("image/png", {}).get("alt")
+            if alt and "text/html" not in data:
+                data["text/html"] = picture_html(data["image/png"], alt)
             if meta.get("image/png") == {}:
                 del meta["image/png"]
         out = _scrub(out, root)
@@ -100,17 +122,54 @@ def reader_outputs(outputs: list[Any], root: str = str(REPO)) -> list[Any]:
     return kept
 
 
+def png_sizes(outputs: list[Any]) -> list[tuple[int, int]]:
+    """(width, height) in pixels of each `image/png` among `outputs`, in order."""
+    return [Image.open(io.BytesIO(base64.b64decode(out["data"]["image/png"]))).size
+            for out in outputs if "image/png" in out.get("data", {})]
+
+
+def stale_pictures(stored: list[Any], fresh: list[Any], *, checked: bool = False, tolerance_px: int = 0) -> list[str]:
+    """How a cell's stored pictures differ from those a fresh run of it drew ([] when they agree).
+
+    `fresh` are the outputs as a kernel sent them; unless `checked` (an NBVAL_CHECK_OUTPUT cell, stored as
+    it came) they are first made what refresh() would store (reader_outputs: screen size, no repeats).
+    Compared: how many pictures, and each one's width and height, within `tolerance_px`.
+    """
+    if tolerance_px < 0:
+        raise ValueError(f"tolerance_px must be >= 0, got {tolerance_px}")
+    want = png_sizes(fresh if checked else reader_outputs(copy.deepcopy(list(fresh))))
+    have = png_sizes(stored)
+    if len(want) != len(have):
+        return [f"{len(have)} picture(s) stored, the code now shows {len(want)}"]
+    return [f"picture {i + 1}: stored {h[0]}x{h[1]} px, the code now draws {w[0]}x{w[1]} px"
+            for i, (h, w) in enumerate(zip(have, want))
+            if abs(h[0] - w[0]) > tolerance_px or abs(h[1] - w[1]) > tolerance_px]
+
+
+class _Client(NotebookClient):
+    """nbclient, running the PRELUDE cell outside the kernel's history: the notebook's cells keep In [1], [2], ..."""
+
+    async def async_execute_cell(self, cell: Any, cell_index: int, execution_count: int | None = None,
+                                 store_history: bool = True) -> Any:
+        prelude = cell.get("metadata", {}).get("wmdist_prelude", False)
+        return await super().async_execute_cell(cell, cell_index, execution_count,
+                                                store_history=store_history and not prelude)
+
+
 def refresh(path: Path, timeout: int = 600) -> float:
     """Execute `path` in place; return the seconds it took."""
     nb = nbformat.read(path, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(PRELUDE, metadata={"wmdist_prelude": True}))
     # store_widget_state=True: with False, nbclient fails on panels that draw into an Output
     # widget; the state is dropped from the metadata below anyway.
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+    client = _Client(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             store_widget_state=True, resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start
-    problems, count = [], 0
+    prelude = nb.cells.pop(0)
+    problems, count = [f"the prelude raised: {o.ename}: {o.evalue}" for o in prelude.outputs
+                       if o.output_type == "error"], 0
     home = str(REPO.parent)
     coalesce = CoalesceStreamsPreprocessor()
     for i, cell in enumerate(nb.cells):

@@ -19,9 +19,10 @@ The base wires everything else once, so all five panels behave alike:
 - The run button shows progress, keeps the kernel alive on failure (the error
   goes into the status line), stores what it measured in `self.measured`,
   and redraws with it.
-- Displayed, a panel offers both the live widget and a static PNG of its
-  figure (the mime bundle): JupyterLab shows the widget, a static renderer
-  (GitHub, nbviewer, the course site) the picture.
+- Displayed, a panel offers both the live widget and a static view (the
+  mime bundle): JupyterLab shows the widget; a static renderer (GitHub,
+  nbviewer, nbconvert, the course site) shows `text/html` holding the
+  picture, with alt text saying what it shows, and the key numbers under it.
 
 Tests drive a panel headlessly by setting `.value` on `panel.controls[name]`
 (or `panel.selector.value` for a view) and reading `panel.result`,
@@ -33,7 +34,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -44,8 +44,9 @@ from matplotlib.figure import Figure
 from wmdist.ui.controls import CONTROL_WIDTH, controls_for
 from wmdist.ui.layout import WRAP, panel_layout
 from wmdist.ui.prefetch import Prefetcher, candidates
+from wmdist.on_progress import OnProgress
 from wmdist.ui.render import FONT, canvas_figure, img_html, to_png
-from wmdist.experiment import OnProgress
+from wmdist.ui.static import static_html, strip_tags
 
 
 @dataclass(frozen=True)
@@ -271,10 +272,14 @@ class Panel:
         return self.measured
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """The live widget for JupyterLab, and the figure on screen now as a PNG (with the numbers as text) for
-        renderers without a kernel."""
+        """The live widget for JupyterLab, and for renderers without a kernel the picture and its numbers.
+
+        Every HTML renderer (nbconvert, the course site, GitHub) shows one representation of an output and
+        prefers `text/html` to `image/png`: the HTML holds the picture (with its alt text) and the key numbers,
+        so neither is dropped. The PNG and the numbers as text stay for renderers that take those."""
         bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
         bundle["text/plain"] = strip_tags(self.summary.value) or f"{type(self).__name__}: {self.error}"
+        bundle["text/html"] = static_html(self)
         if self.png:
             bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
         return bundle
@@ -283,9 +288,3 @@ class Panel:
 def stable(value: Any) -> Any:
     """A float rounded to 12 significant digits (anything else as it is), for cache keys."""
     return float(f"{value:.12g}") if isinstance(value, float) else value
-
-
-def strip_tags(markup: str) -> str:
-    """HTML to one plain line: tags dropped, entities decoded, line breaks kept as '; '."""
-    text = re.sub(r"<br\s*/?>|</p>|</tr>", "; ", markup)
-    return html.unescape(re.sub(r"<[^>]+>", "", text)).strip(" ;")

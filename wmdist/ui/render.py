@@ -12,6 +12,13 @@ text is about 14 px high on screen, never shrunk to fit a column.
 Formatters here write tick labels in engineering units (1 ms, 10 kB, 1
 TFLOP) as plain text, never as mathtext: parsing mathtext was a third of a
 redraw, and "6×10⁻³" is not how a person reads a duration.
+
+A picture stored in a notebook is read without a kernel (nbconvert, the course site,
+GitHub), where its alt text is all a screen reader has: `figure_alt` writes one from what
+the figure already says (titles, axis labels, legend entries), and `describe_figures`
+makes IPython attach it to every Figure a cell displays (output metadata `alt`; the
+refresh tool also stores it in a `text/html` <img>, since nbconvert's default template
+writes no alt for a bare PNG).
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import base64
 import html
 import io
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -89,6 +97,65 @@ def img_html(png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return (f"<img src='data:image/png;base64,{data}' alt='{html.escape(alt, quote=True)}' "
             f"style='max-width:none; display:block'>")
+
+
+ALT_LIMIT = 600    # characters: an alt text is read aloud in full; past this it says "…" and stops
+
+
+def figure_alt(fig: Figure) -> str:
+    """What `fig` shows, in words, from its own text: the figure title, then per chart its title, axes and key.
+
+    e.g. "Figure, 2 charts. 1) GPipe, P = 4 — x axis time (ms), y axis stage; key: forward, backward. 2) ..."
+    A chart with no text of its own (a colour bar) is counted but not described.
+    """
+    def said(*texts: str) -> list[str]:
+        return [t.strip() for t in texts if t and t.strip()]
+
+    charts = []
+    for ax in fig.axes:
+        title = ", ".join(said(ax.get_title("left"), ax.get_title("center"), ax.get_title("right")))
+        parts = []
+        axes = said(*(f"{name} axis {label.strip()}" for name, label in (("x", ax.get_xlabel()), ("y", ax.get_ylabel()))
+                      if label.strip()))
+        if axes:
+            parts.append(", ".join(axes))
+        legend = ax.get_legend()
+        key = said(*(t.get_text() for t in legend.get_texts())) if legend is not None else []
+        if key:
+            parts.append(f"key: {', '.join(key)}")
+        body = "; ".join(parts)
+        if title or body:
+            charts.append(f"{title} — {body}" if title and body else title or body)
+    head = list(dict.fromkeys(said(*(t.get_text() for t in fig.texts))))     # suptitle and figure-level text
+    count = len(fig.axes)
+    words = ["Figure" + (f": {'; '.join(head)}" if head else "") + f", {count} chart{'s' if count != 1 else ''}."]
+    if len(charts) == 1:
+        words.append(charts[0] + ".")
+    else:
+        words += [f"{i}) {c}." for i, c in enumerate(charts, 1)]
+    text = " ".join(words)
+    return text if len(text) <= ALT_LIMIT else text[:ALT_LIMIT - 1].rstrip() + "…"
+
+
+def describe_figures(*, shell: Any = None) -> bool:
+    """Make IPython store `figure_alt(fig)` as the alt text of every Figure displayed in `shell`.
+
+    Registered as the Figure's mime-bundle formatter returning metadata only: IPython still
+    takes the PNG from matplotlib's inline backend, and keeps this metadata beside it, so a
+    later `%matplotlib inline` (which re-registers the PNG formatter) does not undo it.
+    `shell` defaults to the running IPython; returns False (and does nothing) outside one.
+    """
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+    if shell is None:
+        return False
+    shell.display_formatter.mimebundle_formatter.for_type(
+        Figure, lambda fig: ({}, {"image/png": {"alt": figure_alt(fig)}}))
+    return True
 
 
 # --- axes in engineering units -----------------------------------------------------------------

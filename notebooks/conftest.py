@@ -1,0 +1,32 @@
+"""nbval runs every notebook once (the README's test command). After each cell passes, this also compares
+the pictures the notebook stores with those the current code just drew (tools/refresh_notebook.py's
+stale_pictures: how many, and each one's size as it would be stored), so a stored output that the code
+no longer draws fails the suite instead of being shown to readers. Checked text outputs
+(NBVAL_CHECK_OUTPUT) are compared by nbval itself."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from refresh_notebook import CHECK, stale_pictures  # noqa: E402  (a script in tools/, not a package)
+
+# Pixels a stored picture may differ by. Panels are drawn on fixed canvases (exact), but a figure is cropped
+# by the inline backend to what it draws (bbox_inches="tight"): a measured number one digit longer in a
+# label at the figure's edge moves that edge by about one digit, ~8 px at 10 pt. A figure drawn at another
+# size differs by tens to hundreds of pixels (the 860 vs 700 px timelines of issue 25).
+TOLERANCE_PX = 8
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    result = yield                                   # nbval ran the cell; a failing cell has raised already
+    fresh, cell = getattr(item, "test_outputs", None), getattr(item, "cell", None)
+    if fresh is not None and cell is not None and cell.get("execution_count") is not None:
+        problems = stale_pictures(cell.outputs, fresh, checked=CHECK in cell.source, tolerance_px=TOLERANCE_PX)
+        if problems:
+            pytest.fail("its stored outputs are not what the code draws now (run tools/refresh_notebook.py on it):\n  "
+                        + "\n  ".join(problems), pytrace=False)
+    return result
