@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import re
 
 import ipywidgets as W
@@ -185,6 +186,77 @@ def test_every_panel_fits_its_views_and_says_what_to_try(panels):
         panel.selector.value = panel.selector.options[0]
         assert not re.search(r"\de[+-]\d", strip_tags(panel.summary.value)), name   # engineering units, not 1e+03
         panel.prefetch.idle()
+
+
+def _browser_step(slider: W.FloatLogSlider, direction: int) -> None:
+    """Press an arrow key on a log slider as the browser does: its track is the exponent, from `min` in steps of
+    `step` (noUiSlider snaps the handle to that grid), and it sends base ** exponent as the new value."""
+    position = math.log(slider.value) / math.log(slider.base)
+    last = round((slider.max - slider.min) / slider.step)
+    n = min(max(round((position + direction * slider.step - slider.min) / slider.step), 0), last)
+    slider.value = slider.base ** (slider.min + n * slider.step)
+
+
+def test_a_log_slider_comes_back_to_its_value_after_a_step_each_way(panels):
+    """01's α at 3 ms once came back as 3.16 ms (a grid from 1e-7 does not hold 3e-3); every log slider of
+    every panel, and a value set by code (a device, a fit), must come back exactly."""
+    sliders = [(name, key, c) for name, panel in panels.items() for key, c in panel.controls.items()
+               if isinstance(c, W.FloatLogSlider)]
+    assert {("01 scaling", "alpha"), ("09 patterns", "inter_gbps")} <= {(n, k) for n, k, _ in sliders}
+    for name, key, slider in sliders:
+        for direction in (+1, -1):
+            start = slider.value
+            _browser_step(slider, direction)
+            assert slider.value != start, (name, key, "did not move")
+            _browser_step(slider, -direction)
+            assert slider.value == start, (name, key, start, slider.value)
+    panel, alpha = panels["01 scaling"], panels["01 scaling"].controls["alpha"]
+    panel.prefetch.idle()
+    _browser_step(alpha, +1)
+    assert panel._stale, "the snapped stop must be the value drawn ahead (same picture key)"
+    _browser_step(alpha, -1)
+    alpha.value = 3.7e-5                                           # e.g. a fitted α
+    _browser_step(alpha, +1)
+    _browser_step(alpha, -1)
+    assert alpha.value == 3.7e-5
+    alpha.value = 3e-3
+    panels["01 scaling"].prefetch.idle()
+
+
+def test_log_grid_holds_its_anchor_and_reads_stops_at_the_readout_digits():
+    from wmdist.knobs import Knob, log_grid
+    grid = log_grid(Knob("a", low=1e-7, high=1e-2, log=True), 3e-3)
+    low, high = grid.exponents
+    assert grid.stop(0) == 3e-3 and 1e-7 <= 10 ** low and 10 ** high <= 1e-2 * (1 + 1e-12)
+    assert grid.snap(10 ** (math.log10(3e-3) + 0.05)) == grid.stop(1) == pytest.approx(3.3661e-3, rel=1e-4)
+    assert grid.snap(10 ** (math.log10(3e-3) - 1e-14)) == 3e-3     # the browser's float for the anchor
+    assert grid.snap(3.7e-5) == 3.7e-5                             # no stop: left as it is
+    with pytest.raises(ValueError, match="outside"):
+        log_grid(Knob("a", low=1.0, high=10.0, log=True), 20.0)
+
+
+def test_a_menu_option_for_none_stays_shown_when_chosen_again(panels):
+    """ipywidgets blanks a Dropdown whose value is None: "same" and "none" are held as labels, None in the
+    config."""
+    from wmdist.ui.controls import model_value
+    panel = panels["00 memory"]
+    for key, other in (("grad_dtype", "fp32"), ("grad_accum_dtype", "fp32")):
+        menu = panel.controls[key]
+        label = menu.label
+        assert menu.value is not None and getattr(panel.config, key) is None
+        menu.value = other
+        assert getattr(panel.config, key) == other
+        menu.index = 0                                             # chosen again, as the browser sends it
+        assert menu.label == label and menu.index == 0 and getattr(panel.config, key) is None
+        assert model_value(menu, menu.value) is None
+    panel.prefetch.idle()
+
+
+def test_a_panel_keeps_no_blank_band_under_a_shorter_view(panels):
+    """The figure box is as tall as the tallest view: views of one panel share a height (05 had 100 px blank)."""
+    for name, panel in panels.items():
+        heights = {v.height for v in panel._views.values()}
+        assert len(heights) == 1, (name, heights)
 
 
 def test_bench_times_both_paths():

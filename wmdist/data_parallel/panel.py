@@ -93,4 +93,4 @@ class ScalingPanel(Panel):
             if not self.measured.resolved(name):
                 continue
             s = self.controls[name]
-            s.value = min(max(value, 10 ** s.min), 10 ** s.max)
+            s.value = min(max(value, s.knob.low), s.knob.high)

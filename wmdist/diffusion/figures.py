@@ -51,18 +51,19 @@ def picard_figure(run: PicardRun) -> Figure:
     r = run.result
     rounds = list(range(1, r.rounds + 1))
     with plt.ioff():
-        fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6), layout="constrained")
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.6), layout="constrained")
     floor = run.rounding_level / 100                       # where a bitwise-zero error is drawn on a log axis
     left.semilogy(rounds, [max(e, floor) for e in r.errors], "o-", color="tab:purple", label="Picard iterate")
     left.axhline(run.rounding_level, color="0.4", ls="--", lw=1, label="rounding level of the sum")
-    left.set(title=f"error vs the sequential sampler (0 drawn at {floor:.0e})", xlabel="round",
-             ylabel="max |iterate - sequential|")
+    left.set(xlabel="round", ylabel="max |iterate - sequential|")
+    left.set_title(f"error vs the sequential sampler\n(an error of 0 is drawn at {floor:.0e})", fontsize=10, loc="left")
     left.legend(fontsize=8)
     slots = [-(-e // run.world_size) for e in r.evaluations]
     right.bar(rounds, r.evaluations, color="tab:orange", label="evaluations, all ranks")
     right.bar(rounds, slots, color="tab:red", width=0.5, label=f"slots on the busiest of {run.world_size} ranks")
-    right.set(title=f"work: {r.total_evaluations} evaluations in {run.critical_path} slots "
-                    f"(sequential: {run.steps} in {run.steps})", xlabel="round", ylabel="evaluations")
+    right.set(xlabel="round", ylabel="evaluations")
+    right.set_title(f"work: {r.total_evaluations} evaluations in {run.critical_path} slots\n"
+                    f"(sequential: {run.steps} in {run.steps})", fontsize=10, loc="left")
     right.legend(fontsize=8)
     return fig
 
@@ -73,7 +74,7 @@ def tradeoff_figure(rows: list[TradeoffRow]) -> Figure:
     sequential = next(r for r in rows if r.method == "sequential")
     sizes = sorted({r.world_size for r in rows if r.method != "sequential"})
     with plt.ioff():
-        fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6), layout="constrained")
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.6), layout="constrained")
     for ax, field, title in ((left, "slots", "evaluation slots in sequence"),
                              (right, "evaluations", "evaluations, all ranks together")):
         ax.axhline(getattr(sequential, field), color="k", ls="--", lw=1, label="sequential sampler")

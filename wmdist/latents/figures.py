@@ -13,7 +13,7 @@ def estimator_figure(stats: dict[str, EstimatorStats]) -> Figure:
     names = [n for n in stats if n != "f(z)"]
     z = [stats[n].bias_in_se for n in names]
     with plt.ioff():
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2), layout="constrained")
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.2), layout="constrained")
     left.axvspan(-4, 4, color="0.9", label="within 4 SE")
     left.barh(names, z, color=["tab:red" if abs(v) > 4 else "tab:green" for v in z])
     left.set(xlabel="bias / standard error", title="bias against the exact gradient")

@@ -46,7 +46,7 @@ def bytes_axes(ax: plt.Axes, result: PatternsResult, ledger: dict[str, int] | No
         ax.legend(fontsize=SMALL, loc="lower right")
     ax.set_xscale("log")
     ax.set_xlim(1, max(values) * 10)
-    ax.xaxis.set_major_locator(LogLocator(base=10, numticks=12))
+    ax.xaxis.set_major_locator(LogLocator(base=10, numticks=7))     # every other decade past 6: labels apart
     eng_axis(ax.xaxis, "B")
     ax.minorticks_off()
     ax.set_ylim(len(axes) - 0.5, -0.6)

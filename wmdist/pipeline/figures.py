@@ -105,7 +105,7 @@ def draw_measured(fig: Figure, view: BubbleView, measured: MeasuredBubble | None
         ax.text(0.5, 0.5, "Press \"Run it on P local ranks\" to time this schedule\non real processes here.",
                 ha="center", va="center", fontsize=FONT + 1, transform=ax.transAxes)
         return
-    ideal, low = axes_grid(fig, rows=2, cols=1, margins=(0.1, 0.98, 0.1, 0.91), hspace=0.45)
+    ideal, low = axes_grid(fig, rows=2, cols=1, margins=(0.1, 0.98, 0.13, 0.92), hspace=0.5)
     ideal.set_axis_on()
     spans = in_slots(measured.median_timeline, measured.work.slot_seconds)
     end = max(float(view.sim.makespan), max(s.end for s in spans))
@@ -116,6 +116,9 @@ def draw_measured(fig: Figure, view: BubbleView, measured: MeasuredBubble | None
     low.set_xlim(0, end)
     integer_axis(low.xaxis)
     low.set_xlabel(f"time in slots of {1e3 * measured.work.slot_seconds:g} ms")
+    if view.schedule.stages > 4:                       # two stacked diagrams of up to 8 rows in the panel's 320 px
+        for ax in (ideal, low):
+            ax.tick_params(axis="y", labelsize=SMALL)
     low.set_title(f"measured on {view.schedule.stages} ranks (median of {len(measured.idle)} steps): idle "
                   f"{measured.median_idle:.3f}", fontsize=FONT, loc="left")
 

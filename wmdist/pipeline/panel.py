@@ -60,7 +60,7 @@ class BubblePanel(Panel):
 
     def views(self) -> list[View]:
         return [View("slot diagram", lambda fig, c, r: draw_slots(fig, r)),
-                View("measured", lambda fig, c, r: draw_measured(fig, r, self.measured), height=420),
+                View("measured", lambda fig, c, r: draw_measured(fig, r, self.measured)),
                 View("bubble vs M", lambda fig, c, r: draw_curve(fig, r)),
                 View("activations in flight", lambda fig, c, r: draw_held(fig, r))]
 

@@ -131,7 +131,7 @@ def _detached(fig: Figure) -> Figure:
 
 def _balance(spans: dict[str, tuple[Span, ...]], cpu_s: dict[str, list[float]]) -> Figure:
     layouts = list(spans)
-    fig, axes = plt.subplots(len(layouts), 2, figsize=(12, 1.2 + 2.0 * len(layouts)), layout="constrained",
+    fig, axes = plt.subplots(len(layouts), 2, figsize=(9.0, 1.2 + 2.0 * len(layouts)), layout="constrained",
                              squeeze=False, gridspec_kw={"width_ratios": [3, 1]})
     for i, layout in enumerate(layouts):
         t0 = min(sp.start for sp in spans[layout])           # each layout's run from its own start

@@ -39,6 +39,8 @@ class TrafficPanel(Panel):
 
     def __init__(self, config: TrafficConfig | None = None):
         super().__init__(config or TrafficConfig())
+        device = self.controls["device"]          # "device" alone: its options already name the link, and
+        device.tooltip, device.description = device.description, "device"    # "HDR InfiniBand" needs the room
         with self.holding():
             self._show_device(self.controls["device"].value)
 
@@ -57,7 +59,7 @@ class TrafficPanel(Panel):
         f, b, _ = DEVICES[device]
         for name, value in (("flops", f), ("link", b)):
             s = self.controls[name]
-            s.value = min(max(value, s.base ** s.min), s.base ** s.max)
+            s.value = min(max(value, s.knob.low), s.knob.high)
 
     def _changed(self, name: str, change: dict) -> None:
         if self._holding:

@@ -6,6 +6,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from wmdist.costs.scan import blelloch_ops, brent_steps, chunked_ops, hillis_steele_ops, sequential_ops
 from wmdist.scan.results import ByteSweep, CellSplit, PicardSweeps, ScanTimes
@@ -32,7 +33,7 @@ STYLE = {("gathered", False): ("tab:red", "-o"), ("gathered", True): ("tab:orang
 
 def bytes_figure(sweep: ByteSweep) -> Figure:
     """Bytes all ranks sent, against T (flat) and against the state size n, per combine and A structure."""
-    fig, (left, right) = _subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    fig, (left, right) = _subplots(1, 2, figsize=(9.0, 3.8), layout="constrained")
     series = [("gathered", False, "all-gather, dense A"), ("gathered", True, "all-gather, diagonal A"),
               ("handoff", False, "hand-off, any A (one state per hop)")]
     for combine, diagonal, label in series:
@@ -41,10 +42,10 @@ def bytes_figure(sweep: ByteSweep) -> Figure:
         left.plot([r.steps for r in by_t], [r.total for r in by_t], style, color=color, label=label)
         by_n = sweep.select(combine, diagonal=diagonal, over="state_size")
         right.plot([r.state_size for r in by_n], [r.total for r in by_n], style, color=color, label=label)
-    left.set(xscale="log", yscale="log", xlabel="time steps T", ylabel="bytes sent, all ranks together",
-             title=f"vs T (n = {sweep.fixed_state_size}, N = {sweep.world_size}): flat")
-    right.set(xscale="log", yscale="log", xlabel="state size n", ylabel="bytes sent, all ranks together",
-              title=f"vs n (T = {sweep.fixed_steps}): n^2 for dense summaries, n otherwise")
+    left.set(xscale="log", yscale="log", xlabel="time steps T", ylabel="bytes sent, all ranks together")
+    left.set_title(f"vs T (n = {sweep.fixed_state_size}, N = {sweep.world_size}): flat", fontsize=10, loc="left")
+    right.set(xscale="log", yscale="log", xlabel="state size n", ylabel="bytes sent, all ranks together")
+    right.set_title(f"vs n (T = {sweep.fixed_steps}): n² for dense summaries, n otherwise", fontsize=10, loc="left")
     right.legend(fontsize=8)
     return fig
 
@@ -53,10 +54,10 @@ def ops_figure(*, steps: Sequence[int] = (4, 16, 64, 256, 1024, 4096), workers_a
                times: Sequence[ScanTimes] = ()) -> Figure:
     """Work and depth of the loop and the scans vs T; parallel steps vs workers; measured times if given."""
     if times:
-        fig, grid = _subplots(2, 2, figsize=(10, 7.2), layout="constrained")
+        fig, grid = _subplots(2, 2, figsize=(9.0, 6.2), layout="constrained")
         ax = list(grid.flat)
     else:
-        fig, ax = _subplots(1, 3, figsize=(12, 3.8), layout="constrained")
+        fig, ax = _subplots(1, 3, figsize=(9.0, 3.6), layout="constrained")
     schedules = [("loop", sequential_ops, "k"), ("Hillis-Steele", hillis_steele_ops, "tab:red"),
                  ("Blelloch (torch generic)", blelloch_ops, "tab:blue")]
     for name, ops, color in schedules:
@@ -74,16 +75,22 @@ def ops_figure(*, steps: Sequence[int] = (4, 16, 64, 256, 1024, 4096), workers_a
     ax[2].set(xscale="log", yscale="log", xlabel="workers P", ylabel="parallel steps (Brent bound)",
               title=f"when it pays, T = {t}")
     for a in ax[:3]:
-        a.legend(fontsize=7)
+        a.legend(fontsize=8)
     if times:
+        # colour: which state, line style: which method (one short legend, not one entry per line)
+        methods = (("loop", "-o", "loop_s"), ("Hillis-Steele", "--s", "hillis_steele_s"),
+                   ("torch scan", ":^", "torch_scan_s"))
         for st, color in zip(times, ("tab:purple", "tab:brown", "tab:gray")):
-            kind = f"{'diagonal' if st.diagonal else 'dense'} n={st.state_size}"
-            ax[3].plot(st.steps, st.loop_s, "-o", color=color, label=f"loop, {kind}")
-            ax[3].plot(st.steps, st.hillis_steele_s, "--s", color=color, label=f"Hillis-Steele, {kind}")
-            ax[3].plot(st.steps, st.torch_scan_s, ":^", color=color, label=f"torch scan, {kind}")
+            for _, style, field in methods:
+                ax[3].plot(st.steps, getattr(st, field), style, color=color)
         ax[3].set(xscale="log", yscale="log", xlabel="T", ylabel="seconds (best of repeats)",
                   title="this machine, one process")
-        ax[3].legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+        handles = [Line2D([], [], color=c, lw=2, label=f"{'diagonal' if st.diagonal else 'dense'} n={st.state_size}")
+                   for st, c in zip(times, ("tab:purple", "tab:brown", "tab:gray"))]
+        handles += [Line2D([], [], color="k", ls=style[:-1], marker=style[-1], label=name)
+                    for name, style, _ in methods]
+        ax[3].legend(handles=handles, fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                     frameon=False)                    # below the axes: the measured lines fill every corner
     return fig
 
 
@@ -108,7 +115,7 @@ def from_zero_figure(split: CellSplit) -> Figure:
 def picard_figure(sweeps: PicardSweeps) -> Figure:
     """Left: error and start change per sweep (log). Right: work and depth so far, as multiples of the loop's T."""
     k = list(range(1, sweeps.sweeps + 1))
-    fig, (left, right) = _subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+    fig, (left, right) = _subplots(1, 2, figsize=(9.0, 3.6), layout="constrained")
     for values, style, label in ((sweeps.errors, "-o", "error vs the loop"),
                                  (sweeps.changes, "--s", "largest start change (what ranks see)")):
         shown = [(i, v) for i, v in zip(k, values) if v > 0]

@@ -2,14 +2,72 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import ipywidgets as W
+from traitlets import observe, validate
 
-from wmdist.knobs import Knob, knobs
+from wmdist.knobs import Knob, knobs, log_grid
 
 LABEL_WIDTH = "11em"
 CONTROL_WIDTH = "22em"
+LONG_OPTION = 14           # characters a menu shows beside an 11em label (about 11em at 13 px, arrow included)
+
+
+class GridLogSlider(W.FloatLogSlider):
+    """A FloatLogSlider whose stops are a LogGrid through the last value code set (its opening value, a device's
+    or a fit's number): one step right then one step left gives that value back exactly, whatever float the
+    browser computed for 10 ** exponent. A browser only ever sends stops, so only code moves the grid."""
+
+    def __init__(self, knob: Knob, value: float, **kwargs: Any) -> None:
+        value = min(max(value, knob.low), knob.high)      # as a FloatLogSlider clips a value off its track
+        self.knob, self.grid = knob, log_grid(knob, value)
+        low, high = self.grid.exponents
+        super().__init__(value=value, base=10, min=low, max=high, step=self.grid.step, **kwargs)
+
+    @validate("value")
+    def _validate_value(self, proposal: Any) -> float:       # the name of the one it replaces: one validator per trait
+        if not hasattr(self, "grid"):                      # while the base class sets its defaults
+            return super()._validate_value(proposal)
+        # clipped to the knob's range, not to the stops: a value below the lowest stop moves the grid to it
+        value = min(max(proposal["value"], self.knob.low), self.knob.high)
+        return self.grid.snap(value)
+
+    @observe("value")
+    def _regrid(self, change: Any) -> None:
+        """A value that is no stop (set by code) becomes the anchor of a new grid over the knob's range."""
+        value = change["new"]
+        if not hasattr(self, "grid") or value in self._stops_near(value):
+            return
+        self.grid = log_grid(self.knob, value)
+        with self.hold_trait_notifications():
+            self.min, self.max = self.grid.exponents
+
+    def _stops_near(self, value: float) -> tuple[float, ...]:
+        n = round(math.log10(value / self.grid.anchor) / self.grid.step)
+        return tuple(self.grid.stop(m) for m in (n - 1, n, n + 1) if -self.grid.below <= m <= self.grid.above)
+
+
+class ChoiceDropdown(W.Dropdown):
+    """A Dropdown for options that include ("same", None): ipywidgets reads a None value as "nothing
+    selected" and blanks the box, so the widget holds the label instead and `model_value` gives None back."""
+
+    def __init__(self, *, none_label: str | None, **kwargs: Any) -> None:
+        self.none_label = none_label
+        super().__init__(**kwargs)
+
+
+def model_value(control: W.ValueWidget, value: Any) -> Any:
+    """What a config field gets from `control` showing `value`: None for a ChoiceDropdown's None option."""
+    none_label = getattr(control, "none_label", None)
+    return None if none_label is not None and value == none_label else value
+
+
+def widget_value(control: W.ValueWidget, value: Any) -> Any:
+    """The inverse of model_value: what to set on `control` for a config value."""
+    none_label = getattr(control, "none_label", None)
+    return none_label if none_label is not None and value is None else value
 
 
 def control(name: str, k: Knob, value: Any) -> W.ValueWidget:
@@ -22,9 +80,20 @@ def control(name: str, k: Knob, value: Any) -> W.ValueWidget:
         stops = sorted({*k.options, value})
         return W.SelectionSlider(options=stops, value=value, continuous_update=False, **common)
     if k.options:
-        values = [o[1] if isinstance(o, tuple) else o for o in k.options]
-        # by index: a Dropdown given value=None shows nothing selected, though ("same", None) is an option
-        return W.Dropdown(options=list(k.options), index=values.index(value), **common)
+        pairs = [o if isinstance(o, tuple) else (str(o), o) for o in k.options]
+        none_label = next((label for label, v in pairs if v is None), None)
+        if none_label is not None and none_label in [v for _, v in pairs]:
+            raise ValueError(f"knob {k.label!r}: the None option's label {none_label!r} is also a value")
+        options = [(label, label if v is None else v) for label, v in pairs]
+        values = [v for _, v in options]
+        shown = none_label if value is None else value
+        if shown not in values:
+            raise ValueError(f"{name}: value {value!r} is not among the knob's options {values}")
+        if max(len(label) for label, _ in options) > LONG_OPTION:
+            # a long choice ("A100 SXM, HDR InfiniBand") would be cut in the half a fixed label column leaves:
+            # the label takes its own width and the menu the rest
+            common["style"] = {"description_width": "initial"}
+        return ChoiceDropdown(options=options, index=values.index(shown), none_label=none_label, **common)
     if k.toggle:
         return W.Checkbox(value=value, description=k.label, indent=False, layout=W.Layout(width=CONTROL_WIDTH))
     if k.text:
@@ -33,8 +102,7 @@ def control(name: str, k: Knob, value: Any) -> W.ValueWidget:
     if k.fmt:
         slider_args["readout_format"] = k.fmt
     if k.log:
-        low, high = k.exponents
-        return W.FloatLogSlider(value=value, base=10, min=low, max=high, step=k.step or 0.05, **slider_args)
+        return GridLogSlider(k, value, **slider_args)
     if isinstance(value, int):
         return W.IntSlider(value=value, min=int(k.low), max=int(k.high), step=int(k.step or 1), **slider_args)
     return W.FloatSlider(value=value, min=k.low, max=k.high, step=k.step or (k.high - k.low) / 100, **slider_args)

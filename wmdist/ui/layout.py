@@ -4,7 +4,13 @@ Sized for a laptop: in a 1366 x 768 window with JupyterLab's file browser
 open, a panel's output area is about 930 px wide, so the controls take a
 23em column (in tabs when there are many) and the figure (600 px) and the key
 numbers share the rest; details are folded below; every panel stays under
-700 px tall.
+647 px tall.
+
+Static figures (a notebook cell's returned Figure) obey the same screen: the
+notebook area of a 1366 x 768 window is 647 px tall, and its output column is
+934 px wide with the file browser open (measured in JupyterLab 4 in Chromium);
+JupyterLab shrinks a wider image to the column, shrinking its text with it.
+At 100 dpi a point is 100/72 px, so text of 7.5 pt or more is >= 10 px.
 """
 from __future__ import annotations
 
@@ -12,6 +18,11 @@ from typing import Any
 
 import ipywidgets as W
 
+SCREEN_HEIGHT_PX = 647      # the notebook area of a 1366 x 768 window: a figure taller hides its bottom
+COLUMN_PX = 934             # a cell's output column there (file browser open): a wider image is shrunk
+FIGURE_MAX_IN = (9.0, 6.2)  # a static figure's figsize at 100 dpi, leaving the inline backend's tight
+                            # bounding box (0.1 in of padding a side) room within COLUMN_PX x SCREEN_HEIGHT_PX
+MIN_TEXT_PT = 7.5           # 10.4 px at 100 dpi: the smallest text a static figure draws
 WRAP = "white-space: normal; overflow-wrap: break-word; line-height: 1.4"
 LEFT_WIDTH = "23em"
 

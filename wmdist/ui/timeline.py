@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from wmdist.spans import Span
+from wmdist.ui.layout import FIGURE_MAX_IN
 
 DEFAULT_COLORS = {"compute": "tab:green", "comm": "tab:blue", "launch": "tab:orange",
                   "forward": "tab:green", "backward": "tab:purple", "send": "tab:blue", "idle": "0.85"}
@@ -69,9 +70,12 @@ def timelines_figure(timelines: Mapping[str, Iterable[Span]], *, row_label: str 
     if not items:
         raise ValueError("timelines must hold at least one timeline")
     heights = [max(1, len({s.row for s in spans})) for _, spans in items]
-    row = min(0.55, 5.0 / sum(heights))   # inches per row: three 4-rank timelines still fit 700 px
+    # inches: 0.8 for the time axis, 0.45 per timeline for its title and legend, the rest shared by the rows
+    # (0.55 each at most, fewer inches each when many): the whole stack fits the screen's height
+    fixed = 0.8 + 0.45 * len(items)
+    row = max(0.18, min(0.55, (FIGURE_MAX_IN[1] - fixed) / sum(heights)))   # 0.18: a 9-pt rank label's height
     with plt.ioff():
-        fig, axes = plt.subplots(len(items), 1, sharex=True, figsize=(8, 0.8 + row * sum(heights) + 0.4 * len(items)),
+        fig, axes = plt.subplots(len(items), 1, sharex=True, figsize=(8, fixed + row * sum(heights)),
                                  height_ratios=heights, layout="constrained", squeeze=False)
     for ax, (name, spans) in zip(axes[:, 0], items):
         timeline_figure(spans, title=name, row_label=row_label, unit=unit, ax=ax)
