@@ -259,8 +259,10 @@ def test_panel_measures_fits_and_applies():
     p = ScalingPanel(measure_world_sizes=(2, 3), measure_sizes_bytes=(16 * 1024, 256 * 1024), repeats=1)
     fit = p.run()
     assert fit is not None and p.measured is fit and len(fit.measurements) == 4
-    assert p.progress.value == p.progress.max == 4
-    assert "median relative error" in p.status.value and not p.apply_button.disabled
+    assert p.progress.value == p.progress.max == 2                   # one step per N, each timing every payload
+    assert [r.world_size for r in p.reports] == [2, 3] and all(r.passed for r in p.reports)
+    assert "median relative error" in p.status.value and "ledger bytes equal" in p.status.value
+    assert not p.apply_button.disabled
     assert p.selector.value == "this machine (fit)"     # the run shows what it measured
     dots = [line for line in p.shown.axes[0].lines if line.get_marker() == "o"]
     assert len(dots) == 2 and sum(len(d.get_xdata()) for d in dots) == 4     # one series per size, 4 points
@@ -348,3 +350,21 @@ def test_fit_legend_covers_no_measured_point_and_no_fitted_number(where):
         summary = fig.texts[0].get_window_extent(renderer)
         assert not box.overlaps(summary)
         assert fig.bbox.contains(summary.x1, summary.y0)                 # the wrapped numbers fit the figure
+
+
+def test_the_timings_come_back_as_a_report_whose_bytes_equal_the_formula():
+    from wmdist.data_parallel.measure import time_allreduce
+    (report,) = time_allreduce(world_sizes=[3], sizes_bytes=[4 * 1001, 64 * 1024], repeats=2)
+    assert report.passed and report.name == "allreduce-timing" and report.world_size == 3
+    assert [(c.case, c.rank, c.predicted) for c in report.exact] == [
+        (f"{size} B", r, costs.ring_allreduce_bytes(size // 4, 3, r)) for size in (4 * 1001, 64 * 1024) for r in range(3)]
+    assert [m.payload_bytes for m in report.data] == [4 * 1001, 64 * 1024]
+
+
+def test_a_rank_whose_bytes_differ_from_the_formula_fails_the_timing_report():
+    from wmdist.data_parallel.measure import RankTimes, TimingSpec, compare_timings
+    spec = TimingSpec(world_size=2, sizes_bytes=(1024,), repeats=1)
+    right = costs.ring_allreduce_bytes(256, 2, 0)
+    verdict = compare_timings(spec, [RankTimes(times=((0.1,),), bytes_sent=(right,)),
+                                     RankTimes(times=((float("nan"),),), bytes_sent=(right + 4,))])
+    assert [c.passed for c in verdict.exact] == [True, False] and verdict.checks[0].error == 1.0

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from wmdist import costs, runtime
 from wmdist.comm import Context, all_reduce, barrier, ring_all_reduce
-from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, measure_allreduce
+from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, time_allreduce
 from wmdist.data_parallel.scaling import TARGET_MEDIAN_REL_ERROR, fit_alpha_beta
 from wmdist.ring_attention.measure import time_ring_forward, time_sdpa
 from wmdist.bench_result import BenchResult
@@ -170,11 +170,11 @@ def bench_allreduce_fit(*, world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
                         repeats: int = DEFAULT_REPEATS) -> BenchResult:
     """Fit s(N) T(N) (a, b and the contention g) to ring all-reduces measured on this machine."""
     start = time.perf_counter()
-    ms = measure_allreduce(world_sizes=world_sizes, sizes_bytes=sizes_bytes, repeats=repeats)
+    reports = time_allreduce(world_sizes=world_sizes, sizes_bytes=sizes_bytes, repeats=repeats)
+    ms = [m for r in reports for m in r.data]
     cores = os.cpu_count() or 1
     fit = fit_alpha_beta(ms, cores=cores)
-    bytes_ok = all(m.bytes_sent[r] == costs.ring_allreduce_bytes(m.payload_bytes // 4, m.world_size, r)
-                   for m in ms for r in range(m.world_size))
+    bytes_ok = all(r.passed for r in reports)          # each rank's ledger bytes = the formula, every timing finite
     return BenchResult(name="allreduce-fit", inputs={"world_sizes": list(world_sizes), "sizes_bytes": list(sizes_bytes),
                                          "repeats": repeats, "cores": cores},
                        measured={"alpha_s": fit.alpha, "beta_s_per_byte": fit.beta, "contention_g": fit.contention,

@@ -12,10 +12,11 @@ from typing import Any, Sequence
 import ipywidgets as W
 from wmdist.costs.units import seconds
 from wmdist.data_parallel.figures import draw_allreduce, draw_efficiency, draw_fit, draw_speedup, draw_step
-from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, measure_allreduce
+from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, time_allreduce
 from wmdist.data_parallel.scaling import Fit, ScalingCurve, ScalingParams, fit_alpha_beta, scaling_curve
 from wmdist.ui.panel import Panel, View
 from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH
+from wmdist.report import Report
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:
@@ -49,6 +50,7 @@ class ScalingPanel(Panel):
         self.repeats = W.IntSlider(value=repeats, min=1, max=9, description="repeats", style=style, layout=width)
         self.apply_button = W.Button(description="Use fitted α, β", disabled=True, layout=width)
         self.apply_button.on_click(lambda _: self.apply_fit())
+        self.reports: list[Report] = []     # the last run's Reports, one per N (bytes = formula on every rank)
         # α = 3 ms per round: the fastest step is at N = 22, inside the range, so the speedup curve visibly turns
         super().__init__(params or ScalingParams(alpha=3e-3), extra_widgets=[self.measure_sizes, self.repeats, self.apply_button])
 
@@ -74,13 +76,18 @@ class ScalingPanel(Panel):
     def measure(self, config: ScalingParams, progress: Any) -> Fit:
         """Time real ring all-reduces on local ranks and fit α, β and the contention g."""
         sizes = parse_world_sizes(self.measure_sizes.value)
-        measurements = measure_allreduce(world_sizes=sizes, sizes_bytes=self.measure_sizes_bytes,
-                                         repeats=self.repeats.value, progress=progress)
+        self.reports = time_allreduce(world_sizes=sizes, sizes_bytes=self.measure_sizes_bytes,
+                                      repeats=self.repeats.value, progress=progress)
+        failed = [r for r in self.reports if not r.passed]
+        if failed:                       # the status line says so; a fit of such timings would mean nothing
+            raise RuntimeError("; ".join(r.listing(counts=True).splitlines()[-1] for r in failed))
+        measurements = [m for r in self.reports for m in r.data]
         cores = os.cpu_count() or 1
         fit = fit_alpha_beta(measurements, cores=cores)
         crowded = (f"; contention g = {fit.contention:.2f} for N > {cores} cores" if max(sizes) > cores else "")
         self._set_run_status(f"fit: α {fit.describe('alpha')}, β {fit.describe('beta')}{crowded}; median relative "
-                             f"error {fit.median_rel_error:.0%} over {len(measurements)} points")
+                             f"error {fit.median_rel_error:.0%} over {len(measurements)} points; ledger bytes equal "
+                             f"2(N-1)/N G on every rank ({sum(len(r.exact) for r in self.reports)} counts)")
         self.apply_button.disabled = False
         return fit
 
