@@ -168,6 +168,7 @@ def test_panel_slider_redraws_in_place_and_run_it_overlays_exact_bytes():
     panel.controls["seq_len"].value = 1024
     measured = panel.run()
     assert measured.sent == [measured.sent_predicted] * 2 and measured.backward == [measured.backward_predicted] * 2
+    assert panel.report.passed and panel.report.data is measured and len(panel.report.exact) == 4    # 2 ranks x 2
     assert panel.selector.value == "bytes per rank" and "equal" in panel.more.value
     assert len(panel.shown.axes[0].lines) == 4                     # two curves, the mark, the measured points
     panel.controls["world_size"].value = 16                        # run it refuses more ranks than it starts
@@ -197,3 +198,12 @@ def test_bench_reports_time_and_memory_ratios():
     result = bench.bench_ring_attention(world_size=2, seq_len=512, repeats=1)
     assert result.value > 0 and result.measured["sdpa_peak_bytes"] > 0
     assert result.met == (max(result.measured["ring_peak_bytes_per_rank"]) < result.measured["sdpa_peak_bytes"])
+
+
+def test_the_traffic_panels_run_is_an_experiment_whose_bytes_equal_the_formulas():
+    from wmdist.ring_attention.measure import RING_WIDGET, RankRing, compare_widget_run, widget_run
+    report = RING_WIDGET.run(4)
+    assert report.passed and len(report.exact) == 8 and report.data.sent == [report.data.sent_predicted] * 4
+    run = widget_run(TrafficConfig(seq_len=256, heads=2, head_dim=16, world_size=2, block_size=32))
+    off = compare_widget_run(run, [RankRing(report.data.sent_predicted, report.data.backward_predicted, 0)] * 2)
+    assert not all(c.passed for c in off.exact)             # 4-rank bytes are not the 2-rank formula

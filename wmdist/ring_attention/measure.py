@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -22,8 +23,10 @@ from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, posi
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.spec import DTypeName, RingSpec
 from wmdist.ring_attention.traffic import RingMeasurement, TrafficConfig
-from wmdist.runtime import run
+from wmdist.experiment import Experiment, Verdict
 from wmdist.on_progress import OnProgress
+from wmdist.report import Report, counts_per_rank
+from wmdist.runtime import run
 
 RUN_MAX_SEQ, RUN_MAX_RANKS, RUN_MAX_WIDTH = 1024, 8, 1024
 
@@ -42,31 +45,68 @@ def run_setting(c: TrafficConfig) -> tuple[RingSpec, Layout]:
     return spec, layout
 
 
-def _measure_rank(ctx: Context, spec: RingSpec, layout: Layout, causal: bool,
-                  dtype: DTypeName) -> tuple[int, int, int]:
-    q, k, v, dout = spec.inputs(dtype=dtype)
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
+@dataclass(frozen=True, kw_only=True)
+class WidgetRun:
+    """The setting "run it" measures: the widget's ring scaled to local ranks, on `world_size` of them."""
+    world_size: int
+    ring: RingSpec
+    layout: Layout
+    causal: bool
+    dtype: DTypeName
+    elem: int                        # bytes per element of `dtype`
+
+
+def widget_run(c: TrafficConfig) -> WidgetRun:
+    """What "run it" runs for a widget setting (see run_setting); ValueError before any process starts."""
+    spec, layout = run_setting(c)
+    return WidgetRun(world_size=c.world_size, ring=spec, layout=layout, causal=c.causal, dtype=c.dtype, elem=c.elem)
+
+
+@dataclass(frozen=True)
+class RankRing:
+    """One rank's forward K, V bytes, backward bytes (K, V again and dK, dV) and allocator peak in the forward."""
+    sent: int
+    backward: int
+    peak: int
+
+
+def _measure_rank(ctx: Context, run: WidgetRun) -> RankRing:
+    spec = run.ring
+    q, k, v, dout = spec.inputs(dtype=run.dtype)
+    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=run.layout)
     q, k, v, dout = (x[:, :, rows].contiguous() for x in (q, k, v, dout))
-    sizes = {"seq_len": spec.seq_len, "layout": layout, "causal": causal, "block_size": spec.block_size}
+    sizes = {"seq_len": spec.seq_len, "layout": run.layout, "causal": run.causal, "block_size": spec.block_size}
     (out, lse, _), alloc = measure_allocations(lambda: ring_forward(ctx, q, k, v, **sizes))
     ring_backward(ctx, q, k, v, out, lse, dout, **sizes)
     back = ctx.ledger.totals(phase=BACKWARD_KV)["bytes_sent"] + ctx.ledger.totals(phase=BACKWARD_GRAD)["bytes_sent"]
-    return ctx.ledger.totals(phase=FORWARD)["bytes_sent"], back, alloc.peak
+    return RankRing(ctx.ledger.totals(phase=FORWARD)["bytes_sent"], back, alloc.peak)
 
 
-def measure_ring(c: TrafficConfig, *, progress: OnProgress | None = None) -> RingMeasurement:
-    """Run the setting (scaled down) on local ranks; bytes from the ledger, peaks from the allocator."""
-    spec, layout = run_setting(c)
-    n, e = c.world_size, c.elem
-    if progress:
-        progress(0, 1, f"ring attention, S={spec.seq_len} on {n} rank(s), forward and backward")
-    out = run(_measure_rank, n, spec, layout, c.causal, c.dtype)
-    if progress:
-        progress(1, 1, f"measured S={spec.seq_len} on {n} rank(s)")
-    args, sizes = (spec.seq_len, n, spec.kv_width), {"batch": spec.batch, "elem_size": e}
-    return RingMeasurement(seq_len=spec.seq_len, world_size=n, sent=[o[0] for o in out], sent_predicted=ra.ring_kv_bytes_per_rank(*args, **sizes),
-                           backward=[o[1] for o in out], backward_predicted=sum(ra.ring_backward_bytes_per_rank(*args, **sizes)),
-                           peak=[o[2] for o in out], kv_storage=ra.ring_kv_storage_bytes(*args, **sizes))
+def compare_widget_run(run: WidgetRun, results: list[RankRing]) -> Verdict:
+    """Every rank's forward and backward bytes against the ring formulas (exact); the RingMeasurement for figures."""
+    n, spec = run.world_size, run.ring
+    args, sizes = (spec.seq_len, n, spec.kv_width), {"batch": spec.batch, "elem_size": run.elem}
+    forward, backward = ra.ring_kv_bytes_per_rank(*args, **sizes), sum(ra.ring_backward_bytes_per_rank(*args, **sizes))
+    exact = [*counts_per_rank("bytes sent", [r.sent for r in results], [forward] * n, phase="forward K, V"),
+             *counts_per_rank("bytes sent", [r.backward for r in results], [backward] * n, phase="backward")]
+    data = RingMeasurement(seq_len=spec.seq_len, world_size=n, sent=[r.sent for r in results], sent_predicted=forward,
+                           backward=[r.backward for r in results], backward_predicted=backward,
+                           peak=[r.peak for r in results], kv_storage=ra.ring_kv_storage_bytes(*args, **sizes))
+    return Verdict(checks=[], exact=exact, params={"seq_len": spec.seq_len, "layout": run.layout,
+                                                   "causal": run.causal, "dtype": run.dtype}, data=data)
+
+
+RING_WIDGET = Experiment(
+    name="ring-attention (widget)", title="the traffic panel's setting, scaled to local ranks", chapter="06",
+    world_sizes=(1, 2, 4),
+    spec=lambda n: widget_run(TrafficConfig(seq_len=256, heads=2, head_dim=16, world_size=n, block_size=32)),
+    ranks=_measure_rank, compare=compare_widget_run)
+
+
+def measure_ring(c: TrafficConfig, *, progress: OnProgress | None = None) -> Report:
+    """Run the setting (scaled down) on local ranks: a Report whose counts are each rank's ledger bytes against
+    the formulas, its data the RingMeasurement (bytes, allocator peaks) the panel draws."""
+    return RING_WIDGET.run_spec(widget_run(c), progress=progress)
 
 
 def _time_exchange(ctx: Context, numel: int, repeats: int) -> list[float]:

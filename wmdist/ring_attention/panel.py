@@ -17,6 +17,7 @@ from wmdist.ring_attention.measure import measure_ring
 from wmdist.ring_attention.traffic import (CUSTOM, DEVICES, RingMeasurement, TrafficConfig, TrafficResult,
                                            traffic_model)
 from wmdist.ui.panel import Panel, View
+from wmdist.report import Report
 
 
 def size(n: float) -> str:
@@ -38,6 +39,7 @@ class TrafficPanel(Panel):
                       "machine": ("device", "flops", "link")}
 
     def __init__(self, config: TrafficConfig | None = None):
+        self.report: Report | None = None         # the last run's Report: every rank's bytes against the formulas
         super().__init__(config or TrafficConfig())
         device = self.controls["device"]          # "device" alone: its options already name the link, and
         device.tooltip, device.description = device.description, "device"    # "HDR InfiniBand" needs the room
@@ -99,5 +101,7 @@ class TrafficPanel(Panel):
                 f"(K, V held: {size(m.kv_storage)}).")
 
     def measure(self, config: TrafficConfig, progress: Any) -> RingMeasurement:
-        """Ring attention forward and backward at this setting, S capped to what local ranks hold."""
-        return measure_ring(config, progress=progress)
+        """Ring attention forward and backward at this setting, S capped to what local ranks hold; the Report
+        (every rank's bytes against the formulas) is kept in `report`."""
+        self.report = measure_ring(config, progress=progress)
+        return self.report.data
