@@ -100,7 +100,7 @@ def test_loss_scaling_math_without_processes(weighting, right):
     else:
         spec = dp.TrainSpec(steps=1, batch_size=16, sizes=(7, 5, 3, 1), weighting=weighting)
     ref = dp.single_process_train(spec)
-    ratio = bound_ratio(_sum_of_shard_grads(spec, 4), ref["grad0"], ref["grad_bounds"][0])
+    ratio = bound_ratio(_sum_of_shard_grads(spec, 4), ref.grad0, ref.grad_bounds[0])
     assert ratio <= 1.0 if right else ratio > dp_pitfalls.WRONG_BY
 
 
@@ -146,7 +146,7 @@ def test_parameter_tolerance_catches_a_slightly_wrong_learning_rate(optimizer, l
     spec = dp.TrainSpec(optimizer=optimizer, lr=lr)
     ref = dp.single_process_train(spec)
     tol = dp.param_tolerance(spec, ref)
-    moved = float((dp.single_process_train(replace(spec, lr=lr * (1 + eps)))["params"] - ref["params"]).abs().max())
+    moved = float((dp.single_process_train(replace(spec, lr=lr * (1 + eps))).params - ref.params).abs().max())
     assert tol < moved < 10 * tol
 
 

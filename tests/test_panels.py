@@ -225,14 +225,14 @@ def test_a_log_slider_comes_back_to_its_value_after_a_step_each_way(panels):
 
 def test_log_grid_holds_its_anchor_and_reads_stops_at_the_readout_digits():
     from wmdist.knobs import Knob, log_grid
-    grid = log_grid(Knob("a", low=1e-7, high=1e-2, log=True), 3e-3)
+    grid = log_grid(Knob(label="a", low=1e-7, high=1e-2, log=True), 3e-3)
     low, high = grid.exponents
     assert grid.stop(0) == 3e-3 and 1e-7 <= 10 ** low and 10 ** high <= 1e-2 * (1 + 1e-12)
     assert grid.snap(10 ** (math.log10(3e-3) + 0.05)) == grid.stop(1) == pytest.approx(3.3661e-3, rel=1e-4)
     assert grid.snap(10 ** (math.log10(3e-3) - 1e-14)) == 3e-3     # the browser's float for the anchor
     assert grid.snap(3.7e-5) == 3.7e-5                             # no stop: left as it is
     with pytest.raises(ValueError, match="outside"):
-        log_grid(Knob("a", low=1.0, high=10.0, log=True), 20.0)
+        log_grid(Knob(label="a", low=1.0, high=10.0, log=True), 20.0)
 
 
 def test_a_menu_option_for_none_stays_shown_when_chosen_again(panels):

@@ -125,3 +125,21 @@ def test_no_public_class_name_means_two_things():
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 where.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
     assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
+
+
+def test_records_of_five_or_more_fields_are_built_by_keyword():
+    """A record with five or more fields cannot be built positionally (`Report("x", 2, [...], [...], 1.0)`):
+    every dataclass of the library with five or more init fields is `kw_only`."""
+    positional = []
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            decorators = [ast.unparse(d) for d in node.decorator_list if ast.unparse(d).startswith("dataclass")]
+            if not decorators or "kw_only=True" in decorators[0]:
+                continue
+            fields = [s for s in node.body if isinstance(s, ast.AnnAssign) and "ClassVar" not in ast.unparse(s.annotation)
+                      and not (s.value is not None and "init=False" in ast.unparse(s.value))]
+            if len(fields) >= 5:
+                positional.append(f"{path.relative_to(PACKAGE)}: {node.name} ({len(fields)} fields)")
+    assert positional == []

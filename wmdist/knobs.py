@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Knob:
     """How a control for one config field looks: label, range, step, log scale, options, readout."""
     label: str
@@ -102,7 +102,7 @@ def knob(default: Any, label: str, **how: Any) -> Any:
     """A dataclass field with a default and the Knob that describes its control."""
     if isinstance(default, bool):
         how["toggle"] = True
-    return dataclasses.field(default=default, metadata={"knob": Knob(label, **how)})
+    return dataclasses.field(default=default, metadata={"knob": Knob(label=label, **how)})
 
 
 def knobs(config_type: type) -> dict[str, Knob]:

@@ -35,18 +35,29 @@ class OpCount:
         require_fields(self, ("composes", "applies", "depth"), 0)
 
 
-def time_chunk_sizes(steps: int, chunks: int) -> list[int]:
-    """Lengths of `chunks` consecutive time chunks of `steps` steps; the first steps % chunks get one more.
+def nonempty_split(total: int, parts: int, *, total_name: str, parts_name: str, what: str,
+                   refusal: str | None = None) -> list[int]:
+    """Sizes of `parts` consecutive parts of `total` items, none empty; the first total % parts get one more.
 
-    The same layout as torch.tensor_split (and costs.ring_chunk_sizes), but a
-    chunk of a time axis must hold at least one step: chunks > steps is refused.
+    torch.tensor_split's layout (costs.ring_chunk_sizes), for a split whose
+    every part must hold at least one `what`: parts > total is refused, naming
+    both arguments (`refusal`, formatted with total= and parts=, says it in the
+    caller's words). Time chunks (here) and the pipeline's stages and
+    microbatches (pipeline/plan.py) are all cut this way.
     """
-    steps = require_int("steps", steps, 1)
-    chunks = require_int("chunks", chunks, 1)
-    if chunks > steps:
-        raise ValueError(f"chunks must be <= steps (every chunk needs at least one time step), "
-                         f"got chunks={chunks}, steps={steps}")
-    return ring_chunk_sizes(steps, chunks)
+    total = require_int(total_name, total, 1)
+    parts = require_int(parts_name, parts, 1)
+    if parts > total and refusal is not None:
+        raise ValueError(refusal.format(total=total, parts=parts))
+    if parts > total:
+        raise ValueError(f"{parts_name} must be <= {total_name} (every part needs at least one {what}), "
+                         f"got {parts_name}={parts}, {total_name}={total}")
+    return ring_chunk_sizes(total, parts)
+
+
+def time_chunk_sizes(steps: int, chunks: int) -> list[int]:
+    """Lengths of `chunks` consecutive time chunks of `steps` steps; the first steps % chunks get one more."""
+    return nonempty_split(steps, chunks, total_name="steps", parts_name="chunks", what="time step")
 
 
 def fold_ops(steps: int) -> OpCount:

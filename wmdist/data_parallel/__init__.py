@@ -1,7 +1,11 @@
 """Chapter 01: replicated data parallelism and the all-reduce.
 
+The algorithm is in training.py (the data-parallel step: each rank takes its shard of the batch, flattens
+its gradients into one buffer, sums it with the ring all-reduce and takes the same optimizer step; the
+loss weightings, and the one-process run it must match) and wmdist/comm/ring.py (the ring all-reduce
+itself: a reduce-scatter then an all-gather, N-1 sends each); neither imports the harness. The rest checks it:
+
     ring.py        ring all-reduce vs gloo vs one process, bytes exact (and the chapter 00 ring-pass exercise)
-    training.py    the data-parallel rank function and its single-process reference, loss weightings
     versus_ddp.py  our training vs one process vs torch's DistributedDataParallel
     pitfalls.py    unequal shards, local BatchNorm, buffers, optimizer state, each shown failing; an exercise
     buckets.py     gradient buckets reduced during backward, measured timelines and overlap

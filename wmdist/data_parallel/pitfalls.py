@@ -65,7 +65,7 @@ def compare_unequal(specs: DPSpecs, results: list[DPRuns]) -> Verdict:
     ratio = {}
     for w in UNEQUAL:                # every rank's gradient, the worst shown (a NaN on any rank fails)
         ref = ref_tok if w.startswith("tokens") else ref_ex
-        per_rank = [bound_ratio(o.grad0, ref["grad0"], ref["grad_bounds"][0]) for o in outs[w]]
+        per_rank = [bound_ratio(o.grad0, ref.grad0, ref.grad_bounds[0]) for o in outs[w]]
         ratio[w] = per_rank[worst(per_rank)]
     why = "float32 sums of the same row terms in another order: within reordered_sum_bound at every entry"
     wrong = f"more than {WRONG_BY:g}x what reordering can explain at some entry: a different gradient, not rounding"
@@ -77,7 +77,7 @@ def compare_unequal(specs: DPSpecs, results: list[DPRuns]) -> Verdict:
                     ratio["tokens"], 1.0, why),
               Check("plain mean of per-rank per-token means is WRONG for unequal token counts (in units of the bound)",
                     ratio["tokens-local"], WRONG_BY, wrong, must_differ=True)]
-    numel = ref_ex["grad0"].numel()
+    numel = ref_ex.grad0.numel()
     exact = counts_per_rank("ring bytes sent", [o.bytes_per_step[0] for o in outs["examples"]],
                             [costs.ring_allreduce_bytes(numel, n, r) for r in range(n)], case="examples-weighted")
     lengths = valid_lengths(by_tokens.batch_size, 6)
@@ -116,7 +116,7 @@ def compare_pitfalls(specs: DPSpecs, results: list[DPRuns]) -> Verdict:
     stats = [o.running_mean for o in bn_out]
     params = [o.params for o in skew_out]
     checks = [Check("local BatchNorm: DP gradient differs from the full-batch gradient (in units of the rounding "
-                    "bound, nn.Linear entries)", bound_ratio(bn_out[0].grad0, ref["grad0"], ref["grad_bounds"][0],
+                    "bound, nn.Linear entries)", bound_ratio(bn_out[0].grad0, ref.grad0, ref.grad_bounds[0],
                                                              covered_only=True), WRONG_BY,
                     f"more than {WRONG_BY:g}x what reordering can explain: each rank normalizes with its own "
                     "shard's mean and variance, so DP computes another function", must_differ=True),

@@ -147,7 +147,6 @@ def _skew_momentum(model: nn.Module, opt: torch.optim.Optimizer, rank: int) -> N
 @dataclass(kw_only=True, frozen=True)
 class DPRun:
     """What one rank of a data-parallel run ends with."""
-    local_grad0: torch.Tensor            # (P,) its own shard's step-0 gradient, before the all-reduce
     grad0: torch.Tensor                  # (P,) the synchronized step-0 gradient it applied
     params: torch.Tensor                 # (P,) its parameters after the last step
     running_mean: torch.Tensor | None    # its BatchNorm running mean (None without BatchNorm)
@@ -175,10 +174,10 @@ def dp_train(ctx: Context, spec: TrainSpec) -> DPRun:
         set_flat_grads(model, synced)
         opt.step()
         if step == 0:
-            local0, grad0 = local, synced
+            grad0 = synced
     norm = model.encoder.norm
     running_mean = norm.running_mean.clone() if isinstance(norm, nn.BatchNorm1d) else None
-    return DPRun(local_grad0=local0, grad0=grad0, params=flat_params(model), running_mean=running_mean, bytes_per_step=tuple(sent))
+    return DPRun(grad0=grad0, params=flat_params(model), running_mean=running_mean, bytes_per_step=tuple(sent))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,7 +207,16 @@ def by_run(results: list[DPRuns]) -> list[list[DPRun]]:
     return [list(runs) for runs in zip(*(r.runs for r in results), strict=True)]
 
 
-def single_process_train(spec: TrainSpec, *, perturb: tuple[list[torch.Tensor], int] | None = None) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class SingleProcessRun:
+    """The one-process reference's result: what every data-parallel run is compared with."""
+    grad0: torch.Tensor                  # (P,) the full-batch gradient of step 0
+    params: torch.Tensor                 # (P,) the parameters after the last step
+    grad_bounds: list[torch.Tensor]      # per step, (P,) float64: how far rounding may move a DP gradient
+
+
+def single_process_train(spec: TrainSpec, *,
+                         perturb: tuple[list[torch.Tensor], int] | None = None) -> SingleProcessRun:
     """The reference: one process, the whole batch, the loss the weighting is meant to compute.
 
     Also returns, per step, the elementwise bound on how far a data-parallel
@@ -218,19 +226,19 @@ def single_process_train(spec: TrainSpec, *, perturb: tuple[list[torch.Tensor], 
     measures with.
     """
     model = make_model(seed=spec.seed, cfg=WorldModelConfig(batchnorm=spec.batchnorm))
-    opt, out, bounds = make_optimizer(model, spec), {}, []
+    opt, bounds = make_optimizer(model, spec), []
     signs = torch.Generator().manual_seed(perturb[1]) if perturb else None
     for step in range(spec.steps):
         batch = step_batch(spec, step)
         opt.zero_grad()
         bounds.append(gradient_bound(spec, linear_term_sums(model, lambda m: reference_loss(m, batch, spec))))
         if step == 0:
-            out["grad0"] = flat_grads(model)
+            grad0 = flat_grads(model)
         if perturb is not None:
             sign = torch.randint(0, 2, bounds[-1].shape, generator=signs) * 2 - 1          # (P,) of +-1
             set_flat_grads(model, (flat_grads(model).double() + sign * perturb[0][step]).float())
         opt.step()
-    return {**out, "params": flat_params(model), "grad_bounds": bounds}
+    return SingleProcessRun(grad0=grad0, params=flat_params(model), grad_bounds=bounds)
 
 
 def reference_loss(model: nn.Module, batch: dict[str, torch.Tensor], spec: TrainSpec) -> torch.Tensor:
@@ -261,11 +269,11 @@ def gradient_bound(spec: TrainSpec, term_sums: torch.Tensor) -> torch.Tensor:
 PROBE_SEEDS = (1, 2)   # sign patterns param_tolerance perturbs the reference with
 
 
-def param_tolerance(spec: TrainSpec, reference: dict) -> float:
+def param_tolerance(spec: TrainSpec, reference: SingleProcessRun) -> float:
     """Allowed max |difference| of the final parameters: a measured bound, not a proof.
 
     The gradient errors rounding can cause are bounded entry by entry
-    (`reference["grad_bounds"]`, one per step). How far they can carry
+    (`reference.grad_bounds`, one per step). How far they can carry
     through the optimizer depends on the curvature and, for Adam, on 1/sqrt(v)
     of each entry, which no short formula bounds usefully. So we measure it:
     the reference is run again with every gradient entry of every step moved
@@ -275,6 +283,6 @@ def param_tolerance(spec: TrainSpec, reference: dict) -> float:
     inside their bounds (a few percent of them), so the real difference is
     typically hundreds of times smaller than this.
     """
-    moved = max(float((single_process_train(spec, perturb=(reference["grad_bounds"], seed))["params"]
-                       - reference["params"]).abs().max()) for seed in PROBE_SEEDS)
-    return moved + spec.steps * costs.FLOAT32_ROUNDOFF * float(reference["params"].abs().max())
+    moved = max(float((single_process_train(spec, perturb=(reference.grad_bounds, seed)).params
+                       - reference.params).abs().max()) for seed in PROBE_SEEDS)
+    return moved + spec.steps * costs.FLOAT32_ROUNDOFF * float(reference.params.abs().max())

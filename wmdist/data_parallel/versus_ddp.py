@@ -133,34 +133,34 @@ def compare_ddp(versus: VersusSpec, results: list[Both]) -> Verdict:
     sizes = tuple(spec.shard_sizes(world_size))
     even = len(set(sizes)) == 1
     ref = single_process_train(spec)
-    bound, ptol = ref["grad_bounds"][0], param_tolerance(spec, ref)
+    bound, ptol = ref.grad_bounds[0], param_tolerance(spec, ref)
     why_g = ("float32 sums of the same B*T row terms in another order: per entry at most "
              "reordered_sum_bound(B*T, sum|terms|); shown in units of that bound")
     why_p = (f"measured: the reference moved by at most this when every gradient entry of its {spec.steps} "
              f"{spec.optimizer} steps was perturbed by its full rounding bound")
     checks = [Check("step-0 gradient == full-batch gradient (in units of the rounding bound)",
-                    bound_ratio(ours[0].grad0, ref["grad0"], bound), 1.0, why_g),
-              close_check("final parameters == single process (rank 0)", ours[0].params, ref["params"], ptol, why_p),
+                    bound_ratio(ours[0].grad0, ref.grad0, bound), 1.0, why_g),
+              close_check("final parameters == single process (rank 0)", ours[0].params, ref.params, ptol, why_p),
               exact_check("every rank holds the same parameters", [o.params for o in ours],
                           [ours[0].params] * world_size, "all ranks apply the same all-gathered sum")]
     if even:
         checks += [close_check("final parameters == DDP (rank 0)", ours[0].params, theirs[0].params, ptol, why_p),
-                   close_check("DDP final parameters == single process", theirs[0].params, ref["params"], ptol,
+                   close_check("DDP final parameters == single process", theirs[0].params, ref.params, ptol,
                                why_p)]
     else:
         checks += [Check(f"DDP's plain mean on uneven shards {'/'.join(map(str, sizes))} is WRONG: step-0 gradient "
                          "vs full batch (in units of the rounding bound)",
-                         bound_ratio(theirs[0].grad0, ref["grad0"], bound), 1000.0,
+                         bound_ratio(theirs[0].grad0, ref.grad0, bound), 1000.0,
                          "DDP divides the sum by N whatever each rank's example count: a different gradient, "
                          "more than 1000x what reordering can explain at some entry", must_differ=True)]
-    numel = ref["params"].numel()
+    numel = ref.params.numel()
     exact = [c for s in range(spec.steps) for c in counts_per_rank(
         "ring bytes sent", [o.bytes_per_step[s] for o in ours],
         [costs.ring_allreduce_bytes(numel, world_size, r) for r in range(world_size)], step=s)]
     exact += counts_per_rank("DDP bucket payload bytes", [t.payload_bytes for t in theirs],
                              [spec.steps * numel * 4] * world_size, phase="ddp/grads")
-    data = TrainComparison(max_abs_error(ours[0].params, ref["params"]),
-                           max_abs_error(theirs[0].params, ref["params"]), sizes, spec.weighting)
+    data = TrainComparison(max_abs_error(ours[0].params, ref.params),
+                           max_abs_error(theirs[0].params, ref.params), sizes, spec.weighting)
     params = {"steps": spec.steps, "batch_size": spec.batch_size, "optimizer": spec.optimizer, "numel": numel,
               "weighting": spec.weighting, "shard_sizes": list(sizes)}
     return Verdict(checks=checks, exact=exact, params=params, data=data)

@@ -117,7 +117,6 @@ class TokenShardRun:
     shard_tokens: list[int]                  # tokens each rank holds
     bytes_per_step: dict[str, list[int]]     # bytes each rank sent in step 0
     sample_error: dict[str, float]           # max |sample - single-device sampler|
-    step_error: dict[str, float]             # max over steps of |sharded velocity - single-device velocity|
 
 
 def _whole_velocities(spec: SamplingSpec, states: torch.Tensor) -> torch.Tensor:     # -> (K, B, S, C)
@@ -208,8 +207,7 @@ def compare_tokens(spec: TokensSpec, results: list[TokenRanks]) -> Verdict:
                                  [runs * dcost.token_all_gather_rounds(n)] * n, case=case)
     data = TokenShardRun([b - a for a, b in dcost.token_shard_bounds(cfg.tokens, n)],
                          {m: [o.sent[0] for o in out] for m, out in outs.items()},
-                         {m: float((s[-1] - ref[-1]).abs().max()) for m, s in states.items()},
-                         {m: float((velocities[m] - whole[m]).abs().max()) for m in modes})
+                         {m: float((s[-1] - ref[-1]).abs().max()) for m, s in states.items()})
     params = {"batch": sampling.batch, "tokens": cfg.tokens, "channels": cfg.channels, "dim": cfg.dim,
               "steps": sampling.steps, "gathers": list(modes)}
     return Verdict(checks=checks, exact=exact, params=params, data=data)

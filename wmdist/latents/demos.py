@@ -96,7 +96,7 @@ def compare_estimators(spec: EstimatorsSpec, results: list[EstimatorSums]) -> Ve
     exact_counts = counts_per_rank("bytes sent", [r.bytes_sent for r in results],
                                    [costs.ring_allreduce_bytes(2 * k, world_size, r, elem_size=8)
                                     for r in range(world_size)])
-    stats = {n: EstimatorStats(n, float(e), float(m), float(b), float(v), float(s))
+    stats = {n: EstimatorStats(name=n, exact=float(e), mean=float(m), bias=float(b), variance=float(v), se=float(s))
              for n, e, m, b, v, s in zip(ESTIMATES, exact, mean, bias, var, se)}
     return Verdict(checks=checks, exact=exact_counts, data=stats,
                    params={"draws_per_rank": spec.draws_per_rank, "mu": MU, "sigma": SIGMA, "logit": LOGIT,
@@ -181,7 +181,7 @@ def compare_seeds(spec: SeedsSpec, results: list[SeedRuns]) -> Verdict:
         per_rank = [_moments(r.mine) for r in res]
         single, single_rse = sum(v for v, _ in per_rank) / world_size, per_rank[0][1]
         avg, avg_rse = _moments(res[0].average)
-        stats[mode] = SeedStats(mode=mode, corr_rank0_rank1=corr, cov_rank0_rank1=corr * single, var_one_rank=single, var_average=avg, var_ratio=avg * world_size / single,
+        stats[mode] = SeedStats(mode=mode, corr_rank0_rank1=corr, var_one_rank=single, var_average=avg, var_ratio=avg * world_size / single,
                                 rse=math.hypot(single_rse, avg_rse))
     s, i, t = stats["shared"], stats["independent"], stats["antithetic"]
     corr_tol = 4 / math.sqrt(trials)    # a sample correlation of R independent pairs has SE ~ 1/sqrt(R)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from wmdist.latents.estimators import SeedMode
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class EstimatorStats:
     """One estimator over all draws: its exact expectation, sample mean, bias, variance per draw, standard error."""
     name: str
@@ -29,7 +29,6 @@ class SeedStats:
     """One seeding mode: correlation of ranks 0 and 1, variances of one rank and of the rank average."""
     mode: SeedMode
     corr_rank0_rank1: float
-    cov_rank0_rank1: float
     var_one_rank: float
     var_average: float
     var_ratio: float          # N var(average) / var(one rank): 1 for independent ranks

@@ -47,7 +47,7 @@ def teaching_config(*, preset: Preset = "gpt3-6.7b") -> MemoryConfig:
     return MemoryConfig(**preset_fields(preset), **TEACHING)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Breakdown:
     """Every distinct per-rank breakdown (with its ranks), the fullest rank's, and its peak within a step
     (the whole model gathered at once, and one layer at a time)."""
@@ -125,8 +125,8 @@ class MemoryPanel(Panel):
             groups = [([r], per_rank_bytes(config, rank=r)) for r in range(min(config.dp, 8))]
         ranks, fullest = max(groups, key=lambda g: g[1]["total"])
         layer = max(1, local_params(config, rank=ranks[0])[0] // max(config.layers, 1))
-        return Breakdown(groups, ranks[0], fullest, transient_peak(config, rank=ranks[0]),
-                         transient_peak(config, rank=ranks[0], unit=layer))
+        return Breakdown(groups=groups, fullest_rank=ranks[0], fullest=fullest, peak_whole=transient_peak(config, rank=ranks[0]),
+                         peak_layer=transient_peak(config, rank=ranks[0], unit=layer))
 
     def _draw_bars(self, fig: Any, config: MemoryConfig, result: Breakdown) -> None:
         index = next(i for i, (ranks, _) in enumerate(result.groups) if result.fullest_rank in ranks)

@@ -48,7 +48,6 @@ class ResumableRun:
     resumed_from: int
     loaded: dict[str, torch.Tensor]         # by SHARDED name: this rank's chunk right after loading (or init)
     final: dict[str, torch.Tensor]          # the same chunks after training to `until`
-    range: tuple[int, int]                  # this rank's element range [start, stop)
     dropped: tuple[str, ...] = ()           # directories removed before a save, as paths
     warned: tuple[str, ...] = ()            # the DroppedSaveWarnings said, when recorded instead of shown
 
@@ -73,7 +72,7 @@ def train_resumable(ctx: Context, root: str, cfg: ZeroConfig, *, until: int, sav
                 commit = save_checkpoint(ctx, root, state, die_on_rank=die_on_rank if state.step == die_at else None)
             warned += [str(w.message) for w in caught or [] if issubclass(w.category, DroppedSaveWarning)]
             dropped += [str(d) for d in commit.dropped]
-    return ResumableRun(resumed_from=resumed_from, loaded=loaded, final=_own_chunks(state), range=(state.start, state.stop), dropped=tuple(dropped),
+    return ResumableRun(resumed_from=resumed_from, loaded=loaded, final=_own_chunks(state), dropped=tuple(dropped),
                         warned=tuple(warned))
 
 

@@ -13,16 +13,20 @@ Shapes: b (trajectories in a microbatch), c (tokens on this cp rank), H, O, A.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from wmdist.comm import Context
-from wmdist.mesh.spec import MeshSpec
 from wmdist.pipeline.plan import stage_blocks
 from wmdist.ring_attention.ring import ring_attention
 from wmdist.tensor_parallel.block import BlockShard, shard_of
 from wmdist.tensor_parallel.layers import ColumnSpec, RowSpec, TPGroup, column_linear, row_linear
 from wmdist.transformer import TransformerConfig, TransformerWorldModel, make_transformer
+
+if TYPE_CHECKING:                                    # annotations only: the spec is the harness's record
+    from wmdist.mesh.spec import MeshSpec
 
 
 def model_config(spec: MeshSpec) -> TransformerConfig:

@@ -23,6 +23,8 @@ bytes it holds afterwards (parameters, gradients, optimizer state).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 from dataclasses import dataclass
 
@@ -31,13 +33,15 @@ import torch
 from wmdist.comm import Context, barrier, isend, ring_all_reduce
 from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.mesh import TRAFFIC_AXES, Traffic
-from wmdist.mesh.spec import MeshSpec
 from wmdist.mesh.stage import MeshStage, full_model
 from wmdist.models import flat_grads, make_batch, set_flat_grads, shard_batch
 from wmdist.pipeline.executor import PHASE, Mailbox, split_microbatches
 from wmdist.pipeline.plan import Message, incoming
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, make_schedule
 from wmdist.tensor_parallel.layers import TPGroup
+
+if TYPE_CHECKING:                                    # annotations only: the spec is the harness's record
+    from wmdist.mesh.spec import MeshSpec
 
 HELD = ("parameters", "gradients", "optimizer_state")
 

@@ -1,17 +1,15 @@
 """Chapter 05, pipeline parallelism: consecutive layer blocks on separate ranks, microbatches flowing through.
 
-What this folder holds:
+The algorithm is in schedules.py (schedules as data: per-rank lists of forward and backward actions for
+GPipe, 1F1B and interleaved 1F1B) and executor.py (the model cut into stages, and a runner for ANY
+schedule on P ranks: receives posted up front in each sender's order, counted isend/irecv); neither
+imports the harness. They use plan.py for the decisions made first (blocks per stage, whole-trajectory
+microbatches, who sends which Message to whom). The rest checks it:
 
-    schedules.py     schedules as data: per-rank lists of forward and backward
-                     actions (GPipe, 1F1B, interleaved 1F1B), tokens, JSON (pure)
     simulate.py      an ideal-time run of a schedule: timings, idle fraction,
                      activations in flight, deadlock detection, text diagram (pure)
-    plan.py          what a run needs decided first: blocks per stage, whole-
-                     trajectory microbatches, who sends what to whom, PipeWork (pure)
     bubble.py        the bubble panel's model: both conventions and curves (pure)
-    stages.py        the transformer world model cut into stages; the single-
-                     device references and their rounding bounds
-    executor.py      runs ANY Schedule on P gloo ranks with counted isend/irecv
+    stages.py        the single-device references and their rounding bounds (re-exports the stages)
     demos.py         forward pipeline and pipeline training vs one process
     versus_torch.py  our executor vs torch.distributed.pipelining
     measure.py       timed steps: measured Gantt chart and idle fraction, imbalance

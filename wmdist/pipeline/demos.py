@@ -10,19 +10,19 @@ that accumulates the same microbatches in the same order.
 
 Both are `Experiment`s on one spec type, `Plans` (the (schedule, work) cases
 of a run on P ranks, built and checked before any process starts), and one
-rank function, `plans_rank`, that runs every case in one call.
+rank function, `plans_rank`, that runs every case in one call: both live in
+spec.py, which the chapter's other demos share (re-exported here).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from wmdist.comm import Context
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.pipeline import ScheduleName
 from wmdist.costs.validate import require_int
 from wmdist.experiment import Experiment, Verdict
-from wmdist.pipeline.executor import StageRun, pipeline_rank
+from wmdist.pipeline.executor import StageRun
 from wmdist.pipeline.plan import (
     Message,
     PipeWork,
@@ -30,47 +30,20 @@ from wmdist.pipeline.plan import (
     incoming,
     microbatch_sizes,
     outgoing,
-    require_world,
     stage_blocks,
     transfer_counts,
 )
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, MAX_MICROBATCHES, Schedule, make_schedule
+from wmdist.pipeline.spec import Plans, StageRuns, by_case, checked_schedule, plans_rank
 from wmdist.pipeline.stages import PipelineReference, gradient_tolerance, loss_tolerance, model_for, reference
 from wmdist.report import Check, Count, Report, close_check, counts_per_rank, exact_check, max_abs_error
 from wmdist.transformer import TransformerConfig
 
+__all__ = ["Plans", "StageRuns", "by_case", "plans_rank", "boundary_counts", "ForwardResult", "forward_spec",
+           "compare_forward", "FORWARD_DEMO", "forward_demo", "TrainResult", "backward_orders", "train_plans",
+           "train_spec", "compare_train", "TRAIN_DEMO", "train_demo", "DEMOS"]
+
 WIDTH = TransformerConfig().width      # H: every boundary tensor is one microbatch of (b, T, H) float32
-
-
-def plan(world_size: int, name: ScheduleName, microbatches: int, chunks: int, work: PipeWork) -> Schedule:
-    """Build and check everything a run needs; a bad input is one ValueError here, before any process starts."""
-    schedule = make_schedule(check_name(name), world_size, microbatches, chunks=chunks)
-    require_world(world_size, schedule)
-    work.check(schedule)
-    return schedule
-
-
-@dataclass(frozen=True, kw_only=True)
-class Plans:
-    """A pipeline experiment's spec: the (schedule, work) cases it runs, all on `world_size` = P ranks, checked."""
-    world_size: int
-    cases: tuple[tuple[Schedule, PipeWork], ...]
-
-
-@dataclass(frozen=True)
-class StageRuns:
-    """What one rank measured in each case of a Plans, in the cases' order."""
-    runs: tuple[StageRun, ...]
-
-
-def plans_rank(ctx: Context, plans: Plans) -> StageRuns:
-    """Rank function: every case's pipeline step on this rank, one after the other (each from a fresh ledger)."""
-    return StageRuns(tuple(pipeline_rank(ctx, schedule, work) for schedule, work in plans.cases))
-
-
-def by_case(results: list[StageRuns]) -> list[list[StageRun]]:
-    """The ranks' results regrouped: for each case, every rank's StageRun in rank order."""
-    return [list(runs) for runs in zip(*(r.runs for r in results), strict=True)]
 
 
 def boundary_counts(schedule: Schedule, runs: list[StageRun], work: PipeWork, case: str) -> list[Count]:
@@ -115,7 +88,7 @@ def forward_spec(world_size: int, *, microbatches: int = 8, work: PipeWork | Non
     work = work or PipeWork(batch_size=2 * microbatches, forward_only=True)
     if not work.forward_only:
         raise ValueError("forward_demo runs forwards only: pass a PipeWork with forward_only=True")
-    return Plans(world_size=world_size, cases=((plan(world_size, "gpipe", microbatches, 1, work), work),))
+    return Plans(world_size=world_size, cases=((checked_schedule(world_size, "gpipe", microbatches, 1, work), work),))
 
 
 def compare_forward(plans: Plans, results: list[StageRuns]) -> Verdict:
@@ -180,7 +153,7 @@ def train_spec(world_size: int, *, plans: list[tuple[ScheduleName, int, int]] | 
     for name, m, v in plans or train_plans(world_size):
         make_schedule(check_name(name), world_size, m, chunks=v)       # P, M and v named first, then the batch
         work = PipeWork(batch_size=2 * m)
-        cases.append((plan(world_size, name, m, v, work), work))
+        cases.append((checked_schedule(world_size, name, m, v, work), work))
     return Plans(world_size=world_size, cases=tuple(cases))
 
 

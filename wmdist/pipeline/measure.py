@@ -24,7 +24,7 @@ from wmdist.costs import pipeline as pcosts
 from wmdist.costs.validate import require_int
 from wmdist.experiment import Experiment, Verdict
 from wmdist.on_progress import OnProgress
-from wmdist.pipeline.demos import Plans, StageRuns, by_case, plans_rank
+from wmdist.pipeline.spec import Plans, StageRuns, by_case, plans_rank
 from wmdist.pipeline.executor import StageRun, run_pipeline
 from wmdist.pipeline.plan import PipeWork, require_world, slow_stage_work
 from wmdist.pipeline.results import ImbalanceCurve, MeasuredBubble   # noqa: F401 - re-exported: the records live there

@@ -18,39 +18,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import NamedTuple
 
-from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.pipeline import SCHEDULES, ScheduleName
+from wmdist.costs.scan import nonempty_split
 from wmdist.costs.validate import require_bool, require_choice, require_int, require_positive, require_real
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Schedule
 
 ACTIVATION, GRADIENT = "activation", "gradient"
 DEMO_LAYERS = 8                         # the demos' model has 8 blocks: at most one stage (rank) per block
-Message = tuple[str, int, int]          # (kind, virtual stage that sends, microbatch): ("F", s, m) goes to s+1
+
+
+class Message(NamedTuple):
+    """One boundary tensor, named by who sends it: Message(FORWARD, s, m) is stage s's output for microbatch m,
+    going to stage s+1; Message(BACKWARD, s, m) is the gradient of stage s's input, going back to stage s-1."""
+    kind: str            # FORWARD (an activation) or BACKWARD (its gradient)
+    stage: int           # the virtual stage that sends it
+    microbatch: int
 
 
 def stage_blocks(layers: int, virtual_stages: int) -> list[range]:
     """Which transformer blocks each virtual stage runs: consecutive, the first `layers % n` stages one more.
 
-    e.g. stage_blocks(8, 3) -> [range(0, 3), range(3, 6), range(6, 8)].
+    e.g. stage_blocks(8, 3) -> [range(0, 3), range(3, 6), range(6, 8)]. More
+    stages than blocks is refused: every stage needs at least one (lower P or v,
+    or use more layers).
     """
-    n_layers = require_int("layers", layers, 1)
-    n = require_int("virtual_stages", virtual_stages, 1)
-    if n > n_layers:
-        raise ValueError(f"the pipeline has {n} (virtual) stages but the model has only {n_layers} blocks: "
-                         f"every stage needs at least one block (lower P or v, or use more layers)")
-    starts = [0, *accumulate(ring_chunk_sizes(n_layers, n))]       # tensor_split's layout, as a ring's chunks
+    sizes = nonempty_split(layers, virtual_stages, total_name="layers", parts_name="virtual_stages",
+                           what="transformer block",
+                           refusal="the pipeline has {parts} (virtual) stages but the model has only {total} blocks: "
+                                   "every stage needs at least one block (lower P or v, or use more layers)")
+    starts = [0, *accumulate(sizes)]
     return [range(a, b) for a, b in zip(starts, starts[1:])]
 
 
 def microbatch_sizes(batch_size: int, microbatches: int) -> list[int]:
     """Trajectories per microbatch: whole trajectories, torch.tensor_split's layout (first B % M get one more)."""
-    b = require_int("batch_size", batch_size, 1)
-    m = require_int("microbatches", microbatches, 1)
-    if m > b:
-        raise ValueError(f"microbatches ({m}) must not exceed batch_size ({b}): a microbatch holds whole "
-                         f"trajectories, at least one")
-    return ring_chunk_sizes(b, m)
+    return nonempty_split(batch_size, microbatches, total_name="batch_size", parts_name="microbatches",
+                          what="whole trajectory",
+                          refusal="microbatches ({parts}) must not exceed batch_size ({total}): a microbatch holds "
+                                  "whole trajectories, at least one")
 
 
 def owner(schedule: Schedule, stage: int) -> int:
@@ -70,9 +77,9 @@ def outgoing(schedule: Schedule, rank: int, *, forward_only: bool = False) -> li
     out = []
     for a in schedule.ranks[rank]:
         if a.kind == FORWARD and a.stage < last:
-            out.append((owner(schedule, a.stage + 1), (FORWARD, a.stage, a.microbatch)))
+            out.append((owner(schedule, a.stage + 1), Message(FORWARD, a.stage, a.microbatch)))
         elif a.kind == BACKWARD and a.stage > 0 and not forward_only:
-            out.append((owner(schedule, a.stage - 1), (BACKWARD, a.stage, a.microbatch)))
+            out.append((owner(schedule, a.stage - 1), Message(BACKWARD, a.stage, a.microbatch)))
     return out
 
 
@@ -92,10 +99,10 @@ def transfer_counts(schedule: Schedule, rank: int, *, forward_only: bool = False
     """Messages `rank` sends and receives across ranks, by direction: the counts its ledger must show."""
     sent = [m for dst, m in outgoing(schedule, rank, forward_only=forward_only) if dst != rank]
     received = [m for msgs in incoming(schedule, rank, forward_only=forward_only).values() for m in msgs]
-    return {f"{ACTIVATION} sends": sum(m[0] == FORWARD for m in sent),
-            f"{ACTIVATION} receives": sum(m[0] == FORWARD for m in received),
-            f"{GRADIENT} sends": sum(m[0] == BACKWARD for m in sent),
-            f"{GRADIENT} receives": sum(m[0] == BACKWARD for m in received)}
+    return {f"{ACTIVATION} sends": sum(m.kind == FORWARD for m in sent),
+            f"{ACTIVATION} receives": sum(m.kind == FORWARD for m in received),
+            f"{GRADIENT} sends": sum(m.kind == BACKWARD for m in sent),
+            f"{GRADIENT} receives": sum(m.kind == BACKWARD for m in received)}
 
 
 def peak_held(schedule: Schedule, rank: int) -> int:

@@ -93,8 +93,6 @@ def time_cut_gradient(work: PipeWork, windows: int) -> dict[str, torch.Tensor]:
 @dataclass(kw_only=True, frozen=True)
 class RolloutResult:
     """The pipeline's one step against one process, and the two mistakes' distances from the right answer."""
-    environments: int
-    horizon: int
     microbatch_envs: tuple[tuple[int, ...], ...]   # which environments (trajectories) each microbatch carries
     param_error: float                              # max |pipeline step - one-process step|
     param_tolerance: float
@@ -131,7 +129,7 @@ def compare_rollout(spec: RolloutSpec, results: list[RolloutRank]) -> Verdict:
     ptol = lr * gtol + 2 * FLOAT32_ROUNDOFF * max(float(v.abs().max()) for v in right.values())
     sizes = microbatch_sizes(work.batch_size, m)
     envs = tuple(tuple(range(sum(sizes[:k]), sum(sizes[:k + 1]))) for k in range(m))
-    data = RolloutResult(environments=work.batch_size, horizon=work.seq_len, microbatch_envs=envs, param_error=max_abs_error([stepped[n] for n in names],
+    data = RolloutResult(microbatch_envs=envs, param_error=max_abs_error([stepped[n] for n in names],
                                                                             [right[n] for n in names]), param_tolerance=ptol,
                          time_cut_gap=max_abs_error([cut[n] for n in names], [ref.grads[n] for n in names]),
                          per_transition_gap=max_abs_error([per_step[n] for n in names], [right[n] for n in names]))

@@ -16,7 +16,6 @@ with our executor and then with torch's schedule, in one call, timing both.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch
 from wmdist.comm import Context, counted
 from wmdist.costs.pipeline import ScheduleName
 from wmdist.experiment import Experiment, Verdict
-from wmdist.pipeline.demos import Plans
+from wmdist.pipeline.spec import Plans
 from wmdist.pipeline.executor import StageRun, pipeline_rank
 from wmdist.pipeline.plan import PipeWork, require_world, transfer_counts
 from wmdist.pipeline.schedules import Schedule, make_schedule
@@ -107,8 +106,6 @@ class Comparison:
     theirs: tuple[tuple[str, ...], ...]        # theirs[r]: as run by torch's schedule
     loss_error: float
     grad_error: float
-    seconds_ours: float
-    seconds_torch: float
 
 
 def check_torch_plan(world_size: int, name: ScheduleName, microbatches: int, chunks: int,
@@ -132,22 +129,18 @@ def check_torch_plan(world_size: int, name: ScheduleName, microbatches: int, chu
 
 @dataclass(frozen=True)
 class BothRuns:
-    """One rank's step of every case twice: our executor, then torch's schedule, each timed on the rank."""
+    """One rank's step of every case twice: our executor, then torch's schedule."""
     ours: tuple[StageRun, ...]
     theirs: tuple[TorchRun, ...]
-    seconds: tuple[tuple[float, float], ...]     # per case: (ours, torch's) on this rank
 
 
 def both_rank(ctx: Context, plans: Plans) -> BothRuns:
     """Rank function: each case with our executor, then with torch.distributed.pipelining, on the same stages."""
-    ours, theirs, seconds = [], [], []
+    ours, theirs = [], []
     for schedule, work in plans.cases:
-        start = time.perf_counter()
         ours.append(pipeline_rank(ctx, schedule, work))
-        middle = time.perf_counter()
         theirs.append(torch_pipeline_rank(ctx, schedule, work))
-        seconds.append((middle - start, time.perf_counter() - middle))
-    return BothRuns(tuple(ours), tuple(theirs), tuple(seconds))
+    return BothRuns(tuple(ours), tuple(theirs))
 
 
 def comparisons(plans: Plans, results: list[BothRuns]) -> list[Comparison]:
@@ -161,8 +154,7 @@ def comparisons(plans: Plans, results: list[BothRuns]) -> list[Comparison]:
                                    [torch_grads.get(n, torch.zeros(0)) for n in sorted(mine)])
         loss_error = max_abs_error(ours[-1].loss, theirs[-1].loss)
         out.append(Comparison(schedule=schedule.name, ours=tuple(r.order for r in ours), theirs=tuple(r.order for r in theirs), loss_error=loss_error,
-                              grad_error=grad_error, seconds_ours=max(r.seconds[k][0] for r in results),
-                              seconds_torch=max(r.seconds[k][1] for r in results)))
+                              grad_error=grad_error))
     return out
 
 

@@ -23,7 +23,7 @@ from wmdist.costs.validate import require_int
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, counts_per_rank
 from wmdist.ring_attention import layout as lay
-from wmdist.ring_attention.demos import Cases
+from wmdist.ring_attention.spec import Cases
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.ring import positions, ring_forward
 from wmdist.ring_attention.spec import RingSpec

@@ -10,12 +10,13 @@ phase, and the tiles, query-key pairs and skipped steps each rank reports,
 must equal their formulas exactly.
 
 The demo is an `Experiment` on `RingRun` (the sizes, checked on both layouts
-before any process starts), which the chapter's other demos share.
+before any process starts); RingRun, Cases, RankCase and the rank's run of one
+case live in spec.py, which the chapter's other demos share (re-exported here).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,59 +27,18 @@ from wmdist.costs import ring_attention as costs
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
-from wmdist.ring_attention.ring import (
-    BACKWARD_GRAD,
-    BACKWARD_KV,
-    FORWARD,
-    RingTrace,
-    positions,
-    ring_backward,
-    ring_forward,
-)
+from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD
 from wmdist.ring_attention.layout import Layout
-from wmdist.ring_attention.spec import DTypeName, RingSpec, default_seq_len
+from wmdist.ring_attention.spec import (DTYPES, Cases, DTypeName, RankCase, RingRun, RingSpec, assemble, ring_run,
+                                        run_case)
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
 from wmdist.spans import Span
 
 CASES = tuple((dtype, causal, layout) for dtype in ("float32", "float64")
               for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")))
 PAPER = "paper loop, N sends"
-
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RingRun:
-    """A ring-attention run: its sizes (RingSpec) on N ranks, refused unless every layout in `layouts` accepts
-    them (one ValueError, before any process starts)."""
-    world_size: int
-    ring: RingSpec
-    layouts: tuple[Layout, ...] = field(default=lay.LAYOUTS)
-
-    def __post_init__(self) -> None:
-        for layout in self.layouts:
-            self.ring.check(self.world_size, layout=layout)
-
-
-def ring_run(world_size: int, *, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> RingRun:
-    """The chapter's usual run: S = default_seq_len(N) unless given, checked on both layouts."""
-    ring = RingSpec(seq_len=default_seq_len(world_size) if seq_len is None else seq_len, block_size=block_size,
-                    seed=seed)
-    return RingRun(world_size=world_size, ring=ring)
-
-
-@dataclass(frozen=True)
-class Cases(Generic[T]):
-    """One rank's result per named case, in run order; `cases[name]` is the one named `name`."""
-    names: tuple[str, ...]
-    results: tuple[T, ...]
-
-    def __getitem__(self, name: str) -> T:
-        return self.results[self.names.index(name)]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.names
+__all__ = ["CASES", "PAPER", "Cases", "RankCase", "RingRun", "ring_run", "case_name", "ring_cases", "compare_ring",
+           "RingDemoData", "RING_DEMO", "ring_attention_demo", "DEMOS"]
 
 
 def case_name(dtype: DTypeName, *, causal: bool, layout: Layout) -> str:
@@ -86,48 +46,14 @@ def case_name(dtype: DTypeName, *, causal: bool, layout: Layout) -> str:
     return f"{dtype} {'causal' if causal else 'full'} {layout}"
 
 
-@dataclass(kw_only=True, frozen=True)
-class RankCase:
-    """What one rank returns for one case: its rows of the results, its ledger bytes by phase, its traces."""
-    rows: list[int]
-    out: torch.Tensor            # (B, H, c, D)
-    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    sent: dict[str, int]         # bytes sent by ledger phase
-    forward: RingTrace
-    backward: RingTrace | None
-
-
-def _run_case(ctx: Context, spec: RingSpec, dtype: DTypeName, causal: bool, layout: Layout, *, final_exchange: bool,
-              backward: bool) -> RankCase:
-    q, k, v, dout = spec.inputs(dtype=dtype)
-    rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
-    q, k, v, dout = (x[:, :, rows].contiguous() for x in (q, k, v, dout))
-    ctx.ledger.reset()
-    out, lse, fwd = ring_forward(ctx, q, k, v, seq_len=spec.seq_len, layout=layout, causal=causal,
-                                 block_size=spec.block_size, final_exchange=final_exchange)
-    grads, bwd = (None, None, None), None
-    if backward:
-        *grads, bwd = ring_backward(ctx, q, k, v, out, lse, dout, seq_len=spec.seq_len, layout=layout, causal=causal,
-                                    block_size=spec.block_size)
-    sent = {phase: t["bytes_sent"] for phase, t in ctx.ledger.by_phase().items()}
-    return RankCase(rows=rows.tolist(), out=out, grads=tuple(grads), sent=sent, forward=fwd, backward=bwd)
-
-
 def ring_cases(ctx: Context, run: RingRun) -> Cases[RankCase]:
     """Rank function: every case forward and backward, then the paper's N-sends forward (N > 1)."""
     spec = run.ring
-    out = {case_name(d, causal=c, layout=lo): _run_case(ctx, spec, d, c, lo, final_exchange=False, backward=True)
-           for d, c, lo in CASES}
+    out = {case_name(d, causal=c, layout=lo): run_case(ctx, spec, dtype=d, causal=c, layout=lo) for d, c, lo in CASES}
     if ctx.world_size > 1:
-        out[PAPER] = _run_case(ctx, spec, "float32", True, "contiguous", final_exchange=True, backward=False)
+        out[PAPER] = run_case(ctx, spec, dtype="float32", causal=True, layout="contiguous", backward=None,
+                              final_exchange=True)
     return Cases(tuple(out), tuple(out.values()))
-
-
-def _assemble(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
-    full = parts[0].new_empty(parts[0].shape[:2] + (spec.seq_len,) + parts[0].shape[3:])
-    for part, r in zip(parts, rows):
-        full[:, :, r] = part
-    return full
 
 
 def _checks(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DTypeName, causal: bool,
@@ -142,8 +68,8 @@ def _checks(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DType
     want_grads = torch.autograd.grad(want, leaves, dout)
     tol = tolerance(exact_attention(q, k, v, dout, causal=causal), getattr(torch, dtype), spec.tile(n),
                     spec.key_blocks(n))
-    got = {"out": _assemble(spec, [rc.out for rc in ranks], rows)}
-    got.update({g: _assemble(spec, [rc.grads[i] for rc in ranks], rows) for i, g in enumerate(("dq", "dk", "dv"))})
+    got = {"out": assemble(spec, [rc.out for rc in ranks], rows)}
+    got.update({g: assemble(spec, [rc.grads[i] for rc in ranks], rows) for i, g in enumerate(("dq", "dk", "dv"))})
     wanted = dict(zip(("out", "dq", "dk", "dv"), (want, *want_grads)))
     return [Check(f"{name}: {key} == SDPA", bound_ratio(got[key], wanted[key], getattr(tol, key)), 1.0, REASON)
             for key in ("out", "dq", "dk", "dv")]
@@ -154,7 +80,7 @@ def _counts(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DType
     """Bytes per phase (every case), and tiles, pairs and skipped steps (float32 cases), against their formulas."""
     name = case_name(dtype, causal=causal, layout=layout)
     ranks = [res[name] for res in results]
-    elem = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    elem = DTYPES[dtype].itemsize
     args, sizes = (spec.seq_len, n, spec.kv_width), {"batch": spec.batch, "elem_size": elem}
     kv_back, grad_back = costs.ring_backward_bytes_per_rank(*args, **sizes)
     out = counts_per_rank("bytes sent", [rc.sent.get(FORWARD, 0) for rc in ranks],
@@ -195,7 +121,7 @@ def compare_ring(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
         base = [res[case_name("float32", causal=True, layout="contiguous")] for res in results]
         exact += counts_per_rank("bytes sent", [rc.sent.get(FORWARD, 0) for rc in paper],
                                  [costs.ring_kv_bytes_per_rank(spec.seq_len, world_size, spec.kv_width,
-                                                               batch=spec.batch, elem_size=4,
+                                                               batch=spec.batch, elem_size=DTYPES["float32"].itemsize,
                                                                final_exchange=True)] * world_size,
                                  phase=FORWARD, case=PAPER)
         checks.append(exact_check(f"{PAPER}: same output as N-1 sends", [rc.out for rc in paper],

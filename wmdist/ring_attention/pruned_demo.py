@@ -27,11 +27,10 @@ from wmdist.costs.validate import require_choice
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
-from wmdist.ring_attention.demos import Cases, RingRun, ring_run
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.pruned import pruned_backward, pruned_forward
-from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, positions, ring_backward, ring_forward
-from wmdist.ring_attention.spec import RingSpec
+from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, ring_backward, ring_forward
+from wmdist.ring_attention.spec import DTYPES, Cases, RankCase, RingRun, RingSpec, assemble, ring_run, run_case
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
 
 Ring = Literal["pruned", "uniform"]     # the pruned ring (pruned.py) or the uniform one (ring.py)
@@ -46,36 +45,12 @@ def case_name(ring: Ring, *, layout: Layout) -> str:
     return f"{ring} {layout}"
 
 
-@dataclass(kw_only=True, frozen=True)
-class PrunedRank:
-    """One rank's result for one case: rows, output, gradients, ledger bytes and sends by phase, work."""
-    rows: list[int]
-    out: torch.Tensor                                        # (B, H, c, D)
-    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor]   # dq, dk, dv of this rank's rows
-    sent: dict[str, int]                                     # bytes sent by ledger phase
-    sends: dict[str, int]                                    # messages sent by ledger phase
-    pairs: int                                               # forward query-key pairs computed
-    skipped: int                                             # forward steps with no computation
-
-
-def pruned_cases(ctx: Context, run: RingRun) -> Cases[PrunedRank]:
+def pruned_cases(ctx: Context, run: RingRun) -> Cases[RankCase]:
     """Rank function: every case, causal, float32, forward and backward, each with a fresh ledger."""
-    spec = run.ring
-    q, k, v, dout = spec.inputs(dtype="float32")
-    out: dict[str, PrunedRank] = {}
-    for ring, layout in CASES:
-        forward, backward = (pruned_forward, pruned_backward) if ring == "pruned" else (ring_forward, ring_backward)
-        rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
-        mine = [x[:, :, rows].contiguous() for x in (q, k, v, dout)]
-        ctx.ledger.reset()
-        o, lse, trace = forward(ctx, *mine[:3], seq_len=spec.seq_len, layout=layout, causal=True,
-                                block_size=spec.block_size)
-        *grads, _ = backward(ctx, *mine[:3], o, lse, mine[3], seq_len=spec.seq_len, layout=layout, causal=True,
-                             block_size=spec.block_size)
-        phases = ctx.ledger.by_phase()
-        out[case_name(ring, layout=layout)] = PrunedRank(
-            rows=rows.tolist(), out=o, grads=tuple(grads), sent={p: t["bytes_sent"] for p, t in phases.items()},
-            sends={p: t["messages"] for p, t in phases.items()}, pairs=sum(trace.pairs), skipped=len(trace.skipped))
+    rings = {"pruned": (pruned_forward, pruned_backward), "uniform": (ring_forward, ring_backward)}
+    out = {case_name(ring, layout=layout): run_case(ctx, run.ring, dtype="float32", causal=True, layout=layout,
+                                                    forward=rings[ring][0], backward=rings[ring][1])
+           for ring, layout in CASES}
     return Cases(tuple(out), tuple(out.values()))
 
 
@@ -90,8 +65,9 @@ def predicted_sends(world_size: int, *, ring: Ring, layout: Layout) -> dict[str,
 
 
 def predicted_bytes(spec: RingSpec, world_size: int, *, ring: Ring, layout: Layout) -> dict[str, list[int]]:
-    """Bytes each rank sends per phase, from costs.ring_attention (float32: 4-byte elements)."""
-    args, sizes = (spec.seq_len, world_size, spec.kv_width), {"batch": spec.batch, "elem_size": 4}
+    """Bytes each rank sends per phase, from costs.ring_attention (the cases run in float32)."""
+    elem = DTYPES["float32"].itemsize
+    args, sizes = (spec.seq_len, world_size, spec.kv_width), {"batch": spec.batch, "elem_size": elem}
     if require_choice("ring", ring, RINGS) == "pruned" and costs.dead_kv_sends(world_size, layout=layout):
         rows = costs.pruned_ring_bytes_per_rank(*args, **sizes)
         return {phase: [row[i] for row in rows] for i, phase in enumerate(PHASES)}
@@ -100,21 +76,14 @@ def predicted_bytes(spec: RingSpec, world_size: int, *, ring: Ring, layout: Layo
             BACKWARD_GRAD: [grad_back] * world_size}
 
 
-def _assemble(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
-    full = parts[0].new_empty(parts[0].shape[:2] + (spec.seq_len,) + parts[0].shape[3:])
-    for part, r in zip(parts, rows):
-        full[:, :, r] = part
-    return full
-
-
-def _full(spec: RingSpec, ranks: list[PrunedRank]) -> list[torch.Tensor]:
+def _full(spec: RingSpec, ranks: list[RankCase]) -> list[torch.Tensor]:
     """out, dq, dk, dv of the whole sequence, assembled from the ranks' rows."""
     rows = [rk.rows for rk in ranks]
-    return [_assemble(spec, [rk.out for rk in ranks], rows)] + \
-        [_assemble(spec, [rk.grads[i] for rk in ranks], rows) for i in range(3)]
+    return [assemble(spec, [rk.out for rk in ranks], rows)] + \
+        [assemble(spec, [rk.grads[i] for rk in ranks], rows) for i in range(3)]
 
 
-def _counts(spec: RingSpec, n: int, name: str, ring: Ring, layout: Layout, ranks: list[PrunedRank]) -> list[Count]:
+def _counts(spec: RingSpec, n: int, name: str, ring: Ring, layout: Layout, ranks: list[RankCase]) -> list[Count]:
     want_bytes = predicted_bytes(spec, n, ring=ring, layout=layout)
     want_sends = predicted_sends(n, ring=ring, layout=layout)
     out: list[Count] = []
@@ -124,9 +93,9 @@ def _counts(spec: RingSpec, n: int, name: str, ring: Ring, layout: Layout, ranks
         out += counts_per_rank("sends", [rk.sends.get(phase, 0) for rk in ranks], want_sends[phase],
                                phase=phase, case=name)
     skipped = lay.skipped_steps(spec.seq_len, n, layout=layout)
-    out += counts_per_rank("query-key pairs", [rk.pairs for rk in ranks],
+    out += counts_per_rank("query-key pairs", [sum(rk.forward.pairs) for rk in ranks],
                            lay.rank_work(spec.seq_len, n, layout=layout, causal=True), phase=FORWARD, case=name)
-    out += counts_per_rank("steps skipped", [rk.skipped for rk in ranks],
+    out += counts_per_rank("steps skipped", [len(rk.forward.skipped) for rk in ranks],
                            [sum(1 for r, _ in skipped if r == rank) for rank in range(n)], phase=FORWARD, case=name)
     return out
 
@@ -139,7 +108,7 @@ class PrunedData:
     total_bytes: dict[str, int]
 
 
-def compare_pruned(run: RingRun, results: list[Cases[PrunedRank]]) -> Verdict:
+def compare_pruned(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
     """Every case against SDPA in units of its rounding bound, pruned against uniform (exact), bytes, sends and work
     against the formulas."""
     spec, world_size = run.ring, run.world_size
@@ -165,7 +134,7 @@ def compare_pruned(run: RingRun, results: list[Cases[PrunedRank]]) -> Verdict:
                                   full[f"uniform {layout}"], "the same tiles merged in the same order; a dropped "
                                   "send carried a block nobody read, and a skipped step's dK, dV share is 0"))
     data = PrunedData({c: [res[c].sent.get(FORWARD, 0) for res in results] for c in full},
-                      {c: [res[c].pairs for res in results] for c in full},
+                      {c: [sum(res[c].forward.pairs) for res in results] for c in full},
                       {c: sum(sum(res[c].sent.values()) for res in results) for c in full})
     params: dict[str, Any] = {"seq_len": spec.seq_len, "batch": spec.batch, "heads": spec.heads,
                               "head_dim": spec.head_dim, "kv_width": spec.kv_width, "block_size": spec.block_size,

@@ -33,7 +33,7 @@ from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Count, Report, counts_per_rank
 from wmdist.ring_attention.profiling import op_input_bytes
 from wmdist.ring_attention.ring import positions, ring_backward, ring_forward
-from wmdist.ring_attention.demos import RingRun
+from wmdist.ring_attention.spec import RingRun
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.spec import DTypeName, RingSpec, default_seq_len
 from wmdist.ring_attention.tolerance import REASON, SECOND_ORDER, exact_attention, sdpa_bounds, tolerance

@@ -4,68 +4,39 @@ The chunks-from-zero pitfall must miss the loop by more than rounding can
 explain; the boundary hand-off must equal the loop bit for bit; the episode
 split must equal it within a bound derived along the trajectory (bounds.py).
 Cell calls and bytes per rank are counted and compared with their formulas.
-The demo is an `Experiment`: its spec, CellSpec, seeds the cell and inputs and
-refuses a bad size (fewer than 2 ranks, more than T or B) before any process.
+The demo is an `Experiment`: its spec, spec.EpisodeSpec (shared with
+scan-picard), seeds the cell and inputs and refuses a bad size (fewer than 2
+ranks, more than T or B) before any process.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import torch
-
 from wmdist.compare import ROUNDOFF
 from wmdist.costs.scan import handoff_bytes, time_chunk_sizes
-from wmdist.costs.validate import require_int
 from wmdist.comm import Context
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check
-from wmdist.scan.boundaries import SCHEMES, BoundaryRank, CellInputs, boundaries_rank, stitch, timeline, waits
+from wmdist.scan.boundaries import SCHEMES, BoundaryRank, boundaries_rank, stitch, timeline, waits
 from wmdist.scan.bounds import propagated_bound
-from wmdist.scan.cell import GRUCell, rollout, step_errors
+from wmdist.scan.cell import rollout, step_errors
 from wmdist.scan.results import CellSplit
+from wmdist.scan.spec import EpisodeSpec, episodes
+
+__all__ = ["episodes", "cell_spec", "cell_ranks", "compare_cell", "CELL_DEMO", "cell_demo", "DEMOS"]
 
 
-def episodes(*, batch: int = 8, steps: int = 37, state_size: int = 16, input_size: int = 8, seed: int = 0,
-             dtype: torch.dtype = torch.float32) -> tuple[GRUCell, torch.Tensor, torch.Tensor]:
-    """A seeded cell, inputs x (B, T, m) ~ N(0, 1) and initial states h0 (B, n) uniform in [-1, 1]."""
-    cell = GRUCell.seeded(state_size, input_size, seed=seed + 1, dtype=dtype)
-    g = torch.Generator().manual_seed(require_int("seed", seed, 0) + 2)
-    x = torch.randn(require_int("batch", batch, 1), require_int("steps", steps, 1), input_size, generator=g,
-                    dtype=torch.float64)
-    h0 = torch.rand(batch, state_size, generator=g, dtype=torch.float64) * 2 - 1
-    return cell, x.to(dtype), h0.to(dtype)
+def cell_spec(world_size: int, *, steps: int = 37, batch: int = 8, step_seconds: float = 1e-4,
+              seed: int = 0) -> EpisodeSpec:
+    """scan-cell's inputs: seeded episodes on at least 2 ranks (one rank has nothing to split)."""
+    return EpisodeSpec(world_size=world_size, steps=steps, batch=batch, step_seconds=step_seconds, seed=seed,
+                       min_world_size=2)
 
 
-def episode_inputs(*, world_size: int, steps: int, batch: int, seed: int, step_seconds: float,
-                   min_world_size: int = 1) -> CellInputs:
-    """The seeded `episodes` as checked CellInputs for `world_size` ranks: what scan-cell and scan-picard run on."""
-    cell, x, h0 = episodes(batch=batch, steps=steps, seed=seed)
-    return CellInputs(world_size=world_size, cell=cell, x=x, h0=h0, step_seconds=step_seconds,
-                      min_world_size=min_world_size)
-
-
-@dataclass(frozen=True, kw_only=True)
-class CellSpec:
-    """scan-cell's inputs: seeded episodes (`episodes`) on at least 2 ranks, each step sleeping `step_seconds`."""
-    world_size: int
-    steps: int = 37
-    batch: int = 8
-    step_seconds: float = 1e-4
-    seed: int = 0
-    inputs: CellInputs = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        inputs = episode_inputs(world_size=self.world_size, steps=self.steps, batch=self.batch, seed=self.seed,
-                                step_seconds=self.step_seconds, min_world_size=2)
-        object.__setattr__(self, "inputs", inputs)
-
-
-def cell_ranks(ctx: Context, spec: CellSpec) -> BoundaryRank:
+def cell_ranks(ctx: Context, spec: EpisodeSpec) -> BoundaryRank:
     """Rank function: the three schemes (boundaries.boundaries_rank) on the spec's inputs."""
     return boundaries_rank(ctx, spec.inputs)
 
 
-def compare_cell(spec: CellSpec, results: list[BoundaryRank]) -> Verdict:
+def compare_cell(spec: EpisodeSpec, results: list[BoundaryRank]) -> Verdict:
     """Each scheme against the loop in one process (the pitfall must miss it), calls and bytes vs formulas."""
     cell, x, h0, n, step_seconds = (spec.inputs.cell, spec.inputs.x, spec.inputs.h0, spec.world_size,
                                     spec.step_seconds)
@@ -101,14 +72,13 @@ def compare_cell(spec: CellSpec, results: list[BoundaryRank]) -> Verdict:
 
 CELL_DEMO = Experiment(name="scan-cell", chapter="07", world_sizes=(2, 4, 8),
                        title="GRU core over N ranks: chunks from zero (wrong), boundary hand-off, episodes split",
-                       spec=lambda n: CellSpec(world_size=n), ranks=cell_ranks, compare=compare_cell)
+                       spec=cell_spec, ranks=cell_ranks, compare=compare_cell)
 
 
 def cell_demo(world_size: int, *, steps: int = 37, batch: int = 8, step_seconds: float = 1e-4,
               seed: int = 0) -> Report:
     """Chunks from zero (wrong), boundary hand-off (exact, sequential), episodes split (exact, parallel)."""
-    return CELL_DEMO.run_spec(CellSpec(world_size=world_size, steps=steps, batch=batch, step_seconds=step_seconds,
-                                       seed=seed))
+    return CELL_DEMO.run_spec(cell_spec(world_size, steps=steps, batch=batch, step_seconds=step_seconds, seed=seed))
 
 
 DEMOS = [CELL_DEMO]

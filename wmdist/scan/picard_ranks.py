@@ -12,12 +12,13 @@ not assumed. Either way each sweep reruns all T steps: N sweeps spend N
 times the loop's work to reach, at best, the loop's own depth.
 
 `SweepPlan` is what the ranks run (checked before any process starts); the
-demo scan-picard is an `Experiment` whose spec, ScanPicardSpec, holds one.
+demo scan-picard is an `Experiment` on one, built by `picard_spec` from the
+same seeded episodes as scan-cell (spec.EpisodeSpec).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,8 +30,8 @@ from wmdist.report import Check, Report, counts_per_rank, exact_check, max_abs_e
 from wmdist.runtime import run
 from wmdist.scan.boundaries import CellInputs, CountingStep, relative, time_chunk
 from wmdist.scan.cell import GRUCell, picard, rollout
-from wmdist.scan.cell_demos import episode_inputs
 from wmdist.scan.results import PicardSweeps
+from wmdist.scan.spec import EpisodeSpec
 from wmdist.spans import Span
 
 BOUNDARIES, CONVERGENCE = "picard boundaries", "picard convergence"
@@ -117,33 +118,17 @@ def sweeps_needed(changes: list[float], stop_below: float) -> int:
     return len(changes)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ScanPicardSpec:
-    """scan-picard's inputs: seeded episodes (cell_demos.episodes) swept N times at most, from guessed starts."""
-    world_size: int
-    steps: int = 37
-    batch: int = 8
-    stop_below: float = 0.0
-    step_seconds: float = 1e-4
-    seed: int = 0
-    plan: SweepPlan = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        inputs = episode_inputs(world_size=self.world_size, steps=self.steps, batch=self.batch, seed=self.seed,
-                                step_seconds=self.step_seconds)
-        object.__setattr__(self, "plan", SweepPlan(inputs=inputs, max_sweeps=self.world_size,
-                                                   stop_below=self.stop_below))
+def picard_spec(world_size: int, *, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
+                step_seconds: float = 1e-4, seed: int = 0) -> SweepPlan:
+    """scan-picard's plan: the seeded episodes (spec.EpisodeSpec, as scan-cell's) swept N times at most."""
+    inputs = EpisodeSpec(world_size=world_size, steps=steps, batch=batch, step_seconds=step_seconds,
+                         seed=seed).inputs
+    return SweepPlan(inputs=inputs, max_sweeps=world_size, stop_below=stop_below)
 
 
-def sweep_ranks(ctx: Context, spec: ScanPicardSpec) -> PicardRankRun:
-    """Rank function of scan-picard: `picard_rank` on the spec's plan."""
-    return picard_rank(ctx, spec.plan)
-
-
-def compare_picard(spec: ScanPicardSpec, results: list[PicardRankRun]) -> Verdict:
+def compare_picard(plan: SweepPlan, results: list[PicardRankRun]) -> Verdict:
     """The ranks' sweeps against the single-process sweeps (exact) and the loop; sweeps, calls, bytes vs formulas."""
-    gru, x, h0, n, stop_below = (spec.plan.inputs.cell, spec.plan.inputs.x, spec.plan.inputs.h0, spec.world_size,
-                                 spec.stop_below)
+    gru, x, h0, n, stop_below = plan.inputs.cell, plan.inputs.x, plan.inputs.h0, plan.world_size, plan.stop_below
     exact = rollout(gru, x, h0)
     reference = picard(gru, x, h0, n)                                      # all N sweeps, one process
     k = sweeps_needed(reference.changes, stop_below)
@@ -174,19 +159,19 @@ def compare_picard(spec: ScanPicardSpec, results: list[PicardRankRun]) -> Verdic
                         spans=tuple(relative([s for r in results for s in r.spans])))
     return Verdict(checks=checks, exact=exact_counts, data=data,
                    params={"steps": t, "batch": x.shape[0], "stop_below": stop_below,
-                           "step_seconds": spec.step_seconds})
+                           "step_seconds": plan.inputs.step_seconds})
 
 
 PICARD_DEMO = Experiment(name="scan-picard", chapter="07", world_sizes=(1, 2, 4, 8),
                          title="Picard sweeps over N ranks: exact after at most N sweeps, at N times the work",
-                         spec=lambda n: ScanPicardSpec(world_size=n), ranks=sweep_ranks, compare=compare_picard)
+                         spec=picard_spec, ranks=picard_rank, compare=compare_picard)
 
 
 def picard_demo(world_size: int, *, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
                 step_seconds: float = 1e-4, seed: int = 0) -> Report:
     """Picard sweeps on N ranks against the single-process sweeps and the loop; exact when stop_below = 0."""
-    return PICARD_DEMO.run_spec(ScanPicardSpec(world_size=world_size, steps=steps, batch=batch, stop_below=stop_below,
-                                           step_seconds=step_seconds, seed=seed))
+    return PICARD_DEMO.run_spec(picard_spec(world_size, steps=steps, batch=batch, stop_below=stop_below,
+                                            step_seconds=step_seconds, seed=seed))
 
 
 DEMOS = [PICARD_DEMO]

@@ -1,9 +1,9 @@
 """Chapter 04: tensor parallelism (Megatron's column/row split) and sequence vs context parallelism.
 
-    layers.py         column- and row-parallel linear layers as autograd Functions; the ring collectives
-                      on activations; the ledger read back as collectives
-    block.py          the transformer block split by heads and hidden units (the Megatron pairing), with
-                      or without sequence parallelism
+The algorithm is in layers.py (column- and row-parallel linear layers as autograd Functions, and the ring
+collectives on activations they call) and block.py (the transformer block split by heads and hidden units,
+the Megatron pairing, with or without sequence parallelism); neither imports the harness. The rest checks it:
+
     layouts.py        one MLP split four ways: the collectives follow the layout
     sequence.py       Megatron SP vs context parallelism on the same block; bytes kept for backward, measured
     versus_dtensor.py ours vs torch's DTensor ColwiseParallel / RowwiseParallel

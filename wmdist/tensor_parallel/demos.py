@@ -23,8 +23,9 @@ from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check, max_abs_error
 from wmdist.tensor_parallel.block import NAMES, block_shape, shard_of
 from wmdist.tensor_parallel.compare import WHY, agreement_checks, collective_counts, reordered_terms, tolerance
-from wmdist.tensor_parallel.layouts import MLP_NAMES, MLPRuns, mlp_rank, mlp_reference, mlp_slice
-from wmdist.tensor_parallel.sequence import LAYOUTS, BlockRuns, block_rank, reference_run, token_slice
+from wmdist.tensor_parallel.layouts import (MLP_NAMES, LayoutRuns, MLPRun, each_layout, mlp_reference, mlp_slice,
+                                            run_mlp_layout)
+from wmdist.tensor_parallel.sequence import LAYOUTS, BlockRun, reference_run, run_layout, token_slice
 from wmdist.tensor_parallel.versus_dtensor import DTENSOR_CONFIG, OursAndTorch, ours_and_torch
 from wmdist.transformer import TransformerConfig
 
@@ -61,14 +62,15 @@ def _tensors(run_: object) -> dict[str, torch.Tensor]:
     return {"output": run_.output, "input gradient": run_.input_grad, **run_.grads}
 
 
-def block_ranks(ctx: Context, spec: TPSpec) -> BlockRuns:
-    """Rank function: the block in each of the spec's layouts (sequence.block_rank)."""
-    return block_rank(ctx, spec.cfg, spec.layouts, spec.shape.batch, spec.shape.seq, seed=spec.seed)
+def block_ranks(ctx: Context, spec: TPSpec) -> LayoutRuns[BlockRun]:
+    """Rank function: the block in each of the spec's layouts (sequence.run_layout, one after another)."""
+    return each_layout(ctx, run_layout, spec.layouts, spec.cfg, spec.shape.batch, spec.shape.seq, seed=spec.seed)
 
 
-def mlp_ranks(ctx: Context, spec: TPSpec) -> MLPRuns:
-    """Rank function: the MLP in each of the spec's layouts (layouts.mlp_rank)."""
-    return mlp_rank(ctx, spec.cfg, spec.layouts, spec.shape.batch, spec.shape.seq, seed=spec.seed)
+def mlp_ranks(ctx: Context, spec: TPSpec) -> LayoutRuns[MLPRun]:
+    """Rank function: the MLP in each of the spec's layouts (layouts.run_mlp_layout, one after another)."""
+    return each_layout(ctx, run_mlp_layout, spec.layouts, spec.cfg, spec.shape.batch, spec.shape.seq,
+                       seed=spec.seed)
 
 
 def versus_ranks(ctx: Context, spec: TPSpec) -> OursAndTorch:
@@ -78,9 +80,8 @@ def versus_ranks(ctx: Context, spec: TPSpec) -> OursAndTorch:
 
 @dataclass(frozen=True)
 class TPTraffic:
-    """Bytes each rank sent per layout (ledger), and the papers' per-rank figure for one layer and step."""
+    """Bytes each rank sent per layout (ledger)."""
     bytes_sent: dict[str, list[int]]            # layout -> per rank
-    ideal_bytes: float                          # Megatron's 4 x 2(N-1)/N b*s*h*4 (the same with SP)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def block_spec(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: int
     return _spec(world_size, CONFIG, batch, seq, seed, ("tp",), sequence=False)
 
 
-def compare_block(spec: TPSpec, results: list[BlockRuns]) -> Verdict:
+def compare_block(spec: TPSpec, results: list[LayoutRuns[BlockRun]]) -> Verdict:
     """Outputs and every gradient against one device; 4 all-reduces and the bytes kept, per rank, exactly."""
     n, shape, (batch, seq) = spec.world_size, spec.shape, (spec.shape.batch, spec.shape.seq)
     runs = [r.runs[0] for r in results]
@@ -107,7 +108,6 @@ def compare_block(spec: TPSpec, results: list[BlockRuns]) -> Verdict:
     exact += counts_per_rank("saved activation bytes", [r.saved_bytes for r in runs],
                              [4 * costs.block_saved_elements(shape, n, r, layout="tp") for r in range(n)], case="tp")
     data = BlockTraffic({"tp": [sum(m.bytes_sent for m in r.collectives) for r in runs]},
-                        costs.megatron_layer_bytes(batch, seq, shape.width, n, sequence_parallel=False),
                         {"tp": [r.saved_bytes for r in runs]}, ref.saved_bytes)
     return Verdict(checks=checks, exact=exact, params=spec.params, data=data)
 
@@ -131,7 +131,7 @@ def layouts_spec(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: i
     return spec
 
 
-def compare_layouts(spec: TPSpec, results: list[MLPRuns]) -> Verdict:
+def compare_layouts(spec: TPSpec, results: list[LayoutRuns[MLPRun]]) -> Verdict:
     """Every layout against one device and its schedule; the needless gather's extra bytes, exactly."""
     n, shape, (batch, seq) = spec.world_size, spec.shape, (spec.shape.batch, spec.shape.seq)
     ref = mlp_reference(spec.cfg, batch, seq, seed=spec.seed)
@@ -152,7 +152,7 @@ def compare_layouts(spec: TPSpec, results: list[MLPRuns]) -> Verdict:
     checks.append(differ_check("PITFALL gathering fc1's output: rank 0 sends more bytes than column -> row",
                                float(sent[bad][0]), float(sent[good][0]), float(extra[0]),
                                "at least the two all-gathers of (B, T, F) the formula predicts"))
-    data = TPTraffic(sent, costs.megatron_layer_bytes(batch, seq, shape.width, n, sequence_parallel=False))
+    data = TPTraffic(sent)
     return Verdict(checks=checks, exact=exact, params={"batch": batch, "seq": seq, "hidden": shape.hidden},
                    data=data)
 
@@ -223,7 +223,7 @@ def sp_cp_spec(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: int
     return _spec(world_size, CONFIG, batch, seq, seed, LAYOUTS, sequence=True)
 
 
-def compare_sp_cp(spec: TPSpec, results: list[BlockRuns]) -> Verdict:
+def compare_sp_cp(spec: TPSpec, results: list[LayoutRuns[BlockRun]]) -> Verdict:
     """Each layout against one device and its schedule; the local-mask pitfall must differ (N > 1)."""
     n, cfg, shape, (batch, seq) = spec.world_size, spec.cfg, spec.shape, (spec.shape.batch, spec.shape.seq)
     ref = reference_run(cfg, batch, seq, seed=spec.seed)
@@ -254,8 +254,7 @@ def compare_sp_cp(spec: TPSpec, results: list[BlockRuns]) -> Verdict:
             moved = sum(c.bytes_sent for m in mine for c in m.collectives if not c.phase.startswith("sequence"))
             exact.append(Count(quantity="activation bytes sent by all ranks together", rank=0, measured=moved,
                                predicted=costs.megatron_group_bytes(batch, seq, shape.width, n), case=layout))
-    data = BlockTraffic(sent, costs.megatron_layer_bytes(batch, seq, shape.width, n, sequence_parallel=True), saved,
-                        ref.saved_bytes)
+    data = BlockTraffic(sent, saved, ref.saved_bytes)
     return Verdict(checks=checks, exact=exact, params=spec.params, data=data)
 
 

@@ -14,7 +14,9 @@ Shapes: x (B, T, H); the hidden activation (B, T, F); F_r / H_r this rank's shar
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,7 @@ from wmdist.tensor_parallel.layers import (
 from wmdist.transformer import MLP, TransformerConfig
 
 MLP_NAMES = ("mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias")
+R = TypeVar("R")
 
 
 def mlp_shard_dims(layout: MLPLayout) -> dict[str, tuple[int, str] | None]:
@@ -122,16 +125,18 @@ def run_mlp_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: ML
 
 
 @dataclass(frozen=True)
-class MLPRuns:
-    """What one rank produced for each requested MLP layout, in the layouts' order."""
-    runs: tuple[MLPRun, ...]
+class LayoutRuns(Generic[R]):
+    """What one rank produced for each requested layout, in the layouts' order (MLPRun or sequence.BlockRun)."""
+    runs: tuple[R, ...]
 
 
-def mlp_rank(ctx: Context, cfg: TransformerConfig, layouts: tuple[MLPLayout, ...], batch: int, seq: int, *,
-             seed: int = 0) -> MLPRuns:
-    """Rank function: the MLP in each layout in turn."""
+def each_layout(ctx: Context, run: Callable[..., R], layouts: tuple[str, ...], cfg: TransformerConfig, batch: int,
+                seq: int, *, seed: int = 0) -> LayoutRuns[R]:
+    """Rank function body: `run(ctx, tp, cfg, layout, batch, seq, seed=...)` for each layout in turn, on this
+    rank's TP group; `run` is run_mlp_layout (the MLP) or sequence.run_layout (the block), each counted on a
+    fresh ledger."""
     tp = tp_group(ctx)
-    return MLPRuns(tuple(run_mlp_layout(ctx, tp, cfg, layout, batch, seq, seed=seed) for layout in layouts))
+    return LayoutRuns(tuple(run(ctx, tp, cfg, layout, batch, seq, seed=seed) for layout in layouts))
 
 
 def mlp_reference(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> MLPRun:

@@ -42,7 +42,6 @@ from wmdist.tensor_parallel.layers import (
     measured_collectives,
     offset,
     reduce_scatter_sequence,
-    tp_group,
 )
 from wmdist.transformer import Block, TransformerConfig
 
@@ -150,19 +149,6 @@ def run_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: Layout
             reduce_sequence_parallel_grads(shard, tp)
         grads = shard.grads()
     return BlockRun(layout=layout, output=y.detach(), input_grad=x.grad, grads=grads, saved_bytes=saved, collectives=measured_collectives(ctx.ledger))
-
-
-@dataclass(frozen=True)
-class BlockRuns:
-    """What one rank produced for each requested layout, in the layouts' order."""
-    runs: tuple[BlockRun, ...]
-
-
-def block_rank(ctx: Context, cfg: TransformerConfig, layouts: tuple[Layout, ...], batch: int, seq: int, *,
-               seed: int = 0) -> BlockRuns:
-    """Rank function: every requested layout in turn, each with its own ledger records."""
-    tp = tp_group(ctx)
-    return BlockRuns(tuple(run_layout(ctx, tp, cfg, layout, batch, seq, seed=seed) for layout in layouts))
 
 
 def reference_run(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> BlockRun:
