@@ -51,8 +51,8 @@ def test_interval_arithmetic():
 
 
 def test_overlap_from_spans():
-    spans = [Span(0, 0, 10, "compute"), Span(0, 5, 15, "comm"), Span(0, 12, 14, "launch"),
-             Span(1, 0, 4, "compute"), Span(1, 4, 6, "comm")]
+    spans = [Span(row=0, start=0, end=10, kind="compute"), Span(row=0, start=5, end=15, kind="comm"), Span(row=0, start=12, end=14, kind="launch"),
+             Span(row=1, start=0, end=4, kind="compute"), Span(row=1, start=4, end=6, kind="comm")]
     o0, o1 = overlap(spans)
     assert (o0.row, o0.comm, o0.hidden, o0.exposed, o0.hidden_fraction) == (0, 10, 5, 5, 0.5)
     assert (o1.comm, o1.hidden, o1.hidden_fraction) == (2, 0, 0.0)       # touching is not overlapping
@@ -60,13 +60,13 @@ def test_overlap_from_spans():
 
 def test_span_validation():
     with pytest.raises(ValueError, match="ends"):
-        Span(0, 2.0, 1.0, "comm")
+        Span(row=0, start=2.0, end=1.0, kind="comm")
     with pytest.raises(ValueError, match="row"):
-        Span(-1, 0.0, 1.0, "comm")
+        Span(row=-1, start=0.0, end=1.0, kind="comm")
 
 
 def test_timeline_plot_has_one_bar_per_span():
-    spans = [Span(0, 0, 0.01, "compute"), Span(0, 0.005, 0.02, "comm"), Span(2, 0, 0.01, "compute")]
+    spans = [Span(row=0, start=0, end=0.01, kind="compute"), Span(row=0, start=0.005, end=0.02, kind="comm"), Span(row=2, start=0, end=0.01, kind="compute")]
     fig = timeline_figure(spans, title="t")
     ax = fig.axes[0]
     assert len(ax.collections) == 3
@@ -77,7 +77,7 @@ def test_timeline_plot_has_one_bar_per_span():
     plt.close(fig)
     with pytest.raises(ValueError, match="unit"):
         timeline_figure(spans, unit="h")
-    four = [Span(r, 0.0, 1.0, "compute") for r in range(4)]
+    four = [Span(row=r, start=0.0, end=1.0, kind="compute") for r in range(4)]
     fig = timelines_figure({"hand-off": four, "sweeps": four, "episodes": four})     # chapter 07's stack
     assert fig.get_size_inches()[1] * fig.dpi <= 700, "three 4-rank timelines must fit a laptop screen"
     plt.close(fig)

@@ -15,7 +15,7 @@ NAN, INF = math.nan, math.inf
 def test_the_issue_repro_a_nan_gradient_no_longer_passes():
     ratio = bound_ratio(torch.full((5,), NAN), torch.ones(5), torch.full((5,), 1e-6))
     assert math.isnan(ratio)
-    check = Check("gradient == full-batch gradient", ratio, 1.0, "rounding")
+    check = Check(name="gradient == full-batch gradient", error=ratio, tolerance=1.0, reason="rounding")
     assert not check.passed and "not finite" in check.describe()
 
 
@@ -42,11 +42,11 @@ def test_ratio_values_are_exact_where_they_are_exact():
 
 
 def test_check_refuses_non_finite_errors_and_tolerances_both_ways():
-    assert Check("x", 1.0, 1.0, "r").passed and Check("x", 1.0, 1.0, "r", must_differ=True).passed   # the edges
-    assert not Check("x", 1.0000001, 1.0, "r").passed and not Check("x", 0.9999999, 1.0, "r", must_differ=True).passed
+    assert Check(name="x", error=1.0, tolerance=1.0, reason="r").passed and Check(name="x", error=1.0, tolerance=1.0, reason="r", must_differ=True).passed   # the edges
+    assert not Check(name="x", error=1.0000001, tolerance=1.0, reason="r").passed and not Check(name="x", error=0.9999999, tolerance=1.0, reason="r", must_differ=True).passed
     for error, tol in [(NAN, 1.0), (INF, 1.0), (-INF, 1.0), (0.0, NAN), (0.0, INF), (1.0, -INF)]:
         for must_differ in (False, True):
-            check = Check("x", error, tol, "r", must_differ)
+            check = Check(name="x", error=error, tolerance=tol, reason="r", must_differ=must_differ)
             assert not check.passed, (error, tol, must_differ)
             assert check.describe().startswith("FAIL x: not finite")
 
@@ -110,7 +110,7 @@ def test_one_thread_sets_one_and_puts_the_setting_back_even_on_error():
 
 
 def test_a_report_that_broke_while_running_fails_and_says_why():
-    broke = Report(name="demo", world_size=2, checks=[Check("x", 0.0, 1.0, "r")], error="ValueError: tolerance must be finite, got nan")
+    broke = Report(name="demo", world_size=2, checks=[Check(name="x", error=0.0, tolerance=1.0, reason="r")], error="ValueError: tolerance must be finite, got nan")
     assert not broke.passed
     assert broke.failures[0] == "broke while running: ValueError: tolerance must be finite, got nan"
     assert "FAIL broke while running" in str(broke) and "broke while running" in broke._repr_html_()

@@ -82,7 +82,7 @@ def test_verify_json_is_a_list_of_report_dicts(capsys):
 
 
 def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
-    failing = Report(name="broken", world_size=2, checks=[Check("deliberately wrong", 1.0, 0.0, "test")])
+    failing = Report(name="broken", world_size=2, checks=[Check(name="deliberately wrong", error=1.0, tolerance=0.0, reason="test")])
     monkeypatch.setattr("wmdist.demos.verify", lambda names=None, *, world_size=None, progress=None, prepared=None: [failing])
     assert main(["verify"]) == 1
     out = capsys.readouterr().out
@@ -105,7 +105,7 @@ def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monke
         return Experiment(name=name, title=name, chapter="99", world_sizes=(2,), spec=Sized,
                           ranks=lambda ctx, spec: ctx.rank, compare=compare)
     demos = {"breaks": toy("breaks", breaks),
-             "fine": toy("fine", lambda spec, results: Verdict(checks=[Check("x", 0.0, 1.0, "r")]))}
+             "fine": toy("fine", lambda spec, results: Verdict(checks=[Check(name="x", error=0.0, tolerance=1.0, reason="r")]))}
     monkeypatch.setattr("wmdist.demos.registry", lambda: demos)
     assert main(["verify"]) == 1
     captured = capsys.readouterr()

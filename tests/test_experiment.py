@@ -39,8 +39,8 @@ def pairs_rank(ctx: Context, spec: Pairs) -> Got:
 
 def pairs_compare(spec: Pairs, results: list[Got]) -> Verdict:
     want = [r * spec.scale for r in range(spec.world_size)]
-    return Verdict(checks=[Check("value == rank * scale", max(abs(g.value - w) for g, w in zip(results, want)), 0.0,
-                                 "one multiplication, exact")],
+    return Verdict(checks=[Check(name="value == rank * scale", error=max(abs(g.value - w) for g, w in zip(results, want)), tolerance=0.0,
+                                 reason="one multiplication, exact")],
                    exact=[Count(quantity="world size seen", rank=g.rank, measured=g.world_size, predicted=spec.world_size) for g in results],
                    params={"scale": spec.scale}, data=tuple(g.value for g in results))
 
@@ -87,7 +87,7 @@ def _broken_rank(ctx: Context, spec: Pairs) -> Got:
 
 def test_verify_tells_a_refused_size_from_a_demo_that_breaks(monkeypatch, one_thread):
     broken = pairs(name="toy-broken", ranks=_broken_rank)
-    nan = pairs(name="toy-nan", compare=lambda spec, results: Verdict(checks=[Check("x", math.nan, 1.0, "why")]))
+    nan = pairs(name="toy-nan", compare=lambda spec, results: Verdict(checks=[Check(name="x", error=math.nan, tolerance=1.0, reason="why")]))
     odd = pairs(name="toy-odd", spec=lambda n: Pairs(n), world_sizes=(3,))
     demos = {d.name: d for d in (pairs(), broken, nan, odd)}
     monkeypatch.setattr(registry_module, "registry", lambda: demos)

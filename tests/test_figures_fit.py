@@ -66,7 +66,7 @@ def _check_apart(fig, name: str) -> None:
 
 
 def _ranks(n: int, *, kinds=("compute", "comm"), t0: float = 0.0) -> list[Span]:
-    return [Span(r, t0 + 0.01 * i, t0 + 0.01 * i + 0.008, kinds[i % len(kinds)]) for r in range(n) for i in range(6)]
+    return [Span(row=r, start=t0 + 0.01 * i, end=t0 + 0.01 * i + 0.008, kind=kinds[i % len(kinds)]) for r in range(n) for i in range(6)]
 
 
 # --- the figures, as each notebook calls them ----------------------------------------------------

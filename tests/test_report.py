@@ -12,8 +12,8 @@ def _report() -> Report:
     exact = counts_per_rank("bytes sent", [10, 12], [10, 12], step=0)
     exact += counts_per_rank("bytes sent", [10, 13], [10, 12], step=1)
     exact += counts_per_rank("held bytes", [4, 4], [4, 4], case="parameters")
-    checks = [Check("sum == reference", 1e-7, 1e-6, "reordered float32 sum"),
-              Check("naive mean is wrong", 0.2, 1e-3, "1000x rounding", must_differ=True)]
+    checks = [Check(name="sum == reference", error=1e-7, tolerance=1e-6, reason="reordered float32 sum"),
+              Check(name="naive mean is wrong", error=0.2, tolerance=1e-3, reason="1000x rounding", must_differ=True)]
     return Report(name="demo", world_size=2, checks=checks, exact=exact, seconds=0.5, params={"numel": 11})
 
 
@@ -46,10 +46,10 @@ def test_text_html_and_json_views():
     # one table per reason (two here) and one of exact counts; each reason is said once, above its rows
     assert html.count("<table>") == 3 and "naive mean is wrong" in html and "held bytes [case parameters]" in html
     assert html.count("reordered float32 sum") == 1 and html.count("1000x rounding") == 1
-    many = Report(name="many", world_size=2, checks=[Check(f"rank {i}", 0.1, 1.0, "same reason") for i in range(12)])
+    many = Report(name="many", world_size=2, checks=[Check(name=f"rank {i}", error=0.1, tolerance=1.0, reason="same reason") for i in range(12)])
     folded = many._repr_html_()
     assert folded.count("same reason") == 1 and "<details>" in folded and "all ok</b>, 12 check(s)" in folded
-    assert "<details open>" in Report(name="bad", world_size=2, checks=[*many.checks, Check("x", 2.0, 1.0, "same reason")])._repr_html_()
+    assert "<details open>" in Report(name="bad", world_size=2, checks=[*many.checks, Check(name="x", error=2.0, tolerance=1.0, reason="same reason")])._repr_html_()
     d = json.loads(to_json([r]))[0]
     assert d["passed"] is False and d["exact"][0] == {"quantity": "bytes sent", "rank": 0, "measured": 10,
                                                       "predicted": 10, "phase": None, "step": 0, "case": None}
@@ -64,10 +64,10 @@ def test_count_label_names_its_keys():
 
 def test_the_listing_says_how_each_check_passed_without_its_machine_dependent_numbers():
     """A passing line carries no error value (it would differ between machines); a failing one carries them all."""
-    checks = [Check("exact", 0.0, 0.0, "same ops"), Check("lucky zero", 0.0, 1e-6, "rounding"),
-              Check("close", 3.1e-7, 1e-6, "rounding"), Check("pitfall", 0.5, 1e-3, "r", must_differ=True),
+    checks = [Check(name="exact", error=0.0, tolerance=0.0, reason="same ops"), Check(name="lucky zero", error=0.0, tolerance=1e-6, reason="rounding"),
+              Check(name="close", error=3.1e-7, tolerance=1e-6, reason="rounding"), Check(name="pitfall", error=0.5, tolerance=1e-3, reason="r", must_differ=True),
               fact_check("pointer moved", holds=True, reason="rename"),
-              Check("worst", 2e-7, 1e-6, "r", detail="w on 1")]
+              Check(name="worst", error=2e-7, tolerance=1e-6, reason="r", detail="w on 1")]
     report = Report(name="demo", world_size=2, checks=checks, exact=[Count(quantity="bytes", rank=0, measured=8, predicted=8), Count(quantity="bytes", rank=1, measured=8, predicted=8)])
     assert report.listing(counts=True).splitlines() == [
         "PASS exact: bit for bit", "PASS lucky zero: within its tolerance", "PASS close: within its tolerance",
@@ -78,7 +78,7 @@ def test_the_listing_says_how_each_check_passed_without_its_machine_dependent_nu
 
 
 def test_failing_lines_keep_their_numbers_and_a_fact_that_does_not_hold_fails():
-    wrong = Report(name="demo", world_size=2, checks=[Check("close", 2e-6, 1e-6, "rounding"), Check("nan", float("nan"), 1e-6, "rounding"),
+    wrong = Report(name="demo", world_size=2, checks=[Check(name="close", error=2e-6, tolerance=1e-6, reason="rounding"), Check(name="nan", error=float("nan"), tolerance=1e-6, reason="rounding"),
                                fact_check("pointer moved", holds=False, reason="rename")], exact=[Count(quantity="bytes", rank=0, measured=9, predicted=8)])
     lines = wrong.listing(counts=True).splitlines()
     assert lines[0] == "FAIL close: max abs error 2e-06 > 1e-06 (rounding)"

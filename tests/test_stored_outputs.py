@@ -120,7 +120,7 @@ def test_a_course_figure_redrawn_smaller_than_stored_is_caught():
     from wmdist.spans import Span
     from wmdist.ui.timeline import timelines_figure
 
-    rows = [Span(r, 0.01 * (r + k), 0.01 * (r + k + 1), "compute") for r in range(4) for k in range(3)]
+    rows = [Span(row=r, start=0.01 * (r + k), end=0.01 * (r + k + 1), kind="compute") for r in range(4) for k in range(3)]
     fig = timelines_figure({name: rows for name in ("a", "b", "c")})
     png = base64.b64encode(print_figure(fig, "png", bbox_inches="tight")).decode("ascii")
     width, height = Image.open(io.BytesIO(base64.b64decode(png))).size
@@ -169,8 +169,8 @@ def test_a_figures_alt_text_says_what_its_titles_axes_and_key_say():
     from wmdist.ui.render import figure_alt
     from wmdist.ui.timeline import timelines_figure
 
-    fig = timelines_figure({"GPipe": [Span(0, 0.0, 1.0, "forward"), Span(1, 1.0, 2.0, "backward")],
-                            "1F1B": [Span(0, 0.0, 1.0, "forward")]})
+    fig = timelines_figure({"GPipe": [Span(row=0, start=0.0, end=1.0, kind="forward"), Span(row=1, start=1.0, end=2.0, kind="backward")],
+                            "1F1B": [Span(row=0, start=0.0, end=1.0, kind="forward")]})
     assert figure_alt(fig) == ("Figure, 2 charts. 1) GPipe — key: forward, backward. "
                                "2) 1F1B — x axis time (ms); key: forward.")
 

@@ -19,7 +19,7 @@ import torch
 from wmdist.report_html import checks_html, counts_html
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Check:
     """One float comparison; `reason` says why that tolerance.
 
@@ -256,23 +256,23 @@ def max_abs_error(got: Any, expected: Any) -> float:
 
 def close_check(name: str, got: Any, expected: Any, tolerance: float, reason: str) -> Check:
     """Check that got matches expected within `tolerance` (say why in `reason`)."""
-    return Check(name, max_abs_error(got, expected), tolerance, reason)
+    return Check(name=name, error=max_abs_error(got, expected), tolerance=tolerance, reason=reason)
 
 
 def exact_check(name: str, got: Any, expected: Any,
                 reason: str = "same operations in the same order: bitwise equal") -> Check:
     """Check bitwise equality (tolerance 0)."""
-    return Check(name, max_abs_error(got, expected), 0.0, reason)
+    return Check(name=name, error=max_abs_error(got, expected), tolerance=0.0, reason=reason)
 
 
 def fact_check(name: str, *, holds: bool, reason: str) -> Check:
     """A yes/no statement the demo checks (the save failed, LATEST names step 2, a count equals its value)."""
-    return Check(name, 0.0 if holds else 1.0, 0.0, reason, fact=True)
+    return Check(name=name, error=0.0 if holds else 1.0, tolerance=0.0, reason=reason, fact=True)
 
 
 def differ_check(name: str, got: Any, expected: Any, at_least: float, reason: str) -> Check:
     """Check that got and expected DIFFER by at least `at_least` (a pitfall made visible)."""
-    return Check(name, max_abs_error(got, expected), at_least, reason, must_differ=True)
+    return Check(name=name, error=max_abs_error(got, expected), tolerance=at_least, reason=reason, must_differ=True)
 
 
 def format_table(reports: Iterable[Report], *, seconds: bool = True) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Span:
     """One interval of work on one row (a rank, a stage): [start, end) in seconds."""
     row: int

@@ -111,28 +111,28 @@ def bucketed_backward(ctx: Context, spec: BucketSpec, *, warmup: int = 1) -> Buc
 
         def ready(p: torch.Tensor, i: int) -> None:
             now = time.perf_counter() - t0
-            spans.append(Span(ctx.rank, last[0], now, "compute", f"backward until param {i}"))
+            spans.append(Span(row=ctx.rank, start=last[0], end=now, kind="compute", label=f"backward until param {i}"))
             k = owner[i]
             missing[k] -= 1
             if missing[k] == 0:
                 works.append(_launch(ctx, k, params, buckets[k], t0))
-                spans.append(Span(ctx.rank, now, time.perf_counter() - t0, "launch", f"flatten + launch bucket {k}"))
+                spans.append(Span(row=ctx.rank, start=now, end=time.perf_counter() - t0, kind="launch", label=f"flatten + launch bucket {k}"))
             last[0] = time.perf_counter() - t0
 
         hooks = [p.register_post_accumulate_grad_hook(lambda p, i=i: ready(p, i)) for i, p in enumerate(params)]
         loss = model.loss(shard)
         last[0] = time.perf_counter() - t0
-        spans.append(Span(ctx.rank, 0.0, last[0], "compute", "forward"))
+        spans.append(Span(row=ctx.rank, start=0.0, end=last[0], kind="compute", label="forward"))
         loss.backward()
         end = time.perf_counter() - t0
-        spans.append(Span(ctx.rank, last[0], end, "compute", "backward tail"))
+        spans.append(Span(row=ctx.rank, start=last[0], end=end, kind="compute", label="backward tail"))
         for h in hooks:
             h.remove()
         for w in works:
             w["work"].wait()
             finish = time.perf_counter() - t0
             done = w["done"] if w["done"] is not None else finish       # callback not run yet: wait's return
-            spans.append(Span(ctx.rank, w["launch"], max(w["launch"], min(done, finish)), "comm", f"bucket {w['k']}"))
+            spans.append(Span(row=ctx.rank, start=w["launch"], end=max(w["launch"], min(done, finish)), kind="comm", label=f"bucket {w['k']}"))
     local = flat_grads(model)                                                     # (P,)
     bucketed = torch.empty_like(local)
     for w in works:

@@ -69,14 +69,14 @@ def compare_unequal(specs: DPSpecs, results: list[DPRuns]) -> Verdict:
         ratio[w] = per_rank[worst(per_rank)]
     why = "float32 sums of the same row terms in another order: within reordered_sum_bound at every entry"
     wrong = f"more than {WRONG_BY:g}x what reordering can explain at some entry: a different gradient, not rounding"
-    checks = [Check("weighted by examples (n_r / n) == full-batch gradient (in units of the rounding bound)",
-                    ratio["examples"], 1.0, why),
-              Check("plain mean of per-rank mean gradients is WRONG for unequal shards (in units of the bound)",
-                    ratio["mean"], WRONG_BY, wrong, must_differ=True),
-              Check("weighted by global valid-token count == full-batch per-token gradient (in units of the bound)",
-                    ratio["tokens"], 1.0, why),
-              Check("plain mean of per-rank per-token means is WRONG for unequal token counts (in units of the bound)",
-                    ratio["tokens-local"], WRONG_BY, wrong, must_differ=True)]
+    checks = [Check(name="weighted by examples (n_r / n) == full-batch gradient (in units of the rounding bound)",
+                    error=ratio["examples"], tolerance=1.0, reason=why),
+              Check(name="plain mean of per-rank mean gradients is WRONG for unequal shards (in units of the bound)",
+                    error=ratio["mean"], tolerance=WRONG_BY, reason=wrong, must_differ=True),
+              Check(name="weighted by global valid-token count == full-batch per-token gradient (in units of the bound)",
+                    error=ratio["tokens"], tolerance=1.0, reason=why),
+              Check(name="plain mean of per-rank per-token means is WRONG for unequal token counts (in units of the bound)",
+                    error=ratio["tokens-local"], tolerance=WRONG_BY, reason=wrong, must_differ=True)]
     numel = ref_ex.grad0.numel()
     exact = counts_per_rank("ring bytes sent", [o.bytes_per_step[0] for o in outs["examples"]],
                             [costs.ring_allreduce_bytes(numel, n, r) for r in range(n)], case="examples-weighted")
@@ -115,10 +115,10 @@ def compare_pitfalls(specs: DPSpecs, results: list[DPRuns]) -> Verdict:
     ref = single_process_train(specs.runs[0])
     stats = [o.running_mean for o in bn_out]
     params = [o.params for o in skew_out]
-    checks = [Check("local BatchNorm: DP gradient differs from the full-batch gradient (in units of the rounding "
-                    "bound, nn.Linear entries)", bound_ratio(bn_out[0].grad0, ref.grad0, ref.grad_bounds[0],
-                                                             covered_only=True), WRONG_BY,
-                    f"more than {WRONG_BY:g}x what reordering can explain: each rank normalizes with its own "
+    checks = [Check(name="local BatchNorm: DP gradient differs from the full-batch gradient (in units of the rounding "
+                    "bound, nn.Linear entries)", error=bound_ratio(bn_out[0].grad0, ref.grad0, ref.grad_bounds[0],
+                                                             covered_only=True), tolerance=WRONG_BY,
+                    reason=f"more than {WRONG_BY:g}x what reordering can explain: each rank normalizes with its own "
                     "shard's mean and variance, so DP computes another function", must_differ=True),
               exact_check("BatchNorm run: parameters still identical on every rank", [o.params for o in bn_out],
                           [bn_out[0].params] * n, "every rank applied the same all-reduced gradient"),

@@ -84,10 +84,10 @@ def compare_ring(spec: RingAllReduceSpec, results: list[RingRank]) -> Verdict:
     n, numel, seed = spec.world_size, spec.numel, spec.seed
     expected, bound = reference_sum(n, numel, seed=seed), sum_bound(n, numel, seed=seed)
     why = "float32 sums in a different order: at most (2(N-1)+1) 2^-24 sum_r |x_r| per element; in units of that bound"
-    checks = [Check(f"ring == single-process sum (rank {r}, in units of the rounding bound)",
-                    bound_ratio(out.ours, expected, bound), 1.0, why) for r, out in enumerate(results)]
-    checks += [Check("ring == gloo all_reduce (rank 0, in units of the rounding bound)",
-                     bound_ratio(results[0].ours, results[0].theirs, bound), 1.0, why),
+    checks = [Check(name=f"ring == single-process sum (rank {r}, in units of the rounding bound)",
+                    error=bound_ratio(out.ours, expected, bound), tolerance=1.0, reason=why) for r, out in enumerate(results)]
+    checks += [Check(name="ring == gloo all_reduce (rank 0, in units of the rounding bound)",
+                     error=bound_ratio(results[0].ours, results[0].theirs, bound), tolerance=1.0, reason=why),
                close_check("every rank holds the same ring result", [o.ours for o in results],
                            [results[0].ours] * n, 0.0, "the all-gather copies one reduced chunk to all")]
     exact = counts_per_rank("bytes sent", [o.bytes_sent for o in results],

@@ -138,8 +138,8 @@ def compare_ddp(versus: VersusSpec, results: list[Both]) -> Verdict:
              "reordered_sum_bound(B*T, sum|terms|); shown in units of that bound")
     why_p = (f"measured: the reference moved by at most this when every gradient entry of its {spec.steps} "
              f"{spec.optimizer} steps was perturbed by its full rounding bound")
-    checks = [Check("step-0 gradient == full-batch gradient (in units of the rounding bound)",
-                    bound_ratio(ours[0].grad0, ref.grad0, bound), 1.0, why_g),
+    checks = [Check(name="step-0 gradient == full-batch gradient (in units of the rounding bound)",
+                    error=bound_ratio(ours[0].grad0, ref.grad0, bound), tolerance=1.0, reason=why_g),
               close_check("final parameters == single process (rank 0)", ours[0].params, ref.params, ptol, why_p),
               exact_check("every rank holds the same parameters", [o.params for o in ours],
                           [ours[0].params] * world_size, "all ranks apply the same all-gathered sum")]
@@ -148,10 +148,10 @@ def compare_ddp(versus: VersusSpec, results: list[Both]) -> Verdict:
                    close_check("DDP final parameters == single process", theirs[0].params, ref.params, ptol,
                                why_p)]
     else:
-        checks += [Check(f"DDP's plain mean on uneven shards {'/'.join(map(str, sizes))} is WRONG: step-0 gradient "
+        checks += [Check(name=f"DDP's plain mean on uneven shards {'/'.join(map(str, sizes))} is WRONG: step-0 gradient "
                          "vs full batch (in units of the rounding bound)",
-                         bound_ratio(theirs[0].grad0, ref.grad0, bound), 1000.0,
-                         "DDP divides the sum by N whatever each rank's example count: a different gradient, "
+                         error=bound_ratio(theirs[0].grad0, ref.grad0, bound), tolerance=1000.0,
+                         reason="DDP divides the sum by N whatever each rank's example count: a different gradient, "
                          "more than 1000x what reordering can explain at some entry", must_differ=True)]
     numel = ref.params.numel()
     exact = [c for s in range(spec.steps) for c in counts_per_rank(

@@ -145,8 +145,8 @@ def compare_picard(spec: PicardSpec, results: list[PicardRank]) -> Verdict:
         checks.append(exact_check("after K rounds: trajectory == sequential sampler", result.trajectory, ref,
                                   "round i makes state i exact, and no float operation differs from the sequential one"))
     if k_total > 1:
-        checks.append(Check("stopped after 1 round: sample differs from the sequential one", result.sample_errors[0],
-                            1000 * level, "1000x the rounding level of the running sum: not converged", must_differ=True))
+        checks.append(Check(name="stopped after 1 round: sample differs from the sequential one", error=result.sample_errors[0],
+                            tolerance=1000 * level, reason="1000x the rounding level of the running sum: not converged", must_differ=True))
     exact = counts_per_rank("denoiser evaluations", [sum(o.evaluations) for o in outs],
                             [sum(_owned(lo, hi, n)[r] for lo, hi in _schedule(result)) for r in range(n)])
     exact += counts_per_rank("velocity bytes sent, all rounds", [sum(o.sent) for o in outs],

@@ -88,11 +88,11 @@ def steps_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval_s
         if before is not None:
             t0 = time.perf_counter()
             recv(ctx, x, before, phase="hand-off")
-            spans.append(Span(ctx.rank, t0, time.perf_counter(), "comm", f"wait for sample {m}"))
+            spans.append(Span(row=ctx.rank, start=t0, end=time.perf_counter(), kind="comm", label=f"wait for sample {m}"))
         for k in mine:
             t0 = time.perf_counter()
             x = euler_update(x, _evaluate(model, x, ts[k], eval_seconds), ts[k + 1] - ts[k])
-            spans.append(Span(ctx.rank, t0, time.perf_counter(), "compute", f"sample {m}, step {k}"))
+            spans.append(Span(row=ctx.rank, start=t0, end=time.perf_counter(), kind="compute", label=f"sample {m}, step {k}"))
         if after is not None:
             pending.append(isend(ctx, x, after, phase="hand-off"))
         else:
@@ -114,7 +114,7 @@ def samples_on_ranks(ctx: Context, spec: SamplingSpec, noise: torch.Tensor, eval
     for k in range(spec.steps if x.shape[0] else 0):
         t0 = time.perf_counter()
         x = euler_update(x, _evaluate(model, x, ts[k], eval_seconds), ts[k + 1] - ts[k])
-        spans.append(Span(ctx.rank, t0, time.perf_counter(), "compute", f"samples {start}..{start + len(x) - 1}, step {k}"))
+        spans.append(Span(row=ctx.rank, start=t0, end=time.perf_counter(), kind="compute", label=f"samples {start}..{start + len(x) - 1}, step {k}"))
     return _case_rank(ctx, x, spans, None)
 
 

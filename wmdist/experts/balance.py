@@ -163,9 +163,9 @@ def compare_balance(spec: BalanceSpec, results: list[BalanceRanks]) -> Verdict:
             exact.append(Count(quantity="busiest rank's rows", rank=0, measured=max(r.rows[step] for r in runs), predicted=max(loads), step=step,
                                case=case))
             got = sum(r.aux[step] for r in runs)
-            checks.append(Check(f"{case}, step {step}: balancing loss == one process", abs(got - ref.aux[step]),
-                                aux_tolerance(spec.layer, ref.aux[step]),
-                                "T positive terms in per-rank parts (first order at this step)"))
+            checks.append(Check(name=f"{case}, step {step}: balancing loss == one process", error=abs(got - ref.aux[step]),
+                                tolerance=aux_tolerance(spec.layer, ref.aux[step]),
+                                reason="T positive terms in per-rank parts (first order at this step)"))
         imbalance.append(tuple(ecosts.imbalance(c) for c in ref.counts))
         busiest.append(tuple(max(ecosts.rank_loads(list(c), n)) for c in ref.counts))
     on = [im for w, im in zip(spec.aux_weights, imbalance) if w > 0]

@@ -73,7 +73,7 @@ def _grad_check(spec: LayerSpec, name: str, runs: list[LayerRun], ref: LayerRefe
     rows = [(bound_ratio(g, ref.grads[n], tolerance(spec, ref.grads[n])), f"{n} on rank {rank}")
             for rank, run in enumerate(runs) for n, g in run.grads.items()]
     ratio, where = rows[worst([r for r, _ in rows])]
-    return Check(name, ratio, 1.0, f"{WHY}; in units of each tensor's tolerance", detail=where)
+    return Check(name=name, error=ratio, tolerance=1.0, reason=f"{WHY}; in units of each tensor's tolerance", detail=where)
 
 
 def traffic_counts(spec: LayerSpec, runs: list[LayerRun], ref: LayerReference, case: str) -> list[Count]:
@@ -110,12 +110,12 @@ def case_verdict(spec: LayerSpec, case: LayerCase, cap: int | None, runs: list[L
                     "which experts each token chose: integers, compared exactly"),
         exact_check(f"{label}: rows each expert received == one process",
                     torch.cat([r.inputs for r in runs]), ref.inputs[:starts[n]], EXACT_WHY),
-        Check(f"{label}: output == one process", max_abs_error(y, ref.y), tolerance(spec, ref.y), WHY),
-        Check(f"{label}: input gradient == one process", max_abs_error(dx, ref.dx), tolerance(spec, ref.dx), WHY),
+        Check(name=f"{label}: output == one process", error=max_abs_error(y, ref.y), tolerance=tolerance(spec, ref.y), reason=WHY),
+        Check(name=f"{label}: input gradient == one process", error=max_abs_error(dx, ref.dx), tolerance=tolerance(spec, ref.dx), reason=WHY),
         _grad_check(spec, f"{label}: router and expert gradients == one process", runs, ref),
-        Check(f"{label}: balancing loss == one process", abs(sum(r.aux for r in runs) - ref.aux),
-              aux_tolerance(spec, ref.aux),
-              "T positive terms in per-rank parts, two more roundings: (2(T-1)+2) 2^-24 |aux|"),
+        Check(name=f"{label}: balancing loss == one process", error=abs(sum(r.aux for r in runs) - ref.aux),
+              tolerance=aux_tolerance(spec, ref.aux),
+              reason="T positive terms in per-rank parts, two more roundings: (2(T-1)+2) 2^-24 |aux|"),
     ]
     exact = traffic_counts(spec, runs, ref, label)
     drops = [ecosts.dropped(ref.counts[r * per:(r + 1) * per], cap) for r in range(n)]
@@ -149,8 +149,8 @@ def drop_checks(spec: LayerSpec, case: LayerCase, cap: int, runs: list[LayerRun]
     out = [fact_check(f"{label}: some token lost an assignment", holds=not bool(kept.all()),
                       reason=f"capacity C = {cap} against counts {dropless.counts}")]
     if bool(kept.any()):
-        out.append(Check(f"{label}: tokens that kept every assignment are unchanged",
-                         max_abs_error(y[kept], dropless.y[kept]), tolerance(spec, dropless.y), WHY))
+        out.append(Check(name=f"{label}: tokens that kept every assignment are unchanged",
+                         error=max_abs_error(y[kept], dropless.y[kept]), tolerance=tolerance(spec, dropless.y), reason=WHY))
     if not bool(kept.all()):
         gap = (y[~kept] - dropless.y[~kept]).abs().amax(1)
         out.append(differ_check(f"{label}: every token that lost one differs", gap.min(), torch.zeros(()),

@@ -179,7 +179,7 @@ def compare_mesh_train(spec: MeshTrainSpec, results: list[MeshTrainRank]) -> Ver
     checks = [exact_check(f"routing at step {s} == one process", torch.cat([r.experts[s] for r in results]),
                           ref.experts[s], "which experts each token chose: integers, compared exactly")
               for s in range(spec.steps)]
-    checks.append(Check(f"every parameter after {spec.steps} steps == one process", ratio, 1.0, WHY, detail=where))
+    checks.append(Check(name=f"every parameter after {spec.steps} steps == one process", error=ratio, tolerance=1.0, reason=WHY, detail=where))
     params = {"ep": spec.ep, "dp": spec.layout.dp, "experts": spec.model.experts, "k": spec.model.k,
               "steps": spec.steps, "lr": spec.lr, "batch": spec.batch, "seq_len": spec.seq_len}
     return Verdict(checks=checks, exact=mesh_counts(spec, results, ref), params=params)

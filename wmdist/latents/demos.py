@@ -82,15 +82,15 @@ def compare_estimators(spec: EstimatorsSpec, results: list[EstimatorSums]) -> Ve
     exact = torch.tensor(exact_values(), dtype=torch.float64)
     bias = mean - exact
     why = f"unbiased estimator: |mean - exact| within 4 standard errors of {count} draws"
-    checks = [Check(f"{name}: |bias| vs exact {float(e):.4g}", abs(float(b)), 4 * float(s), why)
+    checks = [Check(name=f"{name}: |bias| vs exact {float(e):.4g}", error=abs(float(b)), tolerance=4 * float(s), reason=why)
               for name, e, b, s in zip(ESTIMATES, exact, bias, se) if name != "straight-through"]
     st = ESTIMATES.index("straight-through")
-    checks.append(Check("straight-through: |bias| vs exact (must be significant)", abs(float(bias[st])),
-                        4 * float(se[st]), "biased estimator: its mean sits outside 4 standard errors of the exact "
+    checks.append(Check(name="straight-through: |bias| vs exact (must be significant)", error=abs(float(bias[st])),
+                        tolerance=4 * float(se[st]), reason="biased estimator: its mean sits outside 4 standard errors of the exact "
                         "gradient", must_differ=True))
-    checks.append(Check("straight-through: mean vs its biased expectation 2(p-t)p(1-p)",
-                        abs(float(mean[st]) - straight_through_expectation(LOGIT)), 4 * float(se[st]),
-                        "the bias is the predicted one: within 4 standard errors"))
+    checks.append(Check(name="straight-through: mean vs its biased expectation 2(p-t)p(1-p)",
+                        error=abs(float(mean[st]) - straight_through_expectation(LOGIT)), tolerance=4 * float(se[st]),
+                        reason="the bias is the predicted one: within 4 standard errors"))
     checks.append(exact_check("every rank holds the same all-reduced sums", [r.sums for r in results],
                               [total] * world_size, "the ring's all-gather copies one reduced chunk to all"))
     exact_counts = counts_per_rank("bytes sent", [r.bytes_sent for r in results],
@@ -188,24 +188,24 @@ def compare_seeds(spec: SeedsSpec, results: list[SeedRuns]) -> Verdict:
     checks.append(exact_check("shared seeds: every rank's estimates are identical",
                               [r.mine for r in runs["shared"]], [runs["shared"][0].mine] * world_size,
                               "same stream, same operations: bitwise equal"))
-    checks.append(Check("shared seeds: var(average) / var(one rank) == 1",
-                        abs(s.var_average / s.var_one_rank - 1),
-                        1e-9, "averaging N identical float64 values changes them by a few ulps at most"))
-    checks.append(Check("independent seeds: |corr(rank 0, rank 1)|", abs(i.corr_rank0_rank1), corr_tol,
-                        f"no correlation: within 4/sqrt(R) = {corr_tol:.3g} of 0 for R = {trials} trials"))
-    checks.append(Check("independent seeds: N var(average) / var(one rank) == 1",
-                        abs(i.var_ratio - 1), 4 * i.rse,
-                        "variances add: within 4 relative standard errors of two sample variances"))
+    checks.append(Check(name="shared seeds: var(average) / var(one rank) == 1",
+                        error=abs(s.var_average / s.var_one_rank - 1),
+                        tolerance=1e-9, reason="averaging N identical float64 values changes them by a few ulps at most"))
+    checks.append(Check(name="independent seeds: |corr(rank 0, rank 1)|", error=abs(i.corr_rank0_rank1), tolerance=corr_tol,
+                        reason=f"no correlation: within 4/sqrt(R) = {corr_tol:.3g} of 0 for R = {trials} trials"))
+    checks.append(Check(name="independent seeds: N var(average) / var(one rank) == 1",
+                        error=abs(i.var_ratio - 1), tolerance=4 * i.rse,
+                        reason="variances add: within 4 relative standard errors of two sample variances"))
     ratio = s.var_average / i.var_average
-    checks.append(Check(f"shared / independent var(average) == N = {world_size}",
-                        abs(ratio / world_size - 1), 4 * math.hypot(s.rse, i.rse),
-                        "identical draws: no averaging benefit; within 4 relative standard errors"))
-    checks.append(Check("antithetic pairs: -corr(rank 0, rank 1) (must be significantly > 0)",
-                        -t.corr_rank0_rank1, corr_tol,
-                        "f'(mu + s e) and f'(mu - s e) covary as 9(2s^4 - 4mu^2 s^2) < 0 here; "
+    checks.append(Check(name=f"shared / independent var(average) == N = {world_size}",
+                        error=abs(ratio / world_size - 1), tolerance=4 * math.hypot(s.rse, i.rse),
+                        reason="identical draws: no averaging benefit; within 4 relative standard errors"))
+    checks.append(Check(name="antithetic pairs: -corr(rank 0, rank 1) (must be significantly > 0)",
+                        error=-t.corr_rank0_rank1, tolerance=corr_tol,
+                        reason="f'(mu + s e) and f'(mu - s e) covary as 9(2s^4 - 4mu^2 s^2) < 0 here; "
                         "beyond 4/sqrt(R) of 0", must_differ=True))
-    checks.append(Check("antithetic var(average) / independent var(average) (< 1)", t.var_average / i.var_average,
-                        1.0 - 4 * math.hypot(t.rse, i.rse), "lower by more than 4 relative standard errors"))
+    checks.append(Check(name="antithetic var(average) / independent var(average) (< 1)", error=t.var_average / i.var_average,
+                        tolerance=1.0 - 4 * math.hypot(t.rse, i.rse), reason="lower by more than 4 relative standard errors"))
     return Verdict(checks=checks, params={"trials": trials, "draws": spec.draws, "mu": MU, "sigma": SIGMA},
                    data=stats)
 

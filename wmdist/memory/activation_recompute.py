@@ -254,9 +254,9 @@ def compare_checkpointing(spec: CheckpointingSpec, results: list[RecomputeRuns])
     ratios = [bound_ratio(g, e, b) for g, e, b in zip(ckpt[0]["grads"], plain[0]["grads"], bounds)]
     checks = [exact_check("z gradient with checkpoints == without", ckpt[0]["grads"][-1], plain[0]["grads"][-1],
                           "recomputed forward repeats the same operations: bitwise equal"),
-              Check("cell gradients with checkpoints == without (in units of the rounding bound)",
-                    ratios[worst(ratios)],
-                    1.0, "per-step terms are bitwise equal; their sum over T steps is grouped by segment: "
+              Check(name="cell gradients with checkpoints == without (in units of the rounding bound)",
+                    error=ratios[worst(ratios)],
+                    tolerance=1.0, reason="per-step terms are bitwise equal; their sum over T steps is grouped by segment: "
                          "at most 2(T-1) 2^-24 sum_t |term_t|")]
     predicted, measured = activation_bytes(cfg), ckpt[0]
     exact = counts_per_rank("saved bytes", [plain[0]["resident"]], [activation_bytes(plain_cfg)["resident"]],

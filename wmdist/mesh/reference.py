@@ -95,11 +95,11 @@ def _worst(label: str, got: list[dict[str, torch.Tensor]], want: list[dict[str, 
             err, tol = max_abs_error(mine[name], w), tolerance(rank, name, w)
             ratio = bound_ratio(mine[name], w, tol)      # NaN if anything is not finite; x/0 = inf
             if math.isnan(ratio):
-                return Check(f"{label} == single device, every rank", math.nan, tol, reason,
+                return Check(name=f"{label} == single device, every rank", error=math.nan, tolerance=tol, reason=reason,
                              detail=f"{name} on rank {rank}")
             if ratio > worst[0]:
                 worst = (ratio, err, tol, f"{name} on rank {rank}")
-    return Check(f"{label} == single device, every rank", worst[1], worst[2], reason, detail=worst[3])
+    return Check(name=f"{label} == single device, every rank", error=worst[1], tolerance=worst[2], reason=reason, detail=worst[3])
 
 
 def agreement(spec: MeshSpec, ref: Reference, runs: list[RankStep]) -> list[Check]:
@@ -114,9 +114,9 @@ def agreement(spec: MeshSpec, ref: Reference, runs: list[RankStep]) -> list[Chec
     want_p = [{n: st.shard(n, ref.params[n]) for n in r.params} for r, st in zip(runs, mine)]
     loss = sum(r.loss for r in runs if r.loss is not None and r.coords["tp"] == 0)   # each tp rank repeats it
     return [
-        Check("loss (sum of the last stage's shares) == single device", abs(loss - ref.loss),
-              ref.loss_tolerance(spec.batch, spec.seq_len, mine[0].cfg.obs_dim),
-              "B*T*O squared errors summed in another order, plus 2 sqrt(loss) x the predictions' "
+        Check(name="loss (sum of the last stage's shares) == single device", error=abs(loss - ref.loss),
+              tolerance=ref.loss_tolerance(spec.batch, spec.seq_len, mine[0].cfg.obs_dim),
+              reason="B*T*O squared errors summed in another order, plus 2 sqrt(loss) x the predictions' "
               "first-order allowance"),
         _worst("every gradient", [r.grads for r in runs], want_g, lambda r, n, w: ref.grad_tolerance(w), WHY),
         _worst("every parameter after the step", [r.params for r in runs], want_p,

@@ -186,9 +186,9 @@ class _Step:
         seconds = self.work.slot_seconds * self.work.work(self.schedule.virtual_stages)[a.stage]
         if seconds > 0:
             time.sleep(seconds * (2 if a.kind == BACKWARD else 1))
-        self.spans.append(Span(self.ctx.rank, start, time.monotonic(),
-                               "forward" if a.kind == FORWARD else "backward",
-                               format_token(a, with_stage=self.schedule.chunks > 1)))
+        self.spans.append(Span(row=self.ctx.rank, start=start, end=time.monotonic(),
+                               kind="forward" if a.kind == FORWARD else "backward",
+                               label=format_token(a, with_stage=self.schedule.chunks > 1)))
 
     def forward(self, a: Action) -> None:
         s, m, mb = a.stage, a.microbatch, self.micro[a.microbatch]

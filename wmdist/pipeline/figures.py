@@ -89,7 +89,7 @@ def held_axes(ax: plt.Axes, view: BubbleView) -> None:
 
 def in_slots(spans: Sequence[Span], slot_seconds: float) -> list[Span]:
     """Measured spans rescaled to slot units (seconds / slot_seconds), to sit under the ideal diagram."""
-    return [Span(s.row, s.start / slot_seconds, s.end / slot_seconds, s.kind, s.label) for s in spans]
+    return [Span(row=s.row, start=s.start / slot_seconds, end=s.end / slot_seconds, kind=s.kind, label=s.label) for s in spans]
 
 
 def draw_slots(fig: Figure, view: BubbleView) -> None:

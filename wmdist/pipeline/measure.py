@@ -43,7 +43,7 @@ def idle_fraction(timeline: tuple[Span, ...] | list[Span], ranks: int) -> float:
 def from_zero(timeline: list[Span]) -> tuple[Span, ...]:
     """The spans shifted so that the step's first action starts at 0."""
     zero = min(s.start for s in timeline)
-    return tuple(Span(s.row, s.start - zero, s.end - zero, s.kind, s.label) for s in timeline)
+    return tuple(Span(row=s.row, start=s.start - zero, end=s.end - zero, kind=s.kind, label=s.label) for s in timeline)
 
 
 def ideal_timeline(schedule: Schedule, work: PipeWork) -> tuple[Span, ...]:
@@ -65,7 +65,7 @@ def ideal_timeline(schedule: Schedule, work: PipeWork) -> tuple[Span, ...]:
         for s in range(schedule.stages):
             start = max(end.get((s - 1, m), Fraction(0)), end.get((s, m - 1), Fraction(0)))
             end[(s, m)] = start + times[s]
-            out.append(Span(s, float(start), float(end[(s, m)]), "forward", f"F{m}"))
+            out.append(Span(row=s, start=float(start), end=float(end[(s, m)]), kind="forward", label=f"F{m}"))
     return tuple(out)
 
 

@@ -157,8 +157,8 @@ def _in_flight(timings: Sequence[Timing]) -> tuple[tuple[Fraction, int], ...]:
 def spans(schedule: Schedule, result: SimResult) -> list[Span]:
     """The run as wmdist.spans.Span rows (kind "forward" / "backward", label the token), for timeline plots."""
     with_stage = schedule.chunks > 1
-    return [Span(t.rank, float(t.start), float(t.end), "forward" if t.action.kind == FORWARD else "backward",
-                 format_token(t.action, with_stage=with_stage)) for rank in result.timings for t in rank]
+    return [Span(row=t.rank, start=float(t.start), end=float(t.end), kind="forward" if t.action.kind == FORWARD else "backward",
+                 label=format_token(t.action, with_stage=with_stage)) for rank in result.timings for t in rank]
 
 
 def gantt_text(schedule: Schedule, result: SimResult, *, max_cells: int = 240) -> str:

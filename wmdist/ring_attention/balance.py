@@ -119,7 +119,7 @@ def compare_balance(run: BalanceRun, outcomes: list[Cases[BalanceRank]]) -> Verd
         got = want.new_empty(want.shape)
         for rk in ranks:
             got[:, :, rk.rows] = rk.out
-        checks.append(Check(f"{layout}: output == SDPA", bound_ratio(got, want, tol.out), 1.0, REASON))
+        checks.append(Check(name=f"{layout}: output == SDPA", error=bound_ratio(got, want, tol.out), tolerance=1.0, reason=REASON))
         exact += counts_per_rank("query-key pairs", [rk.pairs for rk in ranks],
                                  lay.rank_work(spec.seq_len, world_size, layout=layout, causal=True), case=layout)
         pairs = lay.tile_pairs(spec.seq_len, world_size, layout=layout, block_size=tile, causal=True)

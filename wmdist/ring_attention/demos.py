@@ -71,7 +71,7 @@ def _checks(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DType
     got = {"out": assemble(spec, [rc.out for rc in ranks], rows)}
     got.update({g: assemble(spec, [rc.grads[i] for rc in ranks], rows) for i, g in enumerate(("dq", "dk", "dv"))})
     wanted = dict(zip(("out", "dq", "dk", "dv"), (want, *want_grads)))
-    return [Check(f"{name}: {key} == SDPA", bound_ratio(got[key], wanted[key], getattr(tol, key)), 1.0, REASON)
+    return [Check(name=f"{name}: {key} == SDPA", error=bound_ratio(got[key], wanted[key], getattr(tol, key)), tolerance=1.0, reason=REASON)
             for key in ("out", "dq", "dk", "dv")]
 
 

@@ -116,7 +116,7 @@ def ring_timelines(forward: tuple[Span, ...], backward: tuple[Span, ...]) -> Fig
 
 def _since(spans: tuple[Span, ...], t0: float) -> list[Span]:
     """The spans with time measured from t0."""
-    return [Span(sp.row, sp.start - t0, sp.end - t0, sp.kind, sp.label) for sp in spans]
+    return [Span(row=sp.row, start=sp.start - t0, end=sp.end - t0, kind=sp.kind, label=sp.label) for sp in spans]
 
 
 def _detached(fig: Figure) -> Figure:

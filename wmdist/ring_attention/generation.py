@@ -141,7 +141,7 @@ def compare_generation(spec: GenerationSpec, ranks: list[RankGeneration]) -> Ver
     c = s // n
     tol = tolerance(exact_attention(q, k, v, torch.zeros_like(q), causal=True), torch.float64, min(block_size, c),
                     n * -(-c // min(block_size, c)), grads=False)
-    checks = [Check("prefill (context, all ranks at once) == SDPA", bound_ratio(got, want, tol.out), 1.0, REASON),
+    checks = [Check(name="prefill (context, all ranks at once) == SDPA", error=bound_ratio(got, want, tol.out), tolerance=1.0, reason=REASON),
               exact_check("every rank generated the same tokens", [rk.tokens for rk in ranks],
                           [ranks[0].tokens] * n, "all ranks merge the same gathered partials in the same order")]
     tokens = ranks[0].tokens
@@ -153,8 +153,8 @@ def compare_generation(spec: GenerationSpec, ranks: list[RankGeneration]) -> Ver
         ref = F.scaled_dot_product_attention(qn, ks, vs)        # the new token sees every earlier position and itself
         bound = tolerance(exact_attention(qn, ks, vs, zero, causal=False), torch.float64, c + step + 1, n, grads=False)
         errors.append(bound_ratio(ranks[0].outputs[step], ref[0, 0, 0], bound.out[0, 0, 0]))
-    checks.append(Check("each new token's attention == SDPA over its prefix (worst step)", errors[worst(errors)], 1.0,
-                        REASON))
+    checks.append(Check(name="each new token's attention == SDPA over its prefix (worst step)", error=errors[worst(errors)], tolerance=1.0,
+                        reason=REASON))
     exact = counts_per_rank("rounds to generate", [rk.decode_rounds for rk in ranks], [g] * n, phase=DECODE)
     exact += counts_per_rank("bytes sent", [rk.prefill_bytes for rk in ranks],
                              [costs.ring_kv_bytes_per_rank(s, n, 2 * width, batch=1, elem_size=8)] * n, phase=FORWARD)

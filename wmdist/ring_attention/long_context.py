@@ -156,15 +156,15 @@ def compare_long(run: LongRun, results: list[MemoryRanks]) -> Verdict:
     score_bound = 2 * tile + b * b + 5 * block_rows + 8 * block_rows // d
     longest = max(m.held for m in ranks[long_seq])
     checks = [
-        Check(f"S={long_seq}: full S x S scores / budget", data.full_scores[long_seq] / budget, 1.0,
-              "the premise: unblocked attention's scores alone exceed the budget", must_differ=True),
-        Check(f"S={long_seq}: largest per-rank bytes held / budget", longest / budget, 1.0,
-              "ring attention must fit the budget where full attention cannot"),
-        Check(f"S={fit_seq}: single-process full attention / budget", data.single_fit / budget, 1.0,
-              "the shorter S is one that still fits a single process"),
+        Check(name=f"S={long_seq}: full S x S scores / budget", error=data.full_scores[long_seq] / budget, tolerance=1.0,
+              reason="the premise: unblocked attention's scores alone exceed the budget", must_differ=True),
+        Check(name=f"S={long_seq}: largest per-rank bytes held / budget", error=longest / budget, tolerance=1.0,
+              reason="ring attention must fit the budget where full attention cannot"),
+        Check(name=f"S={fit_seq}: single-process full attention / budget", error=data.single_fit / budget, tolerance=1.0,
+              reason="the shorter S is one that still fits a single process"),
     ]
-    checks += [Check(f"S={s}, rank {r}: score temporaries / block-size bound", m.scores / score_bound, 1.0,
-                     "beyond its S/N tokens a rank holds only a few block x block tiles, whatever S is")
+    checks += [Check(name=f"S={s}, rank {r}: score temporaries / block-size bound", error=m.scores / score_bound, tolerance=1.0,
+                     reason="beyond its S/N tokens a rank holds only a few block x block tiles, whatever S is")
                for s in specs for r, m in enumerate(ranks[s])]
     return Verdict(checks=checks, data=data,
                    params={"budget_bytes": budget, "long_seq": long_seq, "fit_seq": fit_seq, **SHAPE,

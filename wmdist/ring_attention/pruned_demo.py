@@ -126,7 +126,7 @@ def compare_pruned(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
         name = case_name(ring, layout=layout)
         ranks = [res[name] for res in results]
         full[name] = _full(spec, ranks)
-        checks += [Check(f"{name}: {key} == SDPA", bound_ratio(got, ref, bound), 1.0, REASON)
+        checks += [Check(name=f"{name}: {key} == SDPA", error=bound_ratio(got, ref, bound), tolerance=1.0, reason=REASON)
                    for key, got, ref, bound in zip(("out", "dq", "dk", "dv"), full[name], wanted, bounds)]
         exact += _counts(spec, world_size, name, ring, layout, ranks)
     for layout in lay.LAYOUTS:

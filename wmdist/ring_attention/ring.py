@@ -76,7 +76,7 @@ class _Clock:
         result = fn(*args)
         if kind == "compute":
             self.cpu += time.thread_time() - cpu
-        self.spans.append(Span(self.rank, start, time.perf_counter(), kind, label))
+        self.spans.append(Span(row=self.rank, start=start, end=time.perf_counter(), kind=kind, label=label))
         return result
 
 

@@ -132,10 +132,10 @@ def _case_report(spec: RingSpec, n: int, ranks: list[TorchCase], dtype: DTypeNam
     for i, key in enumerate(("out", "dq", "dk", "dv")):
         theirs = _full(spec, [rc.theirs[i] for rc in ranks], rows)
         ours = _full(spec, [rc.ours[i] for rc in ranks], rows)
-        checks += [Check(f"{name}: torch's {key} == SDPA", bound_ratio(theirs, wanted[i], getattr(theirs_tol, key)),
-                         1.0, "both fused kernels at their worst-case rounding bound (2-ulp exp, every key a block)"),
-                   Check(f"{name}: our {key} == torch's", bound_ratio(ours, theirs, getattr(ours_tol, key)), 1.0,
-                         REASON)]
+        checks += [Check(name=f"{name}: torch's {key} == SDPA", error=bound_ratio(theirs, wanted[i], getattr(theirs_tol, key)),
+                         tolerance=1.0, reason="both fused kernels at their worst-case rounding bound (2-ulp exp, every key a block)"),
+                   Check(name=f"{name}: our {key} == torch's", error=bound_ratio(ours, theirs, getattr(ours_tol, key)), tolerance=1.0,
+                         reason=REASON)]
     elem = q.element_size()
     kv_back, grad_back = costs.ring_backward_bytes_per_rank(spec.seq_len, n, spec.kv_width, batch=spec.batch,
                                                             elem_size=elem, every_step=True)

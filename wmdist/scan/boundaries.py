@@ -106,7 +106,7 @@ class SchemeRun:
 def _timed(spans: list[Span], rank: int, kind: str, label: str, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
     start = time.perf_counter()
     out = fn()
-    spans.append(Span(rank, start, time.perf_counter(), kind, label))
+    spans.append(Span(row=rank, start=start, end=time.perf_counter(), kind=kind, label=label))
     return out
 
 
@@ -153,7 +153,7 @@ def boundaries_rank(ctx: Context, inputs: CellInputs) -> BoundaryRank:
 def relative(spans: list[Span]) -> list[Span]:
     """Spans shifted so the earliest starts at 0 (perf_counter is one clock for all processes on a machine)."""
     t0 = min((s.start for s in spans), default=0.0)
-    return [Span(s.row, s.start - t0, s.end - t0, s.kind, s.label) for s in spans]
+    return [Span(row=s.row, start=s.start - t0, end=s.end - t0, kind=s.kind, label=s.label) for s in spans]
 
 
 def run_boundaries(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, *,

@@ -85,7 +85,7 @@ def picard_rank(ctx: Context, plan: SweepPlan) -> PicardRankRun:
             pending.wait()
         moved = (new_start - start).abs().max().reshape(1)                  # (1,)
         everyone = all_gather(ctx, moved, phase=CONVERGENCE)                # (N,)
-        spans += [Span(r, t0, t1, "compute", f"sweep {k}"), Span(r, t1, time.perf_counter(), "comm", f"sweep {k}")]
+        spans += [Span(row=r, start=t0, end=t1, kind="compute", label=f"sweep {k}"), Span(row=r, start=t1, end=time.perf_counter(), kind="comm", label=f"sweep {k}")]
         sweeps.append(states)
         changes.append(float(everyone.max()))
         start = new_start
