@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from wmdist.costs import pipeline as pcosts
-from wmdist.pipeline import measure, rollout, versus_torch
+from wmdist.pipeline import measure, rollout, versus_torch, widget_run
 from wmdist.pipeline.plan import PipeWork
 from wmdist.pipeline.schedules import make_schedule
 
@@ -44,11 +44,11 @@ def test_one_slow_stage_leaves_idle_time_that_microbatches_do_not_remove():
 
 def test_measure_refuses_bad_plans_before_starting_processes():
     with pytest.raises(ValueError, match="slot_seconds must be > 0"):
-        measure.measure_bubble(make_schedule("gpipe", 2, 2), PipeWork())
+        widget_run.measure_bubble(make_schedule("gpipe", 2, 2), PipeWork())
     with pytest.raises(ValueError, match="imbalance needs two stages"):
         measure.imbalance_demo(1)
     with pytest.raises(ValueError, match="v = 1 schedules only|v = 1"):
-        measure.measure_bubble(make_schedule("interleaved", 2, 2, chunks=2),
+        widget_run.measure_bubble(make_schedule("interleaved", 2, 2, chunks=2),
                                PipeWork(forward_only=True, slot_seconds=0.01))
 
 
@@ -97,10 +97,18 @@ def test_panel_run_it_executes_the_schedule_and_overlays_the_measurement():
     panel._report_progress = lambda done, total, text: (seen.append((done, total)), progress(done, total, text))
     measured = panel.run()
     assert measured is panel.measured and measured.schedule == panel.result.schedule
-    assert seen == [(0, 3), (1, 3), (2, 3), (3, 3)] and panel.progress.value == panel.progress.max == 3
+    assert seen == [(0, 2), (1, 2), (2, 2)] and panel.progress.value == panel.progress.max == 2   # the run, the check
     assert "measured idle" in panel.status.value and len(measured.timelines) == 3
+    assert panel.report.passed and panel.report.data is measured and "equal what the schedule implies" in panel.status.value
     assert sorted(s.label for s in measured.timelines[0] if s.row == 0) == sorted(f"{k}{m}" for k in "FB"
                                                                                     for m in range(4))
     assert "measured on 2 ranks" in " ".join(ax.get_title() + ax.get_title(loc="left") for ax in panel.shown.axes)
     panel.controls["microbatches"].value = 8                         # another schedule: the overlay goes
     assert "measured on" not in " ".join(ax.get_title() + ax.get_title(loc="left") for ax in panel.shown.axes)
+
+
+def test_the_bubble_panels_run_is_an_experiment_whose_boundary_counts_equal_the_schedule():
+    report = widget_run.PIPELINE_WIDGET.run(2)
+    assert report.passed and report.name == "pipeline (widget)" and report.data.timelines
+    quantities = {c.quantity for c in report.exact}
+    assert {"activation sends", "gradient sends", "activation bytes sent", "gradient bytes received"} <= quantities

@@ -13,19 +13,16 @@ late wake-ups and Python overhead.
 
 The demos are `Experiment`s on chapter 05's `Plans`: all timed steps of all
 cases run in one call (`work.repeats` steps each, the ranks lined up before
-every step); `measure_bubble` keeps one call per step, for a progress bar.
+every step). The bubble panel's run (and `measure_bubble`) is widget_run.py's Experiment.
 """
 from __future__ import annotations
 
-import dataclasses
 from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.validate import require_int
 from wmdist.experiment import Experiment, Verdict
-from wmdist.on_progress import OnProgress
 from wmdist.pipeline.spec import Plans, StageRuns, by_case, plans_rank
-from wmdist.pipeline.executor import StageRun, run_pipeline
 from wmdist.pipeline.plan import PipeWork, require_world, slow_stage_work
 from wmdist.pipeline.results import ImbalanceCurve, MeasuredBubble   # noqa: F401 - re-exported: the records live there
 from wmdist.pipeline.schedules import MAX_MICROBATCHES, Schedule, make_schedule
@@ -93,23 +90,6 @@ def measured(plans: Plans, results: list[StageRuns]) -> list[MeasuredBubble]:
     for (schedule, work), runs in zip(plans.cases, by_case(results), strict=True):
         out.append(timed(schedule, work, [tuple(s for r in runs for s in r.spans[k]) for k in range(work.repeats)]))
     return out
-
-
-def measure_bubble(schedule: Schedule, work: PipeWork, *, progress: OnProgress | None = None) -> MeasuredBubble:
-    """Run `work.repeats` timed steps of `schedule` on P local ranks (one call each, for progress)."""
-    check_timed(schedule, work)
-    one_step = dataclasses.replace(work, repeats=1)
-    steps = []
-    for k in range(work.repeats):
-        if progress is not None:
-            progress(k, work.repeats, f"{schedule.name} on {schedule.stages} ranks, M={schedule.microbatches}: "
-                                      f"timed step {k + 1} of {work.repeats}")
-        runs: list[StageRun] = run_pipeline(schedule.stages, schedule, one_step)
-        steps.append(tuple(s for r in runs for s in r.spans[0]))
-    result = timed(schedule, work, steps)
-    if progress is not None:
-        progress(work.repeats, work.repeats, f"measured idle {result.median_idle:.3f} (ideal {result.predicted:.3f})")
-    return result
 
 
 # --- demos -------------------------------------------------------------------------------------------

@@ -13,8 +13,10 @@ from typing import Any
 
 from wmdist.pipeline.bubble import BubbleConfig, BubbleView, bubble_view
 from wmdist.pipeline.figures import draw_curve, draw_held, draw_measured, draw_slots
-from wmdist.pipeline.measure import MeasuredBubble, measure_bubble
+from wmdist.pipeline.measure import MeasuredBubble
 from wmdist.pipeline.plan import PipeWork, microbatch_sizes, stage_blocks
+from wmdist.pipeline.widget_run import run_widget
+from wmdist.report import Report
 from wmdist.ui.panel import Panel, View
 
 RUN_REPEATS = 3
@@ -41,6 +43,7 @@ class BubblePanel(Panel):
             "in flight; then tick <i>unequal stages</i>.")
 
     def __init__(self, config: BubbleConfig | None = None):
+        self.report: Report | None = None   # the last run's Report: boundary transfers and bytes per rank, exact
         self.curves: dict = {}          # simulated curve points of this panel, so a slider move adds one
         super().__init__(config or BubbleConfig())
         self._only_interleaved_has_chunks()
@@ -93,7 +96,11 @@ class BubblePanel(Panel):
         stage_blocks(PipeWork().layers, config.stages * config.chunks)        # P*v <= 8 blocks, said before starting
         microbatch_sizes(config.microbatches, config.microbatches)
         work = run_work(config, self.result)
-        measured = measure_bubble(self.result.schedule, work, progress=progress)
+        self.report = run_widget(self.result.schedule, work, progress=progress)
+        measured = self.report.data
+        bytes_said = (f"boundary transfers and bytes per rank equal what the schedule implies ({len(self.report.exact)} "
+                      "counts)" if self.report.passed else self.report.listing(counts=True).splitlines()[-1])
         self._set_run_status(f"measured idle {measured.median_idle:.3f} of the schedule (median of {RUN_REPEATS} "
-                             f"steps; ideal {measured.predicted:.3f}); slot {1e3 * work.slot_seconds:g} ms")
+                             f"steps; ideal {measured.predicted:.3f}); slot {1e3 * work.slot_seconds:g} ms; "
+                             + bytes_said)
         return measured
