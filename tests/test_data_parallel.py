@@ -161,7 +161,7 @@ def test_ring_allreduce_inplace_writes_into_the_given_tensor():
 
 def test_registry_has_the_chapter_demos():
     names = set(registry())
-    assert {"dp-train", "dp-unequal", "dp-pitfalls", "dp-buckets"} <= names
+    assert {"dp-train", "dp-unequal", "dp-pitfalls", "dp-buckets", "dp-drift", "dp-batch-lr"} <= names
 
 
 # --- on real ranks -----------------------------------------------------------------

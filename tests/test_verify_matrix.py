@@ -135,7 +135,7 @@ def poisoned(value: Any, bad: float, hits: list[int]) -> Any:
     return value
 
 
-NO_RANK_FLOATS = {"activation-checkpointing", "scan-one-process",   # one process (test_checks_one_process.py)
+NO_RANK_FLOATS = {"activation-checkpointing", "scan-one-process", "dp-batch-lr",   # one process
                   "ring-attention-long-context"}                    # ranks return byte counts (exact integers)
 
 
