@@ -91,3 +91,18 @@ def test_reordered_sum_bound_holds_and_is_not_vacuous():
     assert costs.reordered_sum_bound(3, 1.0, extra_roundings=2) == 6 * costs.FLOAT32_ROUNDOFF
     with pytest.raises(ValueError, match="terms must be an integer >= 1"):
         costs.reordered_sum_bound(0, 1.0)
+
+
+def test_every_cost_function_takes_the_same_element_size_by_default():
+    """One default (float32, 4 bytes: what the course's ranks send) for every `elem_size` in costs/; a caller
+    pricing bf16 says so (elem_size=2), as chapter 06's device table does."""
+    import ast
+    from pathlib import Path
+    defaults = {}
+    for path in sorted((Path(__file__).resolve().parents[1] / "wmdist" / "costs").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                for arg, default in zip(node.args.kwonlyargs, node.args.kw_defaults):
+                    if arg.arg == "elem_size" and default is not None:
+                        defaults[f"{path.name}:{node.name}"] = ast.literal_eval(default)
+    assert len(defaults) > 20 and set(defaults.values()) == {4}, {k: v for k, v in defaults.items() if v != 4}

@@ -136,8 +136,8 @@ def test_every_demo_of_the_chapter_is_an_experiment_refusing_before_any_process(
 
 def test_backward_costs_by_hand():
     # S = 8 on N = 4, d_KV = 6, batch 2, bf16: a block is 2 * 6 * 2 * 2 = 48 bytes
-    assert costs.ring_backward_bytes_per_rank(8, 4, 6, batch=2) == (3 * 48, 3 * 48)
-    assert costs.ring_backward_bytes_per_rank(8, 4, 6, batch=2, every_step=True) == (3 * 48, 4 * 48)
+    assert costs.ring_backward_bytes_per_rank(8, 4, 6, batch=2, elem_size=2) == (3 * 48, 3 * 48)
+    assert costs.ring_backward_bytes_per_rank(8, 4, 6, batch=2, every_step=True, elem_size=2) == (3 * 48, 4 * 48)
     assert costs.ring_grad_sends(1) == 0 and costs.ring_grad_sends(1, every_step=True) == 1
 
 

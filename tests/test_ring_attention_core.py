@@ -201,8 +201,8 @@ def test_tile_counts_match_what_blockwise_computes(monkeypatch, seq_len, block, 
      "block_size must be an integer from 1 to 8"),
     (lambda: layout.tile_pairs(16, 2, layout="contiguous", block_size=0, causal=True), "block_size"),
     (lambda: layout.ring_source(0, 4, 4), "step"),
-    (lambda: costs.ring_kv_bytes_per_rank(10, 4, 8), "divisible by world_size"),
-    (lambda: costs.min_overlap_block_size(1e12, 0.0), "link_bytes_per_s"),
+    (lambda: costs.ring_kv_bytes_per_rank(10, 4, 8, elem_size=2), "divisible by world_size"),
+    (lambda: costs.min_overlap_block_size(1e12, 0.0, elem_size=2), "link_bytes_per_s"),
     (lambda: blockwise.blockwise_attention(*_inputs((1, 1, 4, 2), torch.float32, 0, 3), block_size=0, causal=False),
      "block_size"),
 ])
@@ -213,13 +213,13 @@ def test_bad_arguments_are_refused_with_the_reason(call, message):
 
 def test_kv_bytes_flops_and_memory_by_hand():
     # S = 8 tokens on N = 4 ranks: blocks of 2 tokens; d_KV = 6, batch 2, bf16 -> 2*6*2*2 = 48 bytes a block.
-    assert costs.kv_block_bytes(8, 4, 6, batch=2) == 48
-    assert costs.ring_kv_bytes_per_rank(8, 4, 6, batch=2) == 3 * 48                       # N-1 sends
-    assert costs.ring_kv_bytes_per_rank(8, 4, 6, batch=2, final_exchange=True) == 4 * 48  # the paper's loop
-    assert costs.ring_kv_bytes_per_rank(8, 1, 6) == 0 and costs.ring_kv_sends(1, final_exchange=True) == 1
-    assert costs.ring_kv_storage_bytes(8, 4, 6, batch=2) == 96
+    assert costs.kv_block_bytes(8, 4, 6, batch=2, elem_size=2) == 48
+    assert costs.ring_kv_bytes_per_rank(8, 4, 6, batch=2, elem_size=2) == 3 * 48                       # N-1 sends
+    assert costs.ring_kv_bytes_per_rank(8, 4, 6, batch=2, final_exchange=True, elem_size=2) == 4 * 48  # the paper's loop
+    assert costs.ring_kv_bytes_per_rank(8, 1, 6, elem_size=2) == 0 and costs.ring_kv_sends(1, final_exchange=True) == 1
+    assert costs.ring_kv_storage_bytes(8, 4, 6, batch=2, elem_size=2) == 96
     # Doubling S doubles the bytes sent (linear) but quadruples the FLOPs (quadratic).
-    assert costs.ring_kv_bytes_per_rank(16, 4, 6) == 2 * costs.ring_kv_bytes_per_rank(8, 4, 6)
+    assert costs.ring_kv_bytes_per_rank(16, 4, 6, elem_size=2) == 2 * costs.ring_kv_bytes_per_rank(8, 4, 6, elem_size=2)
     assert costs.attention_flops(16, 3) == 4 * costs.attention_flops(8, 3)
     # S = 4, head_dim 3: 16 pairs * 4 * 3 = 192 FLOPs; causal keeps 4+3+2+1 = 10 pairs -> 120.
     assert costs.attention_flops(4, 3) == 192 and costs.attention_flops(4, 3, causal=True) == 120
@@ -230,16 +230,16 @@ def test_kv_bytes_flops_and_memory_by_hand():
 
 def test_overlap_condition_block_size():
     # bf16: a step computes 4 d c^2 FLOPs and sends 4 c d bytes, so c >= F / B.
-    assert costs.block_pair_flops(10, 3) == 1200 and costs.kv_step_bytes(10, 3) == 120
-    assert costs.min_overlap_block_size(312e12, 300e9) == 1040                   # exact ratio: no round-up
+    assert costs.block_pair_flops(10, 3) == 1200 and costs.kv_step_bytes(10, 3, elem_size=2) == 120
+    assert costs.min_overlap_block_size(312e12, 300e9, elem_size=2) == 1040                   # exact ratio: no round-up
     assert costs.min_overlap_block_size(312e12, 300e9, elem_size=4) == 2080       # fp32 K, V: twice the bytes
     f, b = 1e12, 3e9                                                              # F/B = 333.3...
-    c = costs.min_overlap_block_size(f, b)
+    c = costs.min_overlap_block_size(f, b, elem_size=2)
     assert c == 334
-    hides = [costs.block_pair_flops(x, 64) / f >= costs.kv_step_bytes(x, 64) / b for x in (c - 1, c)]
+    hides = [costs.block_pair_flops(x, 64) / f >= costs.kv_step_bytes(x, 64, elem_size=2) / b for x in (c - 1, c)]
     assert hides == [False, True]
-    assert costs.min_overlap_seq_len(f, b, world_size=8) == 8 * 334
-    assert costs.min_overlap_block_size(1e6, 1e9) == 1                            # a block has a token at least
+    assert costs.min_overlap_seq_len(f, b, world_size=8, elem_size=2) == 8 * 334
+    assert costs.min_overlap_block_size(1e6, 1e9, elem_size=2) == 1                            # a block has a token at least
 
 
 def test_temporary_score_memory_depends_on_block_size_not_sequence_length():

@@ -64,9 +64,9 @@ def test_closed_forms_equal_what_the_mask_implies(world_size):
 
 def test_pruned_bytes_by_hand():
     # S = 8 on N = 4, d_KV = 6, batch 2, bf16: a block is 2 * 6 * 2 * 2 = 48 bytes
-    assert costs.pruned_ring_bytes_per_rank(8, 4, 6, batch=2) == [(48, 48, 0), (96, 96, 48), (144, 144, 96),
+    assert costs.pruned_ring_bytes_per_rank(8, 4, 6, batch=2, elem_size=2) == [(48, 48, 0), (96, 96, 48), (144, 144, 96),
                                                                   (0, 0, 144)]
-    assert costs.pruned_ring_bytes_per_rank(8, 1, 6, batch=2) == [(0, 0, 0)]
+    assert costs.pruned_ring_bytes_per_rank(8, 1, 6, batch=2, elem_size=2) == [(0, 0, 0)]
 
 
 def test_pruned_ring_equals_sdpa_and_the_uniform_ring_and_sends_half():

@@ -52,14 +52,14 @@ def ring_kv_sends(world_size: int, *, final_exchange: bool = False) -> int:
     return n if require_bool("final_exchange", final_exchange) else n - 1
 
 
-def kv_block_bytes(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1, elem_size: int = 2) -> int:
+def kv_block_bytes(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1, elem_size: int = 4) -> int:
     """Bytes of one rank's K and V block: (S/N) * d_KV * batch * elem_size."""
     c = _block_tokens(seq_len, world_size)
     return c * require_int("kv_width", kv_width, 1) * require_int("batch", batch, 1) \
         * require_int("elem_size", elem_size, 1)
 
 
-def ring_kv_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1, elem_size: int = 2,
+def ring_kv_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1, elem_size: int = 4,
                            final_exchange: bool = False) -> int:
     """KV bytes one rank sends in the forward ring: (N-1) (S/N) d_KV batch elem_size (N sends with the final exchange).
 
@@ -85,7 +85,7 @@ def ring_grad_sends(world_size: int, *, every_step: bool = False) -> int:
 
 
 def ring_backward_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1,
-                                 elem_size: int = 2, every_step: bool = False) -> tuple[int, int]:
+                                 elem_size: int = 4, every_step: bool = False) -> tuple[int, int]:
     """(K, V bytes, dK, dV bytes) a rank sends in the backward ring: N-1 K, V blocks again, N-1 (or N) gradient blocks.
 
     dK, dV have the shapes of K, V, so each gradient message is one KV block
@@ -132,7 +132,7 @@ def pruned_grad_sends(world_size: int, rank: int) -> int:
 
 
 def pruned_ring_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1,
-                               elem_size: int = 2) -> list[tuple[int, int, int]]:
+                               elem_size: int = 4) -> list[tuple[int, int, int]]:
     """Per rank: (forward K, V bytes, backward K, V bytes, backward dK, dV bytes) of the pruned causal ring.
 
     Each message is one K, V block (kv_block_bytes); the backward K, V sweep
@@ -143,7 +143,7 @@ def pruned_ring_bytes_per_rank(seq_len: int, world_size: int, kv_width: int, *, 
     return [(b, b, pruned_grad_sends(world_size, r) * block) for r, b in enumerate(kv)]
 
 
-def ring_kv_storage_bytes(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1, elem_size: int = 2,
+def ring_kv_storage_bytes(seq_len: int, world_size: int, kv_width: int, *, batch: int = 1, elem_size: int = 4,
                           blocks: int = 2) -> int:
     """KV bytes a rank holds at once: `blocks` blocks of S/N tokens (2: the one in use and the one arriving).
 
@@ -194,13 +194,13 @@ def block_pair_flops(block_size: int, hidden: int) -> int:
     return 4 * require_int("hidden", hidden, 1) * c * c
 
 
-def kv_step_bytes(block_size: int, hidden: int, *, elem_size: int = 2) -> int:
+def kv_step_bytes(block_size: int, hidden: int, *, elem_size: int = 4) -> int:
     """The paper's communication per step: the next K and V blocks, 2 c d elements (4 c d bytes in bf16)."""
     return 2 * require_int("block_size", block_size, 1) * require_int("hidden", hidden, 1) \
         * require_int("elem_size", elem_size, 1)
 
 
-def min_overlap_block_size(flops_per_s: float, link_bytes_per_s: float, *, elem_size: int = 2) -> int:
+def min_overlap_block_size(flops_per_s: float, link_bytes_per_s: float, *, elem_size: int = 4) -> int:
     """Smallest block c (tokens per rank) for which computing a step takes at least as long as sending the next K, V.
 
     4 d c^2 / F >= 2 c d e / B  <=>  c >= e F / (2 B), which is F / B for
@@ -213,7 +213,7 @@ def min_overlap_block_size(flops_per_s: float, link_bytes_per_s: float, *, elem_
     return max(1, math.ceil(require_int("elem_size", elem_size, 1) * f / (2 * b)))
 
 
-def min_overlap_seq_len(flops_per_s: float, link_bytes_per_s: float, world_size: int, *, elem_size: int = 2) -> int:
+def min_overlap_seq_len(flops_per_s: float, link_bytes_per_s: float, world_size: int, *, elem_size: int = 4) -> int:
     """Shortest total context S = c N at which each of N ranks has a block large enough to hide its sends."""
     return require_int("world_size", world_size, 1) * min_overlap_block_size(flops_per_s, link_bytes_per_s,
                                                                              elem_size=elem_size)
