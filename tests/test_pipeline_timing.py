@@ -55,8 +55,8 @@ def test_measure_refuses_bad_plans_before_starting_processes():
 # torch's own orders, recorded by running its schedules (forward_one_chunk / backward_one_chunk wrapped on
 # each PipelineStage) on 2 CPU gloo ranks with M = 4; ours must be the same, action for action.
 TORCH_ORDERS = {
-    "gpipe": ("s0F0 s0F1 s0F2 s0F3 s0B0 s0B1 s0B2 s0B3", "s1F0 s1F1 s1F2 s1F3 s1B0 s1B1 s1B2 s1B3"),
-    "1f1b": ("s0F0 s0F1 s0B0 s0F2 s0B1 s0F3 s0B2 s0B3", "s1F0 s1B0 s1F1 s1B1 s1F2 s1B2 s1F3 s1B3"),
+    "gpipe": ("F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 F2 F3 B0 B1 B2 B3"),         # v = 1: one stage per rank, no prefix
+    "1f1b": ("F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"),
     "interleaved": ("s0F0 s0F1 s2F0 s2F1 s0F2 s2B0 s0F3 s2B1 s2F2 s0B0 s2F3 s0B1 s2B2 s2B3 s0B2 s0B3",
                     "s1F0 s1F1 s3F0 s3B0 s3F1 s3B1 s1F2 s1B0 s1F3 s1B1 s3F2 s3B2 s3F3 s3B3 s1B2 s1B3"),
 }
@@ -67,6 +67,8 @@ def test_torch_pipelining_runs_the_same_order_and_gives_the_same_numbers(name):
     c = versus_torch.compare(2, name, 4, chunks=2 if name == "interleaved" else 1)
     assert c.theirs == tuple(tuple(line.split()) for line in TORCH_ORDERS[name])          # what torch ran
     assert c.ours == c.theirs                                                             # what we ran
+    schedule = make_schedule(name, 2, 4, chunks=2 if name == "interleaved" else 1)
+    assert c.ours == schedule.tokens()                        # written as the schedule's JSON writes them
     assert c.loss_error == 0.0 and c.grad_error == 0.0        # same stages, same loss, same order: same bits
 
 

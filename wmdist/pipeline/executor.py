@@ -43,7 +43,7 @@ from wmdist.pipeline.plan import (
     require_world,
     stage_blocks,
 )
-from wmdist.pipeline.schedules import BACKWARD, FORWARD, Action, Schedule, format_token
+from wmdist.pipeline.schedules import BACKWARD, FORWARD, Action, Schedule
 from wmdist.models import make_batch
 from wmdist.runtime import run
 from wmdist.spans import Span
@@ -121,7 +121,7 @@ def microbatch_loss(pred: torch.Tensor, target: torch.Tensor, batch_size: int) -
 class StageRun:
     """What one rank did in a pipeline run, measured."""
     rank: int
-    order: tuple[str, ...]                    # the actions it ran, as tokens with stage ("s1F3"), in order
+    order: tuple[str, ...]                    # the actions it ran, in order, as its schedule writes them ("F3"; "s1F3" when v > 1)
     spans: tuple[tuple[Span, ...], ...]       # per timed step: one Span per action (time.monotonic() seconds)
     loss: torch.Tensor | None                 # () the last stage's rank: sum of microbatch losses; else None
     outputs: torch.Tensor | None              # (B, T, O) forward only, on the last stage's rank; else None
@@ -188,7 +188,7 @@ class _Step:
             time.sleep(seconds * (2 if a.kind == BACKWARD else 1))
         self.spans.append(Span(row=self.ctx.rank, start=start, end=time.monotonic(),
                                kind="forward" if a.kind == FORWARD else "backward",
-                               label=format_token(a, with_stage=self.schedule.chunks > 1)))
+                               label=self.schedule.token(a)))
 
     def forward(self, a: Action) -> None:
         s, m, mb = a.stage, a.microbatch, self.micro[a.microbatch]
@@ -247,7 +247,7 @@ def pipeline_rank(ctx: Context, schedule: Schedule, work: PipeWork) -> StageRun:
     outputs = torch.cat([step.outputs[m] for m in range(schedule.microbatches)]) if last and work.forward_only else None
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     transfers, sent = _ledger_counts(ctx)
-    return StageRun(rank=ctx.rank, order=tuple(format_token(a, with_stage=True) for a in actions),
+    return StageRun(rank=ctx.rank, order=tuple(schedule.token(a) for a in actions),
                     spans=tuple(timelines), loss=loss, outputs=outputs, grads=grads, peak_held=step.peak,
                     transfers=transfers, bytes=sent)
 

@@ -126,8 +126,12 @@ class Schedule:
 
     def tokens(self) -> tuple[tuple[str, ...], ...]:
         """Each rank's actions as tokens; the stage prefix appears only when v > 1 (a rank owns several)."""
-        with_stage = self.chunks > 1
-        return tuple(tuple(format_token(a, with_stage=with_stage) for a in actions) for actions in self.ranks)
+        return tuple(tuple(self.token(a) for a in actions) for actions in self.ranks)
+
+    def token(self, action: Action) -> str:
+        """One action as this schedule writes it everywhere (JSON, diagrams, the executor's order): "F3",
+        or "s2F3" when v > 1, where the stage is needed to tell a rank's chunks apart."""
+        return format_token(action, with_stage=self.chunks > 1)
 
 
 def _plain(name: str, stages: int, microbatches: int, orders: Iterable[Iterable[tuple[str, int]]]) -> Schedule:

@@ -27,7 +27,7 @@ from wmdist.experiment import Experiment, Verdict
 from wmdist.pipeline.spec import Plans
 from wmdist.pipeline.executor import StageRun, pipeline_rank
 from wmdist.pipeline.plan import PipeWork, require_world, transfer_counts
-from wmdist.pipeline.schedules import Schedule, make_schedule
+from wmdist.pipeline.schedules import Schedule, make_schedule, parse_token
 from wmdist.pipeline.stages import StageModule, batch_for, microbatch_loss, model_for
 from wmdist.report import Check, Count, Report, counts_per_rank, exact_check, max_abs_error
 from wmdist.runtime import run
@@ -37,7 +37,7 @@ from wmdist.runtime import run
 class TorchRun:
     """One rank's step under torch's schedule."""
     rank: int
-    order: tuple[str, ...]              # tokens with stage ("s1F3"), in the order torch ran them
+    order: tuple[str, ...]              # tokens with stage ("s1F3"), in the order torch ran them (compared as the schedule writes them)
     loss: torch.Tensor | None           # () on the last stage's rank: the sum of the microbatch losses
     grads: dict[str, torch.Tensor]      # gradient of every parameter this rank owns
 
@@ -153,7 +153,9 @@ def comparisons(plans: Plans, results: list[BothRuns]) -> list[Comparison]:
         grad_error = max_abs_error([mine[n] for n in sorted(mine)],
                                    [torch_grads.get(n, torch.zeros(0)) for n in sorted(mine)])
         loss_error = max_abs_error(ours[-1].loss, theirs[-1].loss)
-        out.append(Comparison(schedule=schedule.name, ours=tuple(r.order for r in ours), theirs=tuple(r.order for r in theirs), loss_error=loss_error,
+        out.append(Comparison(schedule=schedule.name, ours=tuple(r.order for r in ours),
+                              theirs=tuple(tuple(schedule.token(parse_token(t)) for t in r.order) for r in theirs),
+                              loss_error=loss_error,
                               grad_error=grad_error))
     return out
 
