@@ -108,3 +108,15 @@ def torchrun_two_nodes(procs_per_node: int, argv: list[str], timeout: float = 30
         for p in procs:
             p.kill()
     return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register tools/nbval_drift.py: under nbval, a stored picture the code no longer draws fails its cell."""
+    import sys
+    from pathlib import Path
+    tools = str(Path(__file__).resolve().parents[1] / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import nbval_drift
+    if not config.pluginmanager.is_registered(nbval_drift):
+        config.pluginmanager.register(nbval_drift, "wmdist-nbval-drift")

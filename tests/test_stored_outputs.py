@@ -5,9 +5,9 @@
   each panel's key numbers. Read from the stored notebooks (no kernel): these pass once
   tools/refresh_notebook.py has stored them.
 - A stored picture the current code would draw at another size fails the suite: nbval executes
-  every notebook once, and notebooks/conftest.py compares each cell's stored pictures with the
+  every notebook once, and tools/nbval_drift.py (a plugin tests/conftest.py registers) compares each cell's stored pictures with the
   fresh ones (tools/refresh_notebook.py's `stale_pictures`). Shown here on hand-made outputs, on a
-  figure the course draws, and on a one-cell notebook run through nbval with that conftest.
+  figure the course draws, and on a one-cell notebook run through nbval with that plugin.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import refresh_notebook as rn  # noqa: E402  (a script in tools/, not a package)
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-CONFTEST = REPO / "notebooks" / "conftest.py"
+PLUGIN = REPO / "tools" / "nbval_drift.py"
 NO_ALT = "No description has been provided for this image"      # what nbconvert writes for a missing alt
 
 
@@ -133,14 +133,18 @@ def test_a_course_figure_redrawn_smaller_than_stored_is_caught():
 # --- the nbval run itself --------------------------------------------------------------------------
 
 def test_the_suites_nbval_run_fails_on_a_stale_stored_picture(tmp_path):
-    """nbval with notebooks/conftest.py: a one-cell notebook stored by tools/refresh_notebook.py passes; the same
-    notebook with its stored picture 40 px taller than the code draws fails, naming both sizes."""
-    assert CONFTEST.is_file(), "notebooks/conftest.py (the hook that calls stale_pictures under nbval) is missing"
+    """nbval with tools/nbval_drift.py registered (as tests/conftest.py does): a one-cell notebook stored by
+    tools/refresh_notebook.py passes; the same notebook with its stored picture 40 px taller than the code draws
+    fails, naming both sizes."""
+    assert PLUGIN.is_file(), "tools/nbval_drift.py (the hook that calls stale_pictures under nbval) is missing"
     folder, tools = tmp_path / "notebooks", tmp_path / "tools"
     folder.mkdir()
     tools.mkdir()
     shutil.copy(REPO / "tools" / "refresh_notebook.py", tools)
-    shutil.copy(CONFTEST, folder / "conftest.py")
+    shutil.copy(PLUGIN, tools)
+    (folder / "conftest.py").write_text("import sys\nsys.path.insert(0, %r)\nimport nbval_drift\n\n\n"
+                                        "def pytest_configure(config):\n"
+                                        "    config.pluginmanager.register(nbval_drift)\n" % str(tools))
     cell = nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\n\nwith plt.ioff():\n"
                                      "    fig, ax = plt.subplots(figsize=(3, 2))\n"
                                      "ax.plot([0, 1])\nax.set_title('a line')\nplt.close(fig)\nfig")

@@ -24,7 +24,7 @@ The course's convention (docs/notebooks.md):
 
 `stale_pictures` is the other half: it compares a cell's stored pictures with those a fresh run
 drew (their count and their size as stored), so a stored output that the current code would draw
-differently fails the suite's nbval run (notebooks/conftest.py calls it after every cell).
+differently fails the suite's nbval run (tools/nbval_drift.py calls it after every cell).
 
 Fails if a cell raised (unless marked NBVAL_RAISES_EXCEPTION) or a checked output holds an
 absolute path of this machine.

@@ -1,8 +1,16 @@
-"""nbval runs every notebook once (the README's test command). After each cell passes, this also compares
-the pictures the notebook stores with those the current code just drew (tools/refresh_notebook.py's
-stale_pictures: how many, and each one's size as it would be stored), so a stored output that the code
-no longer draws fails the suite instead of being shown to readers. Checked text outputs
-(NBVAL_CHECK_OUTPUT) are compared by nbval itself."""
+"""A pytest plugin for the suite's nbval run: stored pictures must be what the code draws now.
+
+nbval runs every notebook once (the README's test command). After each cell passes, this also
+compares the pictures the notebook stores with those the current code just drew
+(refresh_notebook.stale_pictures: how many, and each one's size as it would be stored), so a
+stored output that the code no longer draws fails the suite instead of being shown to readers.
+Checked text outputs (NBVAL_CHECK_OUTPUT) are compared by nbval itself.
+
+A plugin registered by tests/conftest.py (`pytest_configure`), not a notebooks/conftest.py:
+two files named conftest.py would both be the module `conftest`, and the tests' `from conftest
+import ...` would find the wrong one. So it runs where tests/ is collected too (the README's
+`python -m pytest`, which collects tests/ and notebooks/), not under `pytest notebooks/x.ipynb` alone.
+"""
 from __future__ import annotations
 
 import sys
@@ -10,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from refresh_notebook import CHECK, stale_pictures  # noqa: E402  (a script in tools/, not a package)
 
 # Pixels a stored picture may differ by. Panels are drawn on fixed canvases (exact), but a figure is cropped
