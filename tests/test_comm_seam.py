@@ -184,3 +184,22 @@ def test_mesh_validation(kwargs, word):
         Mesh(dp=2).coords(2)
     with pytest.raises(ValueError, match="unknown axes"):
         Mesh(dp=2).rank(ep=1)
+
+
+def one_message_each_way(ctx):
+    from wmdist.comm import exchange, recv, send
+    x = torch.ones(3)
+    if ctx.rank == 0:
+        send(ctx, x, 1, phase="there")
+        recv(ctx, x, 1, phase="back")
+    else:
+        recv(ctx, x, 0, phase="there")
+        send(ctx, x, 0, phase="back")
+    exchange(ctx, x, 1 - ctx.rank, torch.empty(3), 1 - ctx.rank, phase="swap")
+    return {p: ctx.ledger.totals(phase=p)["messages"] for p in ("there", "back", "swap")}
+
+
+def test_messages_are_counted_by_their_sender_only():
+    """A send records one message and its receive none, so summed over ranks each message counts once."""
+    rank0, rank1 = run(one_message_each_way, 2)
+    assert rank0 == {"there": 1, "back": 0, "swap": 1} and rank1 == {"there": 0, "back": 1, "swap": 1}

@@ -8,7 +8,9 @@ returns. The costs package predicts the same integers, so a notebook can
 compare formula and measurement exactly.
 
 A *round* is one communication step of this rank: a send, a receive, a
-paired send+receive (`exchange`) or a collective call.
+paired send+receive (`exchange`) or a collective call. *Messages* are the
+messages this rank sent: a receive records none (its message is counted once,
+by the rank that sent it), so summed over ranks they count each message once.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ class Record:
     kind: str           # "p2p" or "collective"
     bytes_sent: int
     bytes_recv: int
-    messages: int       # messages sent
+    messages: int       # messages this rank sent (a receive records 0: its sender counts it)
     peer: int | None = None
 
 
@@ -85,7 +87,7 @@ class Ledger:
         return [r for r in self.records if (kind is None or r.kind == kind) and phase_ok(r)]
 
     def totals(self, *, phase: str | None = None, kind: Kind | None = "p2p", prefix: bool = False) -> dict[str, int]:
-        """Summed bytes, messages and rounds, optionally for one phase (or phase prefix)."""
+        """Summed bytes, messages sent and rounds, optionally for one phase (or phase prefix)."""
         rows = self.select(phase=phase, kind=kind, prefix=prefix)
         return {"bytes_sent": sum(r.bytes_sent for r in rows), "bytes_recv": sum(r.bytes_recv for r in rows),
                 "messages": sum(r.messages for r in rows), "rounds": len(rows)}
