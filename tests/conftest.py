@@ -118,5 +118,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if tools not in sys.path:
         sys.path.insert(0, tools)
     import nbval_drift
+    # what chapter 01 measures for chapter 09 (wmdist/measured.py) goes to this run's own file, not the home
+    # folder of whoever runs the suite; the notebooks' kernels inherit it
+    import os
+    import tempfile
+    os.environ.setdefault("WMDIST_MEASURED", os.path.join(tempfile.mkdtemp(prefix="wmdist-measured-"), "m.json"))
     if not config.pluginmanager.is_registered(nbval_drift):
         config.pluginmanager.register(nbval_drift, "wmdist-nbval-drift")

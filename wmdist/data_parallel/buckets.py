@@ -19,6 +19,8 @@ laptop "hidden" communication still slows the compute it hides under.
 """
 from __future__ import annotations
 
+import statistics
+
 import time
 from dataclasses import dataclass
 
@@ -224,6 +226,17 @@ def compare_buckets(spec: BucketsSpec, results: list[BucketRuns]) -> Verdict:
 BUCKETS_DEMO = Experiment(name="dp-buckets", chapter="01", world_sizes=(2, 4), spec=buckets_spec,
                           title="Gradient buckets all-reduced during backward: timeline and overlap",
                           ranks=bucket_runs, compare=compare_buckets)
+
+
+def hidden_share(report: Report) -> float:
+    """The share of the all-reduce time the smallest buckets hid under compute: the median over ranks.
+
+    The layout with the most buckets is the one that overlaps (one giant bucket waits for the whole
+    backward); what chapter 09's placement model takes as `dp_hidden`.
+    """
+    layouts = dict(zip(report.data.overlap, report.params["buckets"], strict=True))    # label -> bucket count
+    most = max(layouts, key=layouts.get)
+    return statistics.median(o.hidden_fraction for o in report.data.overlap[most])
 
 
 def buckets_demo(world_size: int, *, caps: tuple[int, ...] = (1 << 30, 16_384), seed: int = 0) -> Report:
