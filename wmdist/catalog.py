@@ -31,6 +31,8 @@ DEMOS: tuple[Demo, ...] = (
          "Replicas from other weights or another lr drift while every all-reduce succeeds"),
     Demo("dp-batch-lr", "01", (1,),
          "Batch B vs 4B on the same samples: the same lr trains differently; 4x lr measured"),
+    Demo("dp-compression", "01", (2, 4),
+         "torch's DDP comm hooks (fp16, bf16, PowerSGD r=1,2,4, error feedback on/off): bytes exact, error and loss measured"),
     Demo("latent-dp", "02", (1, 2, 4),
          "Independent latent noise per rank: identical parameters after all-reduced steps"),
     Demo("latent-estimators", "02", (1, 2, 4),

@@ -14,6 +14,8 @@ itself: a reduce-scatter then an all-gather, N-1 sends each); neither imports th
     buckets.py     gradient buckets reduced during backward, measured timelines and overlap
     drift.py       replicas that drift while every all-reduce succeeds, replicas_agree; batch vs lr runs
     drift_demo.py  its two demos (dp-drift, dp-batch-lr)
+    compression.py torch's DDP comm hooks (fp16, bf16, PowerSGD) on our ranks, their all-reduces counted
+    compression_demo.py  bytes per method exact, gradient error and loss measured (dp-compression)
     scaling.py     the T(N) model and its fit to measurements (pure)
     measure.py     timing real all-reduces on local ranks (allreduce-timing, the panel's run)
     panel.py       ScalingPanel; figures.py its figure

@@ -4,8 +4,8 @@
 """
 from __future__ import annotations
 
-from wmdist.data_parallel import algorithms_demo, buckets, drift_demo, pitfalls, ring, versus_ddp
+from wmdist.data_parallel import algorithms_demo, buckets, compression_demo, drift_demo, pitfalls, ring, versus_ddp
 
 DEMOS = (ring.DEMOS + algorithms_demo.DEMOS + versus_ddp.DEMOS + pitfalls.DEMOS + buckets.DEMOS
-         + drift_demo.DEMOS)
+         + drift_demo.DEMOS + compression_demo.DEMOS)
 EXERCISES = ring.EXERCISES + pitfalls.EXERCISES
