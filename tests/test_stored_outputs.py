@@ -111,6 +111,18 @@ def test_fresh_pictures_are_compared_as_they_would_be_stored():
 def test_a_bad_tolerance_is_refused():
     with pytest.raises(ValueError, match="tolerance_px"):
         rn.stale_pictures([], [], tolerance_px=-1)
+    with pytest.raises(ValueError, match="tolerance_share"):
+        rn.stale_pictures([], [], tolerance_share=1.5)
+
+
+def test_the_suites_tolerance_lets_measured_labels_move_and_still_catches_another_size():
+    """The nbval hook's tolerance, pinned to the two cases it is chosen between: a legend of measured values
+    (chapter 01's fit figure, 728 vs 715 px in two runs) passes; a figure drawn at another size fails."""
+    import nbval_drift
+    allow = {"tolerance_px": nbval_drift.TOLERANCE_PX, "tolerance_share": nbval_drift.TOLERANCE_SHARE}
+    assert rn.stale_pictures([_figure_output(728, 356)], [_figure_output(715, 356)], **allow) == []
+    assert rn.stale_pictures([_figure_output(860, 300)], [_figure_output(700, 300)], **allow) != []
+    assert rn.stale_pictures([_figure_output(728, 356)], [_figure_output(700, 356)], **allow) != []   # 3.8 %
 
 
 def test_a_course_figure_redrawn_smaller_than_stored_is_caught():

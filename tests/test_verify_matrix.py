@@ -40,7 +40,7 @@ HEAVY = {"dp-train", "dp-buckets", "zero-1-vs-torch", "checkpoint-resume", "chec
          "tp-vs-dtensor", "sp-vs-cp", "pp-train", "pp-vs-torch", "pp-rollout",
          "ring-attention", "ring-attention-vs-torch", "ring-attention-balance", "ring-attention-long-context"}
 HEAVY_SIZES = (1, 3, 5)
-SLEEPING = {"pp-bubble", "pp-imbalance"}
+SLEEPING = {"pp-bubble", "pp-imbalance", "pp-stage-waits", "pp-overlap"}
 SLEEPING_SIZES = (3,)
 DEFAULT_SIZES = (1, 2, 3, 4, 5, 8)
 FULL = os.environ.get("WMDIST_FULL_MATRIX") == "1"

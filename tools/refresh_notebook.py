@@ -128,22 +128,28 @@ def png_sizes(outputs: list[Any]) -> list[tuple[int, int]]:
             for out in outputs if "image/png" in out.get("data", {})]
 
 
-def stale_pictures(stored: list[Any], fresh: list[Any], *, checked: bool = False, tolerance_px: int = 0) -> list[str]:
+def stale_pictures(stored: list[Any], fresh: list[Any], *, checked: bool = False, tolerance_px: int = 0,
+                   tolerance_share: float = 0.0) -> list[str]:
     """How a cell's stored pictures differ from those a fresh run of it drew ([] when they agree).
 
     `fresh` are the outputs as a kernel sent them; unless `checked` (an NBVAL_CHECK_OUTPUT cell, stored as
     it came) they are first made what refresh() would store (reader_outputs: screen size, no repeats).
-    Compared: how many pictures, and each one's width and height, within `tolerance_px`.
+    Compared: how many pictures, and each one's width and height, within the larger of `tolerance_px` and
+    `tolerance_share` of the stored size.
     """
-    if tolerance_px < 0:
-        raise ValueError(f"tolerance_px must be >= 0, got {tolerance_px}")
+    if tolerance_px < 0 or not 0.0 <= tolerance_share < 1.0:
+        raise ValueError(f"tolerance_px must be >= 0 and tolerance_share in [0, 1), got {tolerance_px}, "
+                         f"{tolerance_share}")
+
+    def off(have: int, want: int) -> bool:
+        return abs(have - want) > max(tolerance_px, tolerance_share * have)
     want = png_sizes(fresh if checked else reader_outputs(copy.deepcopy(list(fresh))))
     have = png_sizes(stored)
     if len(want) != len(have):
         return [f"{len(have)} picture(s) stored, the code now shows {len(want)}"]
     return [f"picture {i + 1}: stored {h[0]}x{h[1]} px, the code now draws {w[0]}x{w[1]} px"
             for i, (h, w) in enumerate(zip(have, want))
-            if abs(h[0] - w[0]) > tolerance_px or abs(h[1] - w[1]) > tolerance_px]
+            if off(h[0], w[0]) or off(h[1], w[1])]
 
 
 class _Client(NotebookClient):

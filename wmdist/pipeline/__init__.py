@@ -13,6 +13,8 @@ microbatches, who sends which Message to whom). The rest checks it:
     demos.py         forward pipeline and pipeline training vs one process
     versus_torch.py  our executor vs torch.distributed.pipelining
     measure.py       timed steps: measured Gantt chart and idle fraction, imbalance
+    overlap.py       per stage fill and drain measured, and step time over M beside the transfer time
+    widget_run.py    the panel's "run it" as an Experiment (boundary counts exact), measure_bubble
     rollout.py       rollout training: one loss over whole trajectories, one step
     exercises.py     write one rank's 1F1B action list
     figures.py, panel.py   the bubble-fraction panel and the chapter's figures

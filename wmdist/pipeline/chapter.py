@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from wmdist.pipeline import demos, exercises, measure, rollout, versus_torch
+from wmdist.pipeline import demos, exercises, measure, overlap, rollout, versus_torch
 
-DEMOS = demos.DEMOS + versus_torch.DEMOS + measure.DEMOS + rollout.DEMOS
+DEMOS = demos.DEMOS + versus_torch.DEMOS + measure.DEMOS + overlap.DEMOS + rollout.DEMOS
 EXERCISES = list(exercises.EXERCISES)
