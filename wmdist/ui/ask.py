@@ -40,8 +40,8 @@ class Prediction:
         in_unit = f", in {unit}" if unit else ""
         prompt = W.HTML(f"<b>Predict:</b> {html.escape(question)} <i>({self.bounds.text()}{in_unit})</i>")
         self.widget = W.VBox([prompt, W.HBox([self.box, W.Label(unit), self.status])])
-        self.check_button = W.Button(description="Check my guess", button_style="primary")
-        self.show_button = W.Button(description="Show me the answer")
+        self.check_button = W.Button(description="Check my guess", button_style="primary", layout=W.Layout(width="auto"))
+        self.show_button = W.Button(description="Show me the answer", layout=W.Layout(width="auto"))    # whole label
         self.check_button.add_class("wmdist-check")
         self.show_button.add_class("wmdist-show")
         self.out = W.Output()
