@@ -368,3 +368,26 @@ def test_a_rank_whose_bytes_differ_from_the_formula_fails_the_timing_report():
     verdict = compare_timings(spec, [RankTimes(times=((0.1,),), bytes_sent=(right,)),
                                      RankTimes(times=((float("nan"),),), bytes_sent=(right + 4,))])
     assert [c.passed for c in verdict.exact] == [True, False] and verdict.checks[0].error == 1.0
+
+
+@pytest.mark.parametrize(("payload", "fastest"), [(1e5, "halving-doubling"), (1e11, "ring")])
+def test_the_algorithms_view_marks_the_fastest_algorithm_at_the_panels_setting(panel, payload, fastest):
+    """At N = 7 (not a power of two, so halving-doubling folds: 6 rounds but 3.5 G) the panel's G decides:
+    small messages go to the fewest rounds, large ones to the ring's fewest bytes (12 rounds, 12/7 G)."""
+    from wmdist.costs.allreduce import ALGORITHMS, model_time
+    with panel.holding():
+        panel.controls["max_workers"].value = 7
+        panel.controls["alpha"].value = 1e-4
+        panel.controls["beta"].value = 1e-10
+        panel.controls["payload_bytes"].value = payload
+    panel.update()
+    panel.selector.value = "algorithms"
+    fig = panel.shown
+    ax = fig.axes[0]
+    times = {a: model_time(a, 7, 1e-4, 1e-10, payload) for a in ALGORITHMS}
+    assert min(times, key=times.__getitem__) == fastest            # the formula's own choice, then the figure's
+    assert any(f"fastest: {fastest}" in t.get_text() for t in ax.texts)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["ring\n12 rounds, 1.71 G", "tree\n6 rounds, 6 G", "halving-doubling\n6 rounds, 3.5 G",
+                      "direct\n12 rounds, 1.71 G"]
+    assert ax.get_title(loc="left").startswith("N = 7:")

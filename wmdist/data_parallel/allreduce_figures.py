@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from wmdist.costs.allreduce import ALGORITHMS, AlgorithmCurves, algorithm_curves
+from wmdist.costs.allreduce import ALGORITHMS, AlgorithmCurves, algorithm_curves, model_time
 from wmdist.costs.units import seconds, si
 from wmdist.data_parallel.scaling import ScalingParams
 from wmdist.ui.render import DPI, FONT, SMALL, axes_grid, eng_axis
@@ -22,6 +22,8 @@ MARGINS = (0.09, 0.6, 0.14, 0.9)          # left, right, bottom, top: the table 
 STYLE = {"ring": ("tab:blue", "-", 3.0), "tree": ("tab:orange", "-", 3.0),
          "halving-doubling": ("tab:green", "-", 1.5), "direct": ("tab:red", "--", 1.5)}
 SIZES = tuple(float(s) for s in np.geomspace(1e3, 1e9, 61))     # payload G: 1 kB .. 1 GB
+PANEL_SIZES = tuple(float(s) for s in np.geomspace(1e3, 1e11, 41))   # the scaling panel's G slider range and below
+PANEL_MARGINS = (0.1, 0.66, 0.14, 0.9)    # the scaling panel's other views' layout: the key right of the plot
 
 
 def curves(world_size: int, *, alpha: float | None = None, beta: float | None = None) -> AlgorithmCurves:
@@ -73,3 +75,39 @@ def tradeoff_figure(world_size: int, *, alpha: float | None = None, beta: float 
     draw_tradeoff(fig, curves(world_size, alpha=alpha, beta=beta))
     plt.close(fig)
     return fig
+
+
+def panel_curves(world_size: int, alpha: float, beta: float) -> AlgorithmCurves:
+    """The four algorithms at the scaling panel's N, alpha and beta, over PANEL_SIZES (a fixed axis)."""
+    return algorithm_curves(world_size, alpha, beta, PANEL_SIZES)
+
+
+def draw_panel_tradeoff(fig: Figure, c: AlgorithmCurves, payload_bytes: float) -> None:
+    """The scaling panel's "algorithms" view: T(G) of every algorithm at the panel's N, the panel's G marked.
+
+    Rounds cost alpha each, bytes beta each (model_time): left of the crossover the tree's
+    2 ceil(log2 N) rounds win, right of it the ring's 2(N-1)/N G bytes. The marker says which is
+    fastest at the G the sliders set, so moving alpha, beta or G moves the learner across it.
+    """
+    ax = axes_grid(fig, margins=PANEL_MARGINS)[0]
+    for a in ALGORITHMS:
+        color, ls, lw = STYLE[a]
+        ax.plot(c.sizes, c.times[a], color=color, ls=ls, lw=lw,
+                label=f"{a}\n{c.rounds[a]} rounds, {c.bytes_per_g[a]:.3g} G")
+    times = {a: model_time(a, c.world_size, c.alpha, c.beta, payload_bytes) for a in ALGORITHMS}
+    best = min(ALGORITHMS, key=times.__getitem__)
+    ax.axvline(payload_bytes, color="k", ls=":", lw=1)
+    ax.plot([payload_bytes], [times[best]], "o", color=STYLE[best][0], ms=6, zorder=5)
+    # The label stands where no curve goes: top left of the marker (curves are flat and low at small G),
+    # or top right of it when the marker is far left (curves reach the top only at large G).
+    left = payload_bytes > 1e7
+    ax.text(payload_bytes, 0.97, f"{' ' * (not left)}G = {si(payload_bytes, 'B')}\n{' ' * (not left)}fastest: {best} ",
+            transform=ax.get_xaxis_transform(), fontsize=SMALL, va="top", ha="right" if left else "left")
+    ax.set(xscale="log", yscale="log", xlim=(c.sizes[0], c.sizes[-1]), xlabel="payload G per rank",
+           ylabel="modelled all-reduce time")
+    eng_axis(ax.xaxis, "B")
+    eng_axis(ax.yaxis, "s")
+    ax.set_title(f"N = {c.world_size}: few rounds win small G, few bytes win large G", fontsize=FONT, loc="left")
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=SMALL, loc="upper left", frameon=False,
+               bbox_to_anchor=(PANEL_MARGINS[1] + 0.01, PANEL_MARGINS[3]), title="busiest rank", title_fontsize=SMALL,
+               alignment="left")

@@ -1,5 +1,8 @@
 """ScalingPanel: the all-reduce scaling model T(N) live, and a fit to this machine on demand.
 
+Its "algorithms" view sets the ring beside the tree, halving-doubling and direct exchange at the
+same N, alpha and beta (rounds cost alpha, bytes cost beta): the trade chapter 01 measures.
+
 A thin view over wmdist.data_parallel.scaling (pure model and fit) and
 .measure (real ring all-reduces on local ranks): sliders set ScalingParams
 (ranges declared next to its fields), the figure comes from .figures.
@@ -11,6 +14,7 @@ from typing import Any, Sequence
 
 import ipywidgets as W
 from wmdist.costs.units import seconds
+from wmdist.data_parallel.allreduce_figures import draw_panel_tradeoff, panel_curves
 from wmdist.data_parallel.figures import draw_allreduce, draw_efficiency, draw_fit, draw_speedup, draw_step
 from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, time_allreduce
 from wmdist.data_parallel.scaling import Fit, ScalingCurve, ScalingParams, fit_alpha_beta, scaling_curve
@@ -62,6 +66,8 @@ class ScalingPanel(Panel):
                 View("efficiency", lambda fig, c, r: draw_efficiency(fig, r)),
                 View("all-reduce T(N)", lambda fig, c, r: draw_allreduce(fig, r)),
                 View("step time", lambda fig, c, r: draw_step(fig, r)),
+                View("algorithms", lambda fig, c, r: draw_panel_tradeoff(
+                    fig, panel_curves(c.max_workers, c.alpha, c.beta), c.payload_bytes)),
                 View("this machine (fit)", lambda fig, c, r: draw_fit(fig, self.measured))]
 
     def describe(self, config: ScalingParams, c: ScalingCurve) -> str:
