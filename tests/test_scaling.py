@@ -391,3 +391,27 @@ def test_the_algorithms_view_marks_the_fastest_algorithm_at_the_panels_setting(p
     assert labels == ["ring\n12 rounds, 1.71 G", "tree\n6 rounds, 6 G", "halving-doubling\n6 rounds, 3.5 G",
                       "direct\n12 rounds, 1.71 G"]
     assert ax.get_title(loc="left").startswith("N = 7:")
+
+
+def test_the_fit_figure_is_stored_at_one_size_whatever_was_measured():
+    """Its tight crop (how the inline backend stores it) is the whole canvas, so the stored-output check sees
+    the same size whether the fit resolves β or says at length that it does not (measured text, tick labels)."""
+    import io
+
+    from PIL import Image
+
+    from wmdist.data_parallel.figures import FIT_FIGURE_PX, fit_figure
+
+    def stored_size(alpha: float, beta: float, noise: float) -> tuple[int, int]:
+        rng = np.random.default_rng(0)
+        points = [Measurement(world_size=n, payload_bytes=g, seconds=t, samples=(t,))
+                  for n in (2, 3) for g in (64 * 1024, 256 * 1024, 1024 * 1024)
+                  for t in [costs.allreduce_time(n, alpha, beta, g) * (1 + noise * rng.uniform(-1, 1))]]
+        buf = io.BytesIO()
+        fit_figure(fit_alpha_beta(points, cores=2)).savefig(buf, format="png", bbox_inches="tight")
+        return Image.open(buf).size
+
+    sizes = {stored_size(1e-5, 1e-9, 0.01), stored_size(3e-4, 1e-12, 0.5), stored_size(1e-3, 1e-8, 0.0)}
+    assert len(sizes) == 1
+    width, height = sizes.pop()
+    assert FIT_FIGURE_PX[0] <= width <= FIT_FIGURE_PX[0] + 20 and FIT_FIGURE_PX[1] <= height <= FIT_FIGURE_PX[1] + 20

@@ -12,12 +12,12 @@ from matplotlib.ticker import FixedLocator
 
 from wmdist.costs.units import seconds
 from wmdist.data_parallel.scaling import MIB, Fit, Measurement, ScalingCurve
-from wmdist.ui.render import DPI, FONT, SMALL, axes_grid, eng_axis, integer_axis
+from wmdist.ui.render import DPI, FONT, SMALL, axes_grid, eng_axis, integer_axis, whole_figure_extent
 
 MARGINS = (0.1, 0.72, 0.14, 0.9)      # left, right, bottom, top: the legend goes right of the plot
 # Sizes measured, in order: blue, orange, green, red, ... (no yellow on white)
 SIZE_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:cyan")
-FIT_FIGURE_PX = (900, 360)          # the notebook's fit figure; the panel draws the same at its own size
+FIT_FIGURE_PX = (760, 360)          # the notebook's fit figure; the panel draws the same at its own size
 
 
 def _workers(ax: plt.Axes, curve: ScalingCurve, title: str, ylabel: str) -> None:
@@ -160,5 +160,6 @@ def fit_figure(fit: Fit) -> Figure:
     with plt.ioff():
         fig = plt.figure(figsize=(FIT_FIGURE_PX[0] / DPI, FIT_FIGURE_PX[1] / DPI), dpi=DPI)
     draw_fit(fig, fit)
+    whole_figure_extent(fig)     # measured tick labels and numbers change width from run to run
     plt.close(fig)   # returned, not left in pyplot: a cell shows it once
     return fig
