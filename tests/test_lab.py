@@ -193,7 +193,7 @@ def test_ci_runs_exactly_the_readme_commands():
     open_course, run_tests = printed
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert f"```bash\n{open_course}\n```" in readme and f"```bash\n{run_tests}\n```" in readme
-    assert open_course.endswith("&& wmdist lab") and run_tests.endswith("&& python -m pytest")
+    assert open_course.endswith("&& wmdist lab") and run_tests.endswith("&& python -m pytest -n 2 --dist loadfile")
     for cmd in printed:      # fail fast on an unreachable index, and take the CPU build of torch
         # PIP_RETRIES in the environment, not --retries: the editable build's own pip process (build
         # isolation, fetching hatchling) inherits the environment and not the options.
