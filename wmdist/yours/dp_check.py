@@ -1,0 +1,118 @@
+"""data_parallel(work, world_size=N): chapter 01 on your model, against one process and against torch's DDP.
+
+The same workload runs three ways: our ranks (wmdist.yours.training.replica_train: the counted ring
+all-reduce), torch's DistributedDataParallel (versus_torch.ddp_train), and one process on the whole batch
+(reference.one_process). The Report holds the checks (the step-0 gradient in units of its rounding bound,
+the final parameters to a measured tolerance, every rank's copy bitwise equal) and the exact counts: ring
+bytes sent per step against costs.ring_allreduce_bytes (2(N-1)/N of 4P bytes when N divides P), ring rounds
+against 2(N-1), and DDP's bucket payload against 4P bytes a step. On one rank our run is the reference's
+operations in the reference's order, so it must be equal bit for bit, and is checked so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from wmdist import costs
+from wmdist.compare import bound_ratio
+from wmdist.comm import Context
+from wmdist.experiment import Experiment, Verdict
+from wmdist.report import Check, Report, close_check, counts_per_rank, exact_check, max_abs_error
+from wmdist.yours.reference import GRAD_WHY, PARAM_WHY, OneProcessRun, one_process, param_tolerance
+from wmdist.yours.training import ReplicaResult, replica_train
+from wmdist.yours.versus_torch import TorchResult, ddp_train
+from wmdist.yours.workload import Workload, WorkloadSpec, prepare
+
+
+ONE_RANK = ("one rank: the reference's operations in its order (torch's too: its mean over B/1 examples and its "
+            "average over 1 rank are the reference's 1/B), bitwise equal")
+
+
+@dataclass(frozen=True)
+class OursAndDDP:
+    """One rank's run with our ring all-reduce, then with torch's DDP."""
+    ours: ReplicaResult
+    ddp: TorchResult
+
+
+def ours_and_ddp(ctx: Context, spec: WorkloadSpec) -> OursAndDDP:
+    """Rank function: the workload with our data parallelism, then with DDP."""
+    return OursAndDDP(replica_train(ctx, spec), ddp_train(ctx, spec))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Agreement:
+    """What a data-parallel Report's figures and text read: distances from one process, and the tolerances."""
+    reference: OneProcessRun
+    param_tolerance: float
+    ours_vs_one_process: float           # max |final parameters - one process's|
+    ddp_vs_one_process: float
+    grad_bound_ratio: float              # max |our step-0 gradient - one process's| / its bound
+
+
+def grad_check(name: str, got: torch.Tensor, ref: OneProcessRun, world_size: int) -> Check:
+    """The step-0 gradient against one process: bit for bit on one rank, else in units of its bound."""
+    if world_size == 1:
+        return exact_check(name.replace(" (in units of its rounding bound)", ""), got, ref.grad0, ONE_RANK)
+    return Check(name=name, error=bound_ratio(got, ref.grad0, ref.grad_bounds[0]), tolerance=1.0, reason=GRAD_WHY)
+
+
+def param_check(name: str, got: torch.Tensor, want: torch.Tensor, spec: WorkloadSpec, tol: float, *,
+                bitwise: bool, times: int = 1) -> Check:
+    """Final parameters: bitwise where the operations are the reference's own, else within `times` tolerances."""
+    if bitwise:
+        return exact_check(name, got, want, ONE_RANK)
+    why = PARAM_WHY.format(steps=spec.work.steps, optimizer=spec.work.optimizer)
+    if times > 1:
+        why = f"each side within the tolerance of one process ({why})"
+    return close_check(name, got, want, times * tol, why)
+
+
+def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
+    """Ours and DDP against one process and each other; ring bytes and rounds, DDP's payload, exact."""
+    n, numel = spec.world_size, spec.numel
+    ours, ddp = [r.ours for r in results], [r.ddp for r in results]
+    ref = one_process(spec.work)
+    tol = param_tolerance(spec.work, ref)
+    one = n == 1
+    checks = [grad_check("step-0 gradient == one process (in units of its rounding bound)", ours[0].grad0, ref, n),
+              param_check("final parameters == one process (rank 0)", ours[0].params, ref.params, spec, tol,
+                          bitwise=one),
+              exact_check("every rank holds the same parameters", [o.params for o in ours],
+                          [ours[0].params] * n, "every rank applies the same all-gathered sum"),
+              grad_check("DDP step-0 gradient == one process (in units of its rounding bound)", ddp[0].grad0, ref, n),
+              param_check("DDP final parameters == one process", ddp[0].params[0], ref.params, spec, tol,
+                          bitwise=one),
+              param_check("our final parameters == DDP's", ours[0].params, ddp[0].params[0], spec, tol,
+                          bitwise=one, times=2)]
+    exact = []
+    for s in range(spec.work.steps):
+        exact += counts_per_rank("ring bytes sent", [o.bytes_per_step[s] for o in ours],
+                                 [costs.ring_allreduce_bytes(numel, n, r) for r in range(n)], step=s)
+        exact += counts_per_rank("ring rounds", [o.rounds_per_step[s] for o in ours],
+                                 [costs.ring_allreduce_rounds(n)] * n, step=s)
+    exact += counts_per_rank("DDP bucket payload bytes", [d.sent["ddp/grads"] for d in ddp],
+                             [spec.work.steps * numel * 4] * n, phase="ddp/grads")
+    data = Agreement(reference=ref, param_tolerance=tol, ours_vs_one_process=max_abs_error(ours[0].params, ref.params),
+                     ddp_vs_one_process=max_abs_error(ddp[0].params[0], ref.params),
+                     grad_bound_ratio=bound_ratio(ours[0].grad0, ref.grad0, ref.grad_bounds[0]))
+    params = {"steps": spec.work.steps, "optimizer": spec.work.optimizer, "lr": spec.work.lr, "numel": numel,
+              "batch_sizes": list(spec.batch_sizes)}
+    return Verdict(checks=checks, exact=exact, params=params, data=data)
+
+
+def experiment(spec: WorkloadSpec) -> Experiment:
+    """The run as an Experiment on this one spec (your workload is not a registered demo)."""
+    return Experiment(name="your-model-data-parallel", chapter="01", world_sizes=(spec.world_size,),
+                      title="Your model: data parallel (ring all-reduce) vs one process vs DDP",
+                      spec=lambda n: spec, ranks=ours_and_ddp, compare=compare_dp)
+
+
+def data_parallel(work: Workload, *, world_size: int = 2) -> Report:
+    """Train `work` data-parallel on `world_size` ranks; check it against one process and torch's DDP.
+
+    Refused with a ValueError or TypeError before any process starts: see workload.prepare.
+    """
+    spec = prepare(work, world_size)
+    return experiment(spec).run_spec(spec)

@@ -1,0 +1,220 @@
+"""Data parallelism and ZeRO 1-3 on any nn.Module: chapter 01's and 03's algorithms with your model in them.
+
+Data parallel (`replica_train`): every rank builds the whole model (the same seed, the same weights),
+takes its B/N examples of each step's batch, backpropagates sum(losses) / B (so that the sum over ranks
+is the whole batch's mean-loss gradient), flattens its gradients into one (P,) buffer, sums the buffers
+with the counted ring all-reduce, and every rank takes the same optimizer step.
+
+ZeRO (`zero_train`): all parameters are one flat float32 vector of P elements, as in chapter 03, and rank
+r owns chunk r of torch.tensor_split's layout (a layer may straddle two ranks). Your module is moved to
+the meta device (shapes and code, no numbers) and run with torch.func.functional_call on views into the
+flat vector, so a rank holds only what its stage keeps between steps:
+
+    stage 1: parameters P, gradients P, optimizer state of its chunk
+    stage 2: parameters P, gradient chunk, optimizer state of its chunk
+    stage 3: parameter chunk, gradient chunk, optimizer state of its chunk
+
+A step reduce-scatters the gradient (each rank receives the sum of its chunk), updates its chunk with
+Adam or SGD elementwise (the same operations as torch.optim on CPU, so a chunk needs no communication),
+and all-gathers the updated chunks (stages 1, 2). Stage 3 all-gathers the parameters before forward,
+frees them, and gathers them again before backward (as FSDP does; the whole model is one unit here).
+Buffers (non-trainable state) stay whole on every rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from wmdist import costs
+from wmdist.comm import Context, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from wmdist.memory.zero import ZeroConfig, adam_update, shard_range
+from wmdist.models import flat_grads, flat_params, set_flat_grads
+from wmdist.yours.workload import Workload, WorkloadSpec, batch_size, build_model, shard
+
+
+def make_optimizer(model: nn.Module, work: Workload) -> torch.optim.Optimizer:
+    """torch's SGD (with work.momentum) or Adam (its default betas and eps) on the model's parameters."""
+    if work.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=work.lr, momentum=work.momentum)
+    return torch.optim.Adam(model.parameters(), lr=work.lr)
+
+
+def shard_loss(work: Workload, model: nn.Module, mine: Any, global_batch: int) -> torch.Tensor:
+    """sum(this rank's per-example losses) / B: summed over ranks, the whole batch's mean loss."""
+    return work.loss(model, mine).sum() / global_batch
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaResult:
+    """What one data-parallel rank ends with."""
+    grad0: torch.Tensor                  # (P,) the summed step-0 gradient it applied
+    params: torch.Tensor                 # (P,) its parameters after the last step
+    bytes_per_step: tuple[int, ...]      # ring bytes it sent in each step's gradient all-reduce
+    rounds_per_step: tuple[int, ...]     # ring rounds of each step
+
+
+def replica_train(ctx: Context, spec: WorkloadSpec) -> ReplicaResult:
+    """Rank function: your model trained spec.work.steps steps, gradients summed by the counted ring all-reduce."""
+    work = spec.work
+    model = build_model(work)
+    opt = make_optimizer(model, work)
+    sent, rounds = [], []
+    for step in range(work.steps):
+        batch = work.batch(step)
+        opt.zero_grad()
+        shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch")).backward()
+        phase = f"step {step}/gradient all-reduce"
+        synced = ring_all_reduce(ctx, flat_grads(model), phase=phase)                 # (P,) summed over ranks
+        totals = ctx.ledger.totals(phase=phase, prefix=True)
+        sent.append(totals["bytes_sent"])
+        rounds.append(totals["rounds"])
+        set_flat_grads(model, synced)
+        opt.step()
+        if step == 0:
+            grad0 = synced
+    return ReplicaResult(grad0=grad0, params=flat_params(model), bytes_per_step=tuple(sent),
+                         rounds_per_step=tuple(rounds))
+
+
+# --- ZeRO ------------------------------------------------------------------------------
+
+class _YourLoss(nn.Module):
+    """Your model and loss as one module, so functional_call can run loss(model, batch) on other parameters."""
+
+    def __init__(self, model: nn.Module, loss: Any):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.loss(self.model, batch)
+
+
+@dataclass(kw_only=True)
+class ZeroState:
+    """What one ZeRO rank keeps between steps; the module is on the meta device."""
+    stage: int
+    numel: int                            # P
+    start: int                            # this rank owns the flat elements [start, stop)
+    stop: int
+    params: torch.Tensor                  # (P,) for stages 1-2, (stop - start,) for stage 3
+    grads: torch.Tensor                   # (P,) for stage 1, (stop - start,) for 2-3
+    moments: list[torch.Tensor]           # optimizer state of the chunk: Adam's two, SGD momentum's one, or none
+    step: int
+    module: nn.Module
+    layout: list[tuple[str, torch.Size, int, int]]   # (name, shape, start, stop) in the flat vector
+    buffers: dict[str, torch.Tensor]      # the module's buffers, whole on every rank
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of storage this rank holds between steps, by kind (parameters, gradients, optimizer_state)."""
+        size = lambda *ts: sum(t.untyped_storage().nbytes() for t in ts)    # noqa: E731
+        return {"parameters": size(self.params), "gradients": size(self.grads),
+                "optimizer_state": size(*self.moments)}
+
+    @property
+    def chunk(self) -> torch.Tensor:
+        """This rank's own chunk of the flat parameters (a view)."""
+        return self.params if self.stage == 3 else self.params[self.start:self.stop]
+
+
+def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroState:
+    """Build your model from the seed, flatten it, keep what this rank's stage keeps."""
+    work, stage = spec.work, spec.stage
+    model = build_model(work)
+    layout, offset = [], 0
+    for name, p in model.named_parameters():
+        layout.append((f"model.{name}", p.shape, offset, offset + p.numel()))
+        offset += p.numel()
+    flat = flat_params(model)                                                  # (P,)
+    start, stop = shard_range(offset, ctx.world_size, ctx.rank)
+    slots = 2 if work.optimizer == "adam" else (1 if work.momentum else 0)
+    buffers = {f"model.{name}": b.detach().clone() for name, b in model.named_buffers()}
+    return ZeroState(stage=stage, numel=offset, start=start, stop=stop,
+                     params=flat[start:stop].clone() if stage == 3 else flat,
+                     grads=torch.zeros(offset if stage == 1 else stop - start),
+                     moments=[torch.zeros(stop - start) for _ in range(slots)], step=0,
+                     module=_YourLoss(model.to("meta"), work.loss), layout=layout, buffers=buffers)
+
+
+def sgd_update(param: torch.Tensor, grad: torch.Tensor, moments: list[torch.Tensor], step: int,
+               work: Workload) -> None:
+    """One torch.optim.SGD step in place (its CPU operations): the momentum buffer starts as the first gradient."""
+    if not moments:
+        param.add_(grad, alpha=-work.lr)
+        return
+    buf = moments[0]
+    if step == 1:
+        buf.copy_(grad)
+    else:
+        buf.mul_(work.momentum).add_(grad)
+    param.add_(buf, alpha=-work.lr)
+
+
+def _loss(state: ZeroState, flat: torch.Tensor, mine: Any, global_batch: int) -> torch.Tensor:
+    views = {name: flat[a:b].view(shape) for name, shape, a, b in state.layout}
+    per_example = torch.func.functional_call(state.module, {**views, **state.buffers}, (mine,))    # (B/N,)
+    return per_example.sum() / global_batch
+
+
+def zero_step(ctx: Context, state: ZeroState, work: Workload) -> torch.Tensor:
+    """One ZeRO step on this rank's examples of batch number state.step; returns its summed gradient chunk."""
+    sizes = costs.ring_chunk_sizes(state.numel, ctx.world_size)
+    batch = work.batch(state.step)
+    mine = shard(batch, ctx.world_size, ctx.rank)
+    if state.stage == 3:
+        leaf = ring_all_gather(ctx, state.params, sizes, phase="forward all-gather").requires_grad_()   # (P,)
+    else:
+        leaf = state.params.detach().requires_grad_()                              # (P,), shares storage
+    loss = _loss(state, leaf, mine, batch_size(batch, where="batch"))
+    if state.stage == 3:
+        leaf.untyped_storage().resize_(0)             # free the full copy; autograd's saved views point at nothing
+        again = ring_all_gather(ctx, state.params, sizes, phase="backward all-gather")
+        leaf.untyped_storage().resize_(state.numel * leaf.element_size())
+        leaf.data.copy_(again)                        # .data: autograd must not see this write
+        del again
+    if state.stage == 1:
+        leaf.grad = state.grads.zero_()               # backward accumulates into the kept full buffer
+    loss.backward()
+    full, state.step = leaf.grad, state.step + 1      # (P,) this rank's local gradient
+    if state.stage == 3:
+        leaf.untyped_storage().resize_(0)             # reshard after backward
+    reduced = ring_reduce_scatter(ctx, full, phase="gradient reduce-scatter")     # (stop - start,)
+    own_grad = state.grads[state.start:state.stop] if state.stage == 1 else state.grads
+    own_grad.copy_(reduced)
+    del full, leaf, loss, reduced
+    own = state.chunk
+    if work.optimizer == "adam":
+        adam_update(own, own_grad, state.moments[0], state.moments[1], state.step,
+                    ZeroConfig(stage=state.stage, lr=work.lr))           # torch's default betas and eps
+    else:
+        sgd_update(own, own_grad, state.moments, state.step, work)
+    if state.stage in (1, 2):
+        state.params.copy_(ring_all_gather(ctx, own.clone(), sizes, phase="parameter all-gather"))
+    return own_grad.clone()
+
+
+@dataclass(kw_only=True, frozen=True)
+class ZeroResult:
+    """What one ZeRO rank ends with: its chunk of the weights and of the step-0 gradient, what it held and sent."""
+    chunk: torch.Tensor                           # this rank's element range of the final flat parameters
+    grad0: torch.Tensor                           # its chunk of the summed step-0 gradient
+    held: dict[str, int]                          # bytes by kind, between steps
+    phases: tuple[dict[str, dict[str, int]], ...]  # per step: ledger totals by phase
+
+
+def zero_train(ctx: Context, spec: WorkloadSpec) -> ZeroResult:
+    """Rank function: ZeRO-spec.stage on your model for spec.work.steps steps."""
+    state, phases = init_zero(ctx, spec), []
+    for step in range(spec.work.steps):
+        before = len(ctx.ledger.records)
+        grad = zero_step(ctx, state, spec.work)
+        if step == 0:
+            grad0 = grad
+        mine = ctx.ledger.records[before:]
+        phases.append({p: {"bytes_sent": sum(r.bytes_sent for r in mine if r.phase == p and r.kind == "p2p"),
+                           "rounds": sum(1 for r in mine if r.phase == p and r.kind == "p2p")}
+                       for p in dict.fromkeys(r.phase for r in mine)})
+    return ZeroResult(chunk=state.chunk.clone(), grad0=grad0, held=state.held_bytes(), phases=tuple(phases))

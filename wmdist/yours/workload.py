@@ -1,0 +1,230 @@
+"""Your own model as a workload: what to build, what loss, which batches; checked before any process starts.
+
+`Workload` names three functions of yours and the optimizer:
+
+    model()             -> nn.Module      built after torch.manual_seed(seed), so every rank and the
+                                          one-process reference start from the same weights
+    loss(model, batch)  -> (B,) tensor    one loss per example, unreduced (reduction="none")
+    batch(step)         -> the global batch of that step: a tensor, a tuple/list or a dict of tensors,
+                                          examples along dim 0 of each
+
+`prepare(work, world_size, stage=...)` builds the model once in this process and runs the loss on the
+step-0 batch, so everything that would make the ranks compute another function than one process is
+refused here, with a ValueError or TypeError naming what is wrong: a BatchNorm in training mode (it
+mixes the examples of a batch), dropout or any other randomness (each shard would draw other numbers),
+a forward that changes a buffer, a parameter that gets no gradient, a loss of the wrong shape, a batch
+world_size does not divide. A model that mixes examples some other way (x - x.mean(0)) is not caught
+here: its Report fails, which is the finding.
+
+Functions defined in a notebook cell or a test are shipped to the ranks by value (cloudpickle), their
+module included, since a rank cannot import it.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Union, get_args
+
+import cloudpickle
+import torch
+from torch import nn
+
+from wmdist import costs
+
+Optimizer = Literal["sgd", "adam"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+Batch = Union[torch.Tensor, tuple, list, dict]     # a tensor, or a tuple/list/dict of tensors; examples on dim 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """Your model, per-example loss and batches, trained `steps` steps by SGD (with momentum) or Adam (torch's
+    default betas and eps)."""
+    model: Callable[[], nn.Module]
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+    batch: Callable[[int], Any]
+    steps: int = 3
+    optimizer: Optimizer = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0        # SGD's momentum (0: plain SGD, no optimizer state); Adam ignores it
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, nn.Module):
+            raise TypeError("model must build the module (model=MyNet, or lambda: MyNet(...)), not be one: every "
+                            "rank and the reference build their own from the seed")
+        for name in ("model", "loss", "batch"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"{name} must be a callable, got {type(getattr(self, name)).__name__}")
+        costs.require_int("steps", self.steps, 1)
+        costs.require_choice("optimizer", self.optimizer, OPTIMIZERS)
+        costs.require_positive("lr", self.lr)
+        costs.require_real("momentum", self.momentum, high=0.999)
+        costs.require_int("seed", self.seed, 0)
+
+
+def build_model(work: Workload) -> nn.Module:
+    """work.model() after torch.manual_seed(work.seed); the caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(work.seed)
+        return work.model()
+
+
+def tensors_of(batch: Any, *, where: str) -> list[torch.Tensor]:
+    """The tensors of a batch (a tensor, a tuple/list or a dict of tensors); TypeError naming `where` otherwise."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    items = list(batch.values()) if isinstance(batch, dict) else list(batch) if isinstance(batch, (tuple, list)) \
+        else None
+    if not items or not all(isinstance(t, torch.Tensor) for t in items):
+        raise TypeError(f"{where} must return a tensor, or a non-empty tuple, list or dict of tensors, "
+                        f"got {type(batch).__name__}")
+    return items
+
+
+def batch_size(batch: Any, *, where: str) -> int:
+    """B: the examples along dim 0, the same for every tensor of the batch (ValueError naming `where` otherwise)."""
+    sizes = {t.shape[0] if t.dim() else None for t in tensors_of(batch, where=where)}
+    if None in sizes or len(sizes) != 1:
+        raise ValueError(f"{where}: every tensor needs the examples along dim 0, the same number in each; "
+                         f"got dim-0 sizes {sorted(str(s) for s in sizes)}")
+    return int(sizes.pop())
+
+
+def rows(batch: Any, start: int, stop: int) -> Any:
+    """Examples [start, stop) of a batch, in the batch's own structure."""
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    if isinstance(batch, dict):
+        return {k: v[start:stop] for k, v in batch.items()}
+    return type(batch)(t[start:stop] for t in batch)
+
+
+def shard(batch: Any, world_size: int, rank: int) -> Any:
+    """Rank `rank`'s B/N consecutive examples (N divides B: prepare checked it)."""
+    each = batch_size(batch, where="batch(step)") // world_size
+    return rows(batch, rank * each, (rank + 1) * each)
+
+
+def ship_by_value(fn: Any) -> None:
+    """Let cloudpickle send fn's module by value when a rank cannot import it (a test file, a script's helper).
+
+    A notebook's functions live in __main__, which cloudpickle already sends by value.
+    """
+    fn = getattr(fn, "func", fn)                                       # a functools.partial
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None or module.__name__ == "__main__":
+        return
+    top = module.__name__.split(".")[0]
+    if top in ("wmdist", "torch", "numpy", "builtins") or top in sys.stdlib_module_names:
+        return
+    try:
+        cloudpickle.register_pickle_by_value(module)
+    except ValueError:
+        pass                                                           # not a module cloudpickle can send
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadSpec:
+    """A checked workload on `world_size` ranks: stage 0 is replicated data parallelism, 1-3 the ZeRO stages."""
+    world_size: int
+    work: Workload
+    stage: int
+    batch_sizes: tuple[int, ...]                               # B of each step
+    names: tuple[str, ...]                                     # parameter names, in parameter order
+    shapes: tuple[tuple[int, ...], ...]                        # their shapes
+    units: tuple[tuple[str, tuple[int, ...]], ...]            # FSDP2 units: (module name, its params' indices)
+
+    @property
+    def numel(self) -> int:
+        """P: the elements of every parameter."""
+        return sum(_prod(s) for s in self.shapes)
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
+    """Check `work` on `world_size` ranks (before any process starts) and decide the sizes; see the module doc."""
+    if not isinstance(work, Workload):
+        raise TypeError(f"work must be a Workload, got {type(work).__name__}")
+    n = costs.require_int("world_size", world_size, 1)
+    costs.require_choice("stage", stage, (0, 1, 2, 3))
+    sizes = []
+    for step in range(work.steps):
+        b = batch_size(work.batch(step), where=f"batch({step})")
+        if b < n or b % n:
+            raise ValueError(f"batch({step}) has {b} examples: world_size {n} must divide it, so that every rank "
+                             f"gets B/N >= 1 of them (torch's DDP averages equal shards)")
+        sizes.append(b)
+    model = build_model(work)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model() must return an nn.Module, got {type(model).__name__}")
+    _refuse_mixing_or_randomness(model)
+    params = list(model.named_parameters())
+    if not params:
+        raise ValueError("model() has no parameters: there is nothing to train")
+    for name, p in params:
+        if p.dtype != torch.float32 or not p.requires_grad:
+            raise ValueError(f"parameter {name} must be float32 and trainable (the byte formulas count 4-byte "
+                             f"elements of every parameter), got {p.dtype}, requires_grad={p.requires_grad}")
+    _check_loss(model, work, work.batch(0), sizes[0])
+    numel = sum(p.numel() for _, p in params)
+    if stage and numel < n:
+        raise ValueError(f"the model has {numel} parameter elements, fewer than world_size {n}: a ZeRO rank "
+                         "would own none")
+    for fn in (work.model, work.loss, work.batch):
+        ship_by_value(fn)
+    return WorkloadSpec(world_size=n, work=work, stage=stage, batch_sizes=tuple(sizes),
+                        names=tuple(name for name, _ in params), shapes=tuple(tuple(p.shape) for _, p in params),
+                        units=_units(model))
+
+
+def _refuse_mixing_or_randomness(model: nn.Module) -> None:
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training:
+            raise ValueError(f"model mixes examples: {name or 'the model'} is a {type(m).__name__} in training mode, "
+                             "whose statistics are taken over the examples of a shard, so N ranks would compute "
+                             "another function than one process. Use GroupNorm or LayerNorm, or .eval() it in "
+                             "model()")
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0:
+            raise ValueError(f"{name} is a {type(m).__name__}(p={m.p}) in training mode: each shard would draw "
+                             "other masks than one process. Use p=0 or .eval() it in model()")
+
+
+def _check_loss(model: nn.Module, work: Workload, batch: Any, b: int) -> None:
+    """The loss's shape, its determinism, gradients for every parameter, buffers left alone."""
+    before = {name: t.clone() for name, t in model.named_buffers()}
+    with torch.random.fork_rng(devices=[]):
+        first = work.loss(model, batch)
+        again = work.loss(model, batch)
+    if not isinstance(first, torch.Tensor) or tuple(first.shape) != (b,) or not first.dtype.is_floating_point:
+        got = tuple(first.shape) if isinstance(first, torch.Tensor) else type(first).__name__
+        raise ValueError(f"loss(model, batch) must return one float loss per example, shape ({b},), got {got}: "
+                         "return the losses unreduced (e.g. reduction='none', then .mean over the other dims)")
+    if not torch.equal(first.detach(), again.detach()):
+        raise ValueError("loss(model, batch) gives other numbers on the same batch twice: the forward draws "
+                         "random numbers (dropout?), which the shards would draw differently")
+    grads = torch.autograd.grad(first.sum(), [p for _, p in model.named_parameters()], allow_unused=True)
+    unused = [name for (name, _), g in zip(model.named_parameters(), grads) if g is None]
+    if unused:
+        raise ValueError(f"parameters {unused} get no gradient from the loss: DDP and the flat gradient buffer "
+                         "need every parameter used (drop them from the model)")
+    for name, t in model.named_buffers():
+        if not torch.equal(t, before[name]):
+            raise ValueError(f"the forward changes buffer {name}: state computed from the batch differs between "
+                             "a shard and the whole batch")
+
+
+def _units(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """FSDP2's units as versus_torch shards them: each direct child with parameters, then the root's own."""
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    out = [(name, tuple(index[id(p)] for p in child.parameters()))
+           for name, child in model.named_children() if any(True for _ in child.parameters())]
+    own = tuple(index[id(p)] for p in model.parameters(recurse=False))
+    return tuple(out + ([("(root)", own)] if own else []))
