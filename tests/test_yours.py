@@ -121,7 +121,8 @@ def test_tensor_parallel_pair_passes_with_exact_bytes(n):
     first, second, x = nn.Linear(5, 12), nn.Linear(12, 3), torch.randn(4, 6, 5)
     report = tensor_parallel(first, second, x, world_size=n, activation=torch.tanh)
     assert report.passed, report.failures
-    assert len(report.checks) == len(tp_check.NAMES)
+    assert [c.name for c in report.checks] == ([f"{m} == one process, every rank" for m in tp_check.NAMES]
+                                               + [f"DTensor {m} == one process, every rank" for m in tp_check.NAMES])
     sent = report.measured(quantity="bytes sent", phase="second forward all-reduce")
     assert sent == [costs.ring_allreduce_bytes(4 * 6 * 3, n, r) for r in range(n)]
     assert report.measured(quantity="bytes sent", phase="first backward all-reduce") == [
@@ -237,6 +238,28 @@ def test_tensor_parallel_allowance_is_pinned(no_processes, factor, passes):
     results[1].tensors["output"][0, 0, 0] += factor * tol
     check = next(c for c in tp_check.compare_pair(spec, results).checks if c.name.startswith("output"))
     assert check.passed is passes and check.tolerance == tol and check.detail == "rank 1"
+
+
+@pytest.mark.parametrize("factor,passes", [(0.4, True), (3.0, False), (float("nan"), False)])
+def test_the_dtensor_comparison_can_fail(no_processes, factor, passes):
+    """torch's result is judged like ours: same slices, same allowance; 3x of it or a NaN fails."""
+    spec = _pair_spec()
+    full = tp_check.one_device(spec)
+    tol = costs.reordered_sum_bound(tp_check.terms(spec), float(full["input grad"].abs().max()))
+    results = [tp_check.PairResult(tp_check.expected_slice(full, spec, r), [],
+                                   {k: v.clone() for k, v in tp_check.expected_slice(full, spec, r).items()})
+               for r in range(2)]
+    results[0].torch["input grad"].view(-1)[3] += factor * tol
+    check = next(c for c in tp_check.compare_pair(spec, results).checks if c.name.startswith("DTensor input grad"))
+    assert check.passed is passes and check.tolerance == tol and check.detail == "rank 0"
+
+
+def test_dtensor_is_left_out_with_its_reason_where_the_hidden_width_does_not_split_evenly():
+    torch.manual_seed(0)
+    report = tensor_parallel(nn.Linear(5, 10), nn.Linear(10, 3), torch.randn(4, 5), world_size=3)
+    assert report.passed, report.failures
+    assert not any(c.name.startswith("DTensor") for c in report.checks)
+    assert report.params["torch"].startswith("DTensor not run: world_size 3 does not divide the hidden width 10")
 
 
 # --- refused before any process starts ---------------------------------------------------------------

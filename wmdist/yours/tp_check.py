@@ -7,6 +7,9 @@ all-reduce (second's partial outputs), backward one (first's input-gradient shar
 run once with a fixed upstream gradient dY (seeded normal), so every rank and the reference backpropagate
 the same numbers.
 
+torch's own tensor parallelism runs the same pair on the same ranks (tp_torch.py: DTensor's
+ColwiseParallel -> RowwiseParallel, where world_size divides the hidden width) and is judged the same way.
+
 Checks, every rank against one process: the output, the input gradient, and each rank's slices of the
 weight and bias gradients. Tolerance, as chapter 04 argues it (tensor_parallel/compare.py): splitting
 regroups float32 sums and nothing else (second's output and first's input gradient are sums over the
@@ -37,6 +40,7 @@ from wmdist.report import Check, Report, max_abs_error
 from wmdist.tensor_parallel.compare import collective_counts
 from wmdist.tensor_parallel.layers import (ColumnSpec, Measured, RowSpec, column_linear, measured_collectives,
                                            row_linear, tp_group)
+from wmdist.yours.tp_torch import NOT_RUN, dtensor_pair, torch_runs
 from wmdist.yours.workload import ship_by_value
 
 NAMES = ("output", "input grad", "first.weight grad", "first.bias grad", "second.weight grad", "second.bias grad")
@@ -65,6 +69,7 @@ class PairResult:
     """One rank's output, gradients (its slices of the split weights) and its collectives as measured."""
     tensors: dict[str, torch.Tensor]
     collectives: list[Measured]
+    torch: dict[str, torch.Tensor] | None = None    # the same pair by DTensor (None where it cannot run)
 
 
 def hidden_slice(spec: LinearPairSpec, rank: int) -> slice:
@@ -85,7 +90,11 @@ def pair_rank(ctx: Context, spec: LinearPairSpec) -> PairResult:
     y = row_linear(hidden, w2, b2, tp, RowSpec(site="second"))                                # (..., out)
     y.backward(spec.dy)
     values = (y, x.grad, w1.grad, b1.grad, w2.grad, b2.grad)
-    return PairResult(dict(zip(NAMES, (v.detach() for v in values))), measured_collectives(ctx.ledger))
+    ours = PairResult(dict(zip(NAMES, (v.detach() for v in values))), measured_collectives(ctx.ledger))
+    if not torch_runs(ctx.world_size, spec.w1.shape[0]):
+        return ours
+    theirs = dtensor_pair(ctx, spec.w1, spec.b1, spec.w2, spec.b2, spec.x, spec.dy, spec.activation)
+    return PairResult(ours.tensors, ours.collectives, theirs)
 
 
 def one_device(spec: LinearPairSpec) -> dict[str, torch.Tensor]:
@@ -129,9 +138,18 @@ def compare_pair(spec: LinearPairSpec, results: list[PairResult]) -> Verdict:
         tol = costs.reordered_sum_bound(k, float(want.abs().max())) if torch.isfinite(want).all() else float("nan")
         checks.append(Check(name=f"{name} == one process, every rank", error=errors[worst], tolerance=tol,
                             reason=why, detail=f"rank {worst}"))
+    if all(r.torch is not None for r in results):       # torch's DTensor: the same slices, the same allowance
+        for name in NAMES:
+            errors = [max_abs_error(r.torch[name], expected_slice(full, spec, i)[name]) for i, r in enumerate(results)]
+            worst = worst_of(errors)
+            tol = next(c.tolerance for c in checks if c.name.startswith(f"{name} =="))
+            checks.append(Check(name=f"DTensor {name} == one process, every rank", error=errors[worst],
+                                tolerance=tol, reason=why, detail=f"rank {worst}"))
     exact = collective_counts([r.collectives for r in results], schedule(spec), "column -> row")
     params = {"in": spec.w1.shape[1], "hidden": spec.w1.shape[0], "out": spec.w2.shape[0],
-              "rows": spec.x.numel() // spec.x.shape[-1], "hidden_per_rank": spec.hidden_sizes}
+              "rows": spec.x.numel() // spec.x.shape[-1], "hidden_per_rank": spec.hidden_sizes,
+              "torch": ("DTensor ColwiseParallel -> RowwiseParallel" if results and results[0].torch is not None
+                        else NOT_RUN.format(n=spec.world_size, hidden=spec.w1.shape[0]))}
     return Verdict(checks=checks, exact=exact, params=params, data=full)
 
 
