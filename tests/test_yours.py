@@ -130,20 +130,21 @@ def test_tensor_parallel_pair_passes_with_exact_bytes(n):
 
 
 def test_functions_defined_in_the_test_body_reach_the_ranks():
-    class Tiny(nn.Module):
+    class Tiny(nn.Module):                          # a parameter of its own: FSDP2's root unit is gathered too
         def __init__(self):
             super().__init__()
-            self.body = nn.Sequential(nn.Linear(4, 6), nn.Tanh())
-            self.head = nn.Linear(6, 1)
+            self.body, self.head = nn.Sequential(nn.Linear(4, 6), nn.Tanh()), nn.Linear(6, 1)
+            self.scale = nn.Parameter(torch.ones(3))
 
         def forward(self, x):
-            return self.head(self.body(x)).squeeze(-1)
+            return self.head(self.body(x)).squeeze(-1) * self.scale.sum()
 
     target = torch.linspace(-1, 1, 4)
     work = Workload(model=lambda: Tiny(), loss=lambda m, b: (m(b) - b @ target).pow(2),
                     batch=lambda step: torch.randn(6, 4, generator=torch.Generator().manual_seed(step)), steps=2)
-    report = data_parallel(work, world_size=2)
-    assert report.passed, report.failures
+    for report in (data_parallel(work, world_size=2), zero(work, stage=3, world_size=2)):
+        assert report.passed, report.failures
+    assert report.measured(quantity="FSDP2 all-gathers") == [2 * 2 * 3] * 2      # 2 steps, 2 gathers, 3 units
 
 
 # --- tolerances pinned and NaN refused, on fabricated rank results (no process) -----------------------
