@@ -263,68 +263,6 @@ def test_dtensor_is_left_out_with_its_reason_where_the_hidden_width_does_not_spl
     assert report.params["torch"].startswith("DTensor not run: world_size 3 does not divide the hidden width 10")
 
 
-# --- refused before any process starts ---------------------------------------------------------------
-
-class WithBatchNorm(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc, self.norm = nn.Linear(3, 4), nn.BatchNorm1d(4)
-
-    def forward(self, x):
-        return self.norm(self.fc(x)).sum(-1)
-
-
-def batch8(step):
-    return torch.randn(8, 3, generator=torch.Generator().manual_seed(step))
-
-
-def per_row(model, x):
-    return model(x).pow(2).reshape(x.shape[0], -1).mean(-1)
-
-
-REFUSED = [
-    (lambda: data_parallel(Workload(model=WithBatchNorm, loss=per_row, batch=batch8), world_size=2),
-     ValueError, "mixes examples: norm is a BatchNorm1d"),
-    (lambda: data_parallel(Workload(model=lambda: nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5)), loss=per_row,
-                                    batch=batch8), world_size=2), ValueError, "Dropout"),
-    (lambda: data_parallel(Workload(model=lambda: nn.Linear(3, 2), batch=batch8,
-                                    loss=lambda m, x: (m(x) + torch.randn(x.shape[0], 2)).pow(2).mean(-1)),
-                           world_size=2), ValueError, "random numbers"),
-    (lambda: data_parallel(Workload(model=lambda: nn.Linear(3, 2), loss=lambda m, x: m(x).pow(2).mean(),
-                                    batch=batch8), world_size=2), ValueError, r"shape \(8,\), got \(\)"),
-    (lambda: data_parallel(Workload(model=lambda: nn.Linear(3, 2), loss=lambda m, x: m(x), batch=batch8),
-                           world_size=2), ValueError, r"shape \(8,\), got \(8, 2\)"),
-    (lambda: data_parallel(gru_work(), world_size=5), ValueError, "world_size 5 must divide it"),
-    (lambda: data_parallel(conv_work(), world_size=16), ValueError, "world_size 16 must divide it"),
-    (lambda: data_parallel(conv_work(), world_size=0), ValueError, "world_size must be an integer >= 1"),
-    (lambda: data_parallel(conv_work(), world_size=True), ValueError, "world_size must be an integer >= 1"),
-    (lambda: zero(conv_work(), stage=0, world_size=2), ValueError, r"stage must be one of \(1, 2, 3\)"),
-    (lambda: zero(conv_work(), stage=4, world_size=2), ValueError, r"stage must be one of \(1, 2, 3\)"),
-    (lambda: data_parallel(Workload(model=lambda: "net", loss=per_row, batch=batch8), world_size=2), TypeError,
-     "must return an nn.Module"),
-    (lambda: data_parallel(Workload(model=lambda: nn.Linear(3, 2), loss=per_row, batch=lambda s: [1, 2]),
-                           world_size=2), TypeError, "must return a tensor"),
-    (lambda: Workload(model=GRUNet, loss=gru_loss, batch=gru_batch, optimizer="rmsprop"), ValueError, "optimizer"),
-    (lambda: Workload(model=GRUNet, loss=gru_loss, batch=gru_batch, lr=0), ValueError, "lr must be > 0"),
-    (lambda: Workload(model=GRUNet(), loss=gru_loss, batch=gru_batch), TypeError, "model must build the module"),
-    (lambda: Workload(model=GRUNet, loss="mse", batch=gru_batch), TypeError, "loss must be a callable"),
-    (lambda: data_parallel(Workload(model=lambda: nn.ModuleDict({"a": nn.Linear(3, 1), "b": nn.Linear(3, 1)}),
-                                    loss=lambda m, x: m["a"](x).squeeze(-1), batch=batch8), world_size=2),
-     ValueError, "get no gradient"),
-    (lambda: tensor_parallel(nn.Linear(5, 12), nn.Linear(10, 3), torch.randn(4, 5)), ValueError, "in_features"),
-    (lambda: tensor_parallel(nn.Linear(5, 2), nn.Linear(2, 3), torch.randn(4, 5), world_size=3), ValueError,
-     "more than first's 2 output features"),
-    (lambda: tensor_parallel(nn.Linear(5, 12), nn.Linear(12, 3), torch.randn(4, 4)), ValueError, r"\(\.\.\., 5\)"),
-    (lambda: tensor_parallel(nn.Conv1d(5, 12, 1), nn.Linear(12, 3), torch.randn(4, 5)), TypeError, "nn.Linear"),
-]
-
-
-@pytest.mark.parametrize("call,error,message", REFUSED, ids=[f"refused-{i}" for i in range(len(REFUSED))])
-def test_bad_input_is_refused_before_any_process(no_processes, call, error, message):
-    with pytest.raises(error, match=message):
-        call()
-
-
 def test_the_readme_example_runs_as_written(tmp_path):
     """README's "Your own model" block, run as a script in a fresh interpreter: every report passes."""
     import re
