@@ -138,13 +138,22 @@ class ZeroRankState:
                 "optimizer_state": size(self.exp_avg, self.exp_avg_sq)}
 
 
-def init_state(ctx: Context, cfg: ZeroConfig) -> ZeroRankState:
-    """Build the model from cfg.seed, flatten it, keep what this rank's stage keeps."""
-    model = make_model(seed=cfg.seed)
+def flat_layout(model: nn.Module) -> tuple[list[tuple[str, torch.Size, int, int]], int]:
+    """Where each parameter sits in the flat vector: (name, shape, start, stop) per parameter, and P.
+
+    Names carry a "model." prefix: the module is called wrapped, as the `model` attribute of a loss module.
+    """
     layout, offset = [], 0
     for name, p in model.named_parameters():
         layout.append((f"model.{name}", p.shape, offset, offset + p.numel()))
         offset += p.numel()
+    return layout, offset
+
+
+def init_state(ctx: Context, cfg: ZeroConfig) -> ZeroRankState:
+    """Build the model from cfg.seed, flatten it, keep what this rank's stage keeps."""
+    model = make_model(seed=cfg.seed)
+    layout, offset = flat_layout(model)
     flat = flat_params(model)                                                  # (P,)
     start, stop = shard_range(offset, ctx.world_size, ctx.rank)
     params = flat[start:stop].clone() if cfg.stage == 3 else flat

@@ -30,7 +30,7 @@ from torch import nn
 
 from wmdist import costs
 from wmdist.comm import Context, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from wmdist.memory.zero import ZeroConfig, adam_update, shard_range
+from wmdist.memory.zero import ZeroConfig, adam_update, flat_layout, shard_range
 from wmdist.models import flat_grads, flat_params, set_flat_grads
 from wmdist.yours.workload import Workload, WorkloadSpec, batch_size, build_model, shard
 
@@ -124,10 +124,7 @@ def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroState:
     """Build your model from the seed, flatten it, keep what this rank's stage keeps."""
     work, stage = spec.work, spec.stage
     model = build_model(work)
-    layout, offset = [], 0
-    for name, p in model.named_parameters():
-        layout.append((f"model.{name}", p.shape, offset, offset + p.numel()))
-        offset += p.numel()
+    layout, offset = flat_layout(model)
     flat = flat_params(model)                                                  # (P,)
     start, stop = shard_range(offset, ctx.world_size, ctx.rank)
     slots = 2 if work.optimizer == "adam" else (1 if work.momentum else 0)
