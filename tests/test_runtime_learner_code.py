@@ -268,7 +268,7 @@ def _weakly_held_results(ctx):
     import weakref
 
     refs = []
-    for step in range(3):                                 # a training loop's gathers, each waited for
+    for step in range(GATHERS):                           # a training loop's gathers, each waited for
         gathered = funcol.all_gather_tensor(torch.full((1000,), float(step)), 0, dist.group.WORLD)
         refs.append(weakref.ref(funcol.wait_tensor(gathered)))
         del gathered
@@ -277,7 +277,16 @@ def _weakly_held_results(ctx):
     return sum(ref() is not None for ref in refs)
 
 
+GATHERS = 6
+
+
 def test_waited_functional_results_are_not_kept_alive_for_the_rest_of_the_call():
     """Counting a functional collective keeps its result only while it may be unwaited: a loop of gathers
-    inside one call does not hold every gathered tensor until the call ends."""
-    assert run(_weakly_held_results, 2) == [0, 0]
+    inside one call does not hold every gathered tensor until the call ends (counting them all kept all 6).
+
+    Held are at most one: kept results are let go at the next post once torch's process-wide registry of
+    unwaited collectives is empty, and in the two-worker suite rank 0 sometimes still held the last
+    waited gather at that post (seen twice as [1, 0], never reproduced alone); what matters is that the
+    number held does not grow with the loop."""
+    held = run(_weakly_held_results, 2)
+    assert all(h <= 1 for h in held), held
