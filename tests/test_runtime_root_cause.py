@@ -2,13 +2,20 @@
 
 When a rank dies, its peers' next communication fails at once and they reply with an error, which can
 reach the parent a moment before the dead rank's exit does. The pool gives a rank's error a short
-grace (`ROOT_CAUSE_GRACE_S`) for a peer's death to show, and names the dead one. The race is not
-reproducible on demand (a peer's broken receive is usually slower than the death), so the choice is
-tested on the pool's own method with stand-in processes.
+grace (`ROOT_CAUSE_GRACE_S`) for a peer's death to show, and a longer one (`PEER_LOST_GRACE_S`) when
+the error is gloo saying a peer went away, and names the dead one. The race is not reproducible on
+demand (a peer's broken receive is usually slower than the death; CI's busy run once saw the killed
+rank's status arrive later than 0.5 s), so the choice is tested on the pool's own method with
+stand-in processes, and a real zombie for "the kernel saw it end before the forkserver said so".
 """
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+import threading
+import time
 from types import SimpleNamespace
 
 from wmdist.runtime import RankFailure
@@ -16,8 +23,19 @@ from wmdist.runtime.pool import Pool
 
 
 class _Proc:
-    def __init__(self, exitcode: int | None) -> None:
-        self.exitcode, self.sentinel = exitcode, None
+    """A rank process as the pool sees it: exit code, pid, and a sentinel that becomes ready when it dies."""
+
+    def __init__(self, exitcode: int | None, pid: int | None = None) -> None:
+        self.exitcode, self.pid = exitcode, pid if pid is not None else os.getpid()
+        self._read, self._write = os.pipe()
+        self.sentinel = self._read
+
+    def die_in(self, seconds: float, code: int) -> None:
+        def later() -> None:
+            time.sleep(seconds)
+            self.exitcode = code
+            os.write(self._write, b"x")
+        threading.Thread(target=later, daemon=True).start()
 
     def join(self, timeout: float | None = None) -> None:
         pass
@@ -31,8 +49,9 @@ class _Conn:
         return self.has_reply
 
 
-def _pool(exitcodes: dict[int, int | None], replies: set[int] = frozenset()) -> SimpleNamespace:
-    procs = {r: _Proc(code) for r, code in exitcodes.items()}
+def _pool(exitcodes: dict[int, int | None], replies: set[int] = frozenset(), pids: dict[int, int] = {}) \
+        -> SimpleNamespace:
+    procs = {r: _Proc(code, pids.get(r)) for r, code in exitcodes.items()}
     conns = {r: _Conn(r in replies) for r in exitcodes}
     return SimpleNamespace(_procs=procs, _conns=conns, _last_comm=lambda r: f"send to rank {r - 1}", _server=None)
 
@@ -50,3 +69,41 @@ def test_the_raising_rank_stays_named_when_no_peer_died_or_the_dead_one_replied_
     assert Pool._root_cause(_pool({2: -9}, replies={2}), RAISED, {2}, grace=0.0) is RAISED   # 2's reply is waiting
     timeout = RankFailure(1, "timeout", "did not finish", "")
     assert Pool._root_cause(_pool({2: -9}), timeout, {2}, grace=0.0) is timeout              # only errors defer
+
+
+PEER_RESET = RankFailure(1, "raised", "raised an exception:\nRuntimeError: [gloo/transport/tcp/pair.cc:537] Read "
+                                      "error [127.0.0.1]:52900: Connection reset by peer. GLHF!", "all_reduce")
+OWN_ERROR = RankFailure(1, "raised", "raised an exception:\nValueError: bad shape", "all_reduce")
+
+
+def test_a_peer_lost_error_waits_longer_for_the_dead_peer_to_show():
+    """Rank 2's death reaches the parent 1.5 s after rank 1's 'connection reset': 2 is still named."""
+    pool = _pool({1: None, 2: None})
+    pool._procs[2].die_in(1.5, -signal.SIGKILL)
+    start = time.monotonic()
+    cause = Pool._root_cause(pool, PEER_RESET, {2})
+    assert (cause.rank, cause.reason) == (2, "signal") and "SIGKILL" in str(cause)
+    assert 1.4 < time.monotonic() - start < 5.0            # it waited for the death, and no longer
+
+
+def test_an_own_error_waits_only_the_short_grace():
+    pool = _pool({1: None, 2: None})
+    pool._procs[2].die_in(1.5, -signal.SIGKILL)
+    start = time.monotonic()
+    assert Pool._root_cause(pool, OWN_ERROR, {2}) is OWN_ERROR
+    assert time.monotonic() - start < 1.4
+
+
+def test_a_peer_the_kernel_saw_end_is_named_before_its_exit_status_arrives():
+    """The forkserver has not passed the status on (exitcode None), but the process is a zombie."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) \
+                is None:
+            time.sleep(0.02)                               # ended, not reaped: a zombie
+        pool = _pool({1: None, 2: None}, pids={2: child.pid})
+        cause = Pool._root_cause(pool, PEER_RESET, {2}, grace=0.0)
+        assert (cause.rank, cause.reason) == (2, "exited") and "exit status did not arrive" in str(cause)
+    finally:
+        child.wait()

@@ -14,6 +14,7 @@ import psutil
 
 from wmdist.comm import COMPLETED
 
+EXIT_STATUS_WAIT_S = 5.0   # a dead rank's status comes through the forkserver, which a busy machine makes slow
 AT_END_OF_CALL = "finished its function; waiting for its unfinished sends and receives"
 
 
@@ -46,7 +47,16 @@ def signal_name(code: int) -> str:
     return f"signal {code}"
 
 
-def _ended(pid: int, *, within: float = 1.0) -> bool:
+# What gloo says when the rank at the other end of a connection is gone (killed, exited).
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused")
+
+
+def lost_a_peer(failure: RankFailure) -> bool:
+    """Whether a rank's error is gloo reporting that a peer went away: then that peer is the likelier cause."""
+    return any(words in failure.detail for words in PEER_LOST)
+
+
+def ended(pid: int, *, within: float = 1.0) -> bool:
     """Whether process `pid` has ended, or does within `within` seconds (its pipes close a moment before)."""
     deadline = time.monotonic() + within
     while True:
@@ -67,16 +77,19 @@ def exit_failure(rank: int, proc: Any, last_comm: str, *, server: int | None = N
     (a call killed its parent process, say), multiprocessing reports 255 for any rank; and every
     rank dies with it, since a rank asks the kernel to end it when its parent ends.
     """
-    proc.join(timeout=1.0)
+    proc.join(timeout=EXIT_STATUS_WAIT_S)
     code = proc.exitcode
     if code is not None and code < 0:
         return RankFailure(rank, "signal", f"was killed by {signal_name(-code)}", last_comm)
-    if code == 255 and server is not None and _ended(server):
+    if code == 255 and server is not None and ended(server):
         return RankFailure(rank, "exited", f"ended before replying, with the forkserver that started the ranks "
                                            f"(pid {server}), which has ended: every rank ends with it, and its exit "
                                            f"status is lost with it (did the call end its parent process, "
                                            f"os.getppid()?). The next call starts a new forkserver and pool",
                            last_comm)
+    if code is None:        # the kernel saw it end; the forkserver had not passed its status on
+        return RankFailure(rank, "exited", f"ended before replying (its exit status did not arrive within "
+                                           f"{EXIT_STATUS_WAIT_S:g} s)", last_comm)
     return RankFailure(rank, "exited", f"exited with code {code} before replying", last_comm)
 
 

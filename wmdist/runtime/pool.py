@@ -28,7 +28,8 @@ import cloudpickle
 
 from wmdist.runtime import cleanup
 from wmdist.runtime.children import descendants, kill
-from wmdist.runtime.failures import PoolRestartWarning, RankFailure, exit_failure, start_failure, timeout_failure
+from wmdist.runtime.failures import (PoolRestartWarning, RankFailure, ended, exit_failure, lost_a_peer, start_failure,
+                                     timeout_failure)
 from wmdist.runtime.messages import (DRAIN_AT_LEAST_S, DRAIN_TIMEOUT_S, mismatched_sizes, unmatched,
                                      unmatched_collectives)
 from wmdist.runtime.rank import STATUS_BYTES, worker_main
@@ -40,6 +41,7 @@ DEFAULT_TIMEOUT_S = 300.0      # generous: Binder CPUs are slow and shared
 MAX_TIMEOUT_S = 7200.0         # two hours; the ranks' own gloo timeout sits just above it
 START_TIMEOUT_S = 120.0
 ROOT_CAUSE_GRACE_S = 0.5       # how long a rank's error waits for a peer's death, the likelier cause, to show
+PEER_LOST_GRACE_S = 10.0       # the same wait when the error is gloo saying a peer went away (seen at 0.5 s under load)
 
 class Pool:
     """N warm gloo ranks serving calls over pipes. Use via `run`, or directly.
@@ -196,20 +198,26 @@ class Pool:
                 raise exit_failure(rank, procs[rank], self._last_comm(rank), server=self._server)
         return replies
 
-    def _root_cause(self, failure: RankFailure, others: set[int], grace: float = ROOT_CAUSE_GRACE_S) -> RankFailure:
+    def _root_cause(self, failure: RankFailure, others: set[int], grace: float | None = None) -> RankFailure:
         """`failure`, unless another rank died without replying: then that one, the likelier cause.
 
         When a rank is killed, its peers' next collective fails at once and they report an error, which can
-        reach us a moment before the dead rank's exit does. So a rank's error waits up to `grace` seconds
-        for any other pending rank's process to end without a reply.
+        reach us before the dead rank's exit does (its status comes through the forkserver). So a rank's
+        error waits up to ROOT_CAUSE_GRACE_S for any other pending rank to end without a reply, and up to
+        PEER_LOST_GRACE_S when the error itself is gloo saying a peer went away. A peer's end is seen by the
+        kernel (zombie or gone) as well as by its sentinel. `grace` (seconds) overrides both waits.
         """
         if failure.reason not in ("raised", "start") or not others:
             return failure
+        if grace is None:
+            grace = PEER_LOST_GRACE_S if lost_a_peer(failure) else ROOT_CAUSE_GRACE_S
         deadline = time.monotonic() + grace
         while True:
             for r in sorted(others):
-                if self._procs[r].exitcode is not None and not self._conns[r].poll():
-                    return exit_failure(r, self._procs[r], self._last_comm(r), server=self._server)
+                proc = self._procs[r]
+                gone = proc.exitcode is not None or ended(proc.pid, within=0.0)
+                if gone and not self._conns[r].poll():
+                    return exit_failure(r, proc, self._last_comm(r), server=self._server)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return failure
@@ -217,7 +225,7 @@ class Pool:
             if not running:                 # the others ended with a reply waiting: nothing more to see
                 return failure
             with contextlib.suppress(OSError, ValueError):
-                wait(running, timeout=remaining)
+                wait(running, timeout=min(remaining, 0.05))
 
     def _receive(self, rank: int, starting: bool) -> list | None:
         """Read one reply's body (None if the rank is gone); a failure it reports raises RankFailure."""
