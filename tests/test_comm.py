@@ -107,6 +107,8 @@ def test_ledger_totals_by_phase_and_pickling_drops_callback():
     assert led.by_phase() == {"a": {"bytes_sent": 10, "bytes_recv": 0, "messages": 1, "rounds": 1},
                               "b": {"bytes_sent": 0, "bytes_recv": 6, "messages": 0, "rounds": 1}}
     assert led.totals(kind="collective")["bytes_sent"] == 4
+    assert led.by_phase(since=1) == {"b": {"bytes_sent": 0, "bytes_recv": 6, "messages": 0, "rounds": 1}}
+    assert led.totals(since=1, kind=None)["bytes_sent"] == 4 and led.select(since=3) == []
     assert pickle.loads(pickle.dumps(led)).on_enter is None
     assert seen[0] == "x" and seen[1].endswith("(completed)")
     led.reset()

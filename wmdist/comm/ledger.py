@@ -80,25 +80,30 @@ class Ledger:
             return self.last_entered
         return f"{self.last_entered} {COMPLETED}"
 
-    def select(self, *, phase: str | None = None, kind: Kind | None = "p2p", prefix: bool = False) -> list[Record]:
-        """Records of one kind (None: both), optionally of one phase (or of every phase starting with it)."""
+    def select(self, *, phase: str | None = None, kind: Kind | None = "p2p", prefix: bool = False, since: int = 0
+               ) -> list[Record]:
+        """Records of one kind (None: both), optionally of one phase (or of every phase starting with it).
+
+        `since`: only records from that index on (len(records) taken before a step: that step's records).
+        """
         def phase_ok(r: Record) -> bool:
             return phase is None or (r.phase.startswith(phase) if prefix else r.phase == phase)
-        return [r for r in self.records if (kind is None or r.kind == kind) and phase_ok(r)]
+        return [r for r in self.records[since:] if (kind is None or r.kind == kind) and phase_ok(r)]
 
-    def totals(self, *, phase: str | None = None, kind: Kind | None = "p2p", prefix: bool = False) -> dict[str, int]:
-        """Summed bytes, messages sent and rounds, optionally for one phase (or phase prefix)."""
-        rows = self.select(phase=phase, kind=kind, prefix=prefix)
+    def totals(self, *, phase: str | None = None, kind: Kind | None = "p2p", prefix: bool = False, since: int = 0
+               ) -> dict[str, int]:
+        """Summed bytes, messages sent and rounds, optionally for one phase (or phase prefix); `since` as select."""
+        rows = self.select(phase=phase, kind=kind, prefix=prefix, since=since)
         return {"bytes_sent": sum(r.bytes_sent for r in rows), "bytes_recv": sum(r.bytes_recv for r in rows),
                 "messages": sum(r.messages for r in rows), "rounds": len(rows)}
 
-    def by_phase(self, *, kind: Kind | None = "p2p") -> dict[str, dict[str, int]]:
-        """totals() for every phase that appears, in first-seen order."""
+    def by_phase(self, *, kind: Kind | None = "p2p", since: int = 0) -> dict[str, dict[str, int]]:
+        """totals() for every phase that appears, in first-seen order; `since` as select."""
         phases: dict[str, None] = defaultdict(lambda: None)
-        for r in self.records:
+        for r in self.records[since:]:
             if kind is None or r.kind == kind:
                 phases[r.phase]
-        return {p: self.totals(phase=p, kind=kind) for p in phases}
+        return {p: self.totals(phase=p, kind=kind, since=since) for p in phases}
 
     def __getstate__(self) -> dict:
         # The callback writes to this process's shared status buffer: never ship it.

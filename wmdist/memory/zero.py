@@ -20,17 +20,21 @@ systems gather layer by layer to bound the transient full copy.
 
 Bytes held are steady state between steps. Within a step, stage 2 builds the
 full local gradient before reduce-scattering it, and stage 3 holds the full
-parameters (gathered) and the full gradient after backward: `train_step`
+parameters (gathered) and the full gradient after backward: `zero_step`
 reads what the rank holds at three points of the step (PROBE_POINTS) so the
 demo can show that transient peak next to the steady state
 (wmdist.memory.transient predicts both). Gradients are not re-allocated each
 step: stages 0 and 1 let backward accumulate into the kept full buffer,
 stages 2 and 3 copy the reduced chunk into the kept shard buffer.
+
+`zero_step` is the stage's schedule on any loss module and elementwise optimizer: chapter 03's
+`train_step` runs it with Adam on the course's model, and wmdist.yours with your model and torch's
+SGD or Adam.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -103,18 +107,37 @@ class _PerExampleLoss(nn.Module):
 
 @dataclass(kw_only=True)
 class ZeroRankState:
-    """What one rank keeps between steps. The module is on the meta device: code and shapes, no numbers."""
+    """What one rank keeps between steps. The module is on the meta device: code and shapes, no numbers.
+
+    `loss_module(batch)` returns per-example losses; its parameters are named by `layout` (a "model." prefix).
+    Chapter 03 keeps Adam's two moments; yours' ZeRO keeps whatever its optimizer needs (wmdist.yours).
+    """
     stage: int
     numel: int                       # P
     start: int                       # this rank's chunk is [start, stop)
     stop: int
     params: torch.Tensor             # (P,) for stages 0-2, (stop - start,) for stage 3
     grads: torch.Tensor              # (P,) for stages 0-1, (stop - start,) for 2-3
-    exp_avg: torch.Tensor            # (P,) for stage 0, else (stop - start,)
-    exp_avg_sq: torch.Tensor
+    moments: list[torch.Tensor]      # optimizer state, each (P,) for stage 0, else (stop - start,)
     step: int
     loss_module: nn.Module
     layout: list[tuple[str, torch.Size, int, int]]   # (name, shape, start, stop) in the flat vector
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)   # the module's buffers, whole on every rank
+
+    @property
+    def exp_avg(self) -> torch.Tensor:
+        """Adam's first moment (chapter 03's optimizer)."""
+        return self.moments[0]
+
+    @property
+    def exp_avg_sq(self) -> torch.Tensor:
+        """Adam's second moment."""
+        return self.moments[1]
+
+    @property
+    def chunk(self) -> torch.Tensor:
+        """This rank's own chunk of the flat parameters (a view)."""
+        return self.params if self.stage == 3 else self.params[self.start:self.stop]
 
     def held_bytes(self, *, params: tuple[torch.Tensor, ...] = (), grads: tuple[torch.Tensor | None, ...] = ()
                    ) -> dict[str, int]:
@@ -135,7 +158,7 @@ class ZeroRankState:
                     total += store.nbytes()
             return total
         return {"parameters": size(self.params, *params), "gradients": size(self.grads, *grads),
-                "optimizer_state": size(self.exp_avg, self.exp_avg_sq)}
+                "optimizer_state": size(*self.moments)}
 
 
 def flat_layout(model: nn.Module) -> tuple[list[tuple[str, torch.Size, int, int]], int]:
@@ -159,15 +182,15 @@ def init_state(ctx: Context, cfg: ZeroConfig) -> ZeroRankState:
     params = flat[start:stop].clone() if cfg.stage == 3 else flat
     n_state = offset if cfg.stage == 0 else stop - start
     n_grad = offset if cfg.stage <= 1 else stop - start
-    return ZeroRankState(stage=cfg.stage, numel=offset, start=start, stop=stop, params=params, grads=torch.zeros(n_grad), exp_avg=torch.zeros(n_state),
-                     exp_avg_sq=torch.zeros(n_state), step=0, loss_module=_PerExampleLoss(model.to("meta")), layout=layout)
+    return ZeroRankState(stage=cfg.stage, numel=offset, start=start, stop=stop, params=params,
+                         grads=torch.zeros(n_grad), moments=[torch.zeros(n_state), torch.zeros(n_state)], step=0,
+                         loss_module=_PerExampleLoss(model.to("meta")), layout=layout)
 
 
-def _summed_loss(state: ZeroRankState, flat: torch.Tensor, batch: dict[str, torch.Tensor], global_batch: int
-                 ) -> torch.Tensor:
+def _summed_loss(state: ZeroRankState, flat: torch.Tensor, batch: Any, global_batch: int) -> torch.Tensor:
     """Sum of this rank's per-example losses / global batch: summed over ranks, the global mean."""
     views = {name: flat[a:b].view(shape) for name, shape, a, b in state.layout}
-    per_example = torch.func.functional_call(state.loss_module, views, (batch,))    # (B_r,)
+    per_example = torch.func.functional_call(state.loss_module, {**views, **state.buffers}, (batch,))   # (B_r,)
     return per_example.sum() / global_batch
 
 
@@ -175,22 +198,33 @@ PROBE_POINTS = ("between forward and backward", "after backward", "after the gra
 Probe = Callable[[str, dict[str, int]], None]
 
 
-def train_step(ctx: Context, state: ZeroRankState, cfg: ZeroConfig, *, probe: Probe | None = None) -> None:
-    """One ZeRO step on this rank's rows of batch number state.step, in the stage's schedule.
+Update = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], int], None]   # (param, grad, moments, step)
 
-    `probe(point, held_bytes)` is called at each of PROBE_POINTS with what the
-    rank holds right then, transient tensors included.
-    """
-    n, sizes = ctx.world_size, costs.ring_chunk_sizes(state.numel, ctx.world_size)
-    look = probe or (lambda point, held: None)
+
+def train_step(ctx: Context, state: ZeroRankState, cfg: ZeroConfig, *, probe: Probe | None = None) -> None:
+    """One chapter-03 step: Adam on this rank's rows of the course's batch number state.step."""
     batch = make_batch(cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed + state.step)
-    mine = shard_batch(batch, costs.ring_chunk_sizes(cfg.batch_size, n), ctx.rank)
+    mine = shard_batch(batch, costs.ring_chunk_sizes(cfg.batch_size, ctx.world_size), ctx.rank)
+    zero_step(ctx, state, mine, cfg.batch_size, lambda p, g, m, step: adam_update(p, g, m[0], m[1], step, cfg),
+              keep_gathered=cfg.keep_gathered, probe=probe)
+
+
+def zero_step(ctx: Context, state: ZeroRankState, mine: Any, global_batch: int, update: Update, *,
+              keep_gathered: bool = False, probe: Probe | None = None) -> torch.Tensor:
+    """One ZeRO step on this rank's examples `mine` of a batch of `global_batch`, in the stage's schedule.
+
+    `update(param, grad, moments, step)` is the elementwise optimizer step, applied to this rank's chunk
+    (all of it at stage 0). `probe(point, held_bytes)` is called at each of PROBE_POINTS with what the rank
+    holds right then, transient tensors included. Returns this rank's chunk of the summed gradient (a view).
+    """
+    sizes = costs.ring_chunk_sizes(state.numel, ctx.world_size)
+    look = probe or (lambda point, held: None)
     if state.stage == 3:
         leaf = ring_all_gather(ctx, state.params, sizes, phase="forward all-gather").requires_grad_()   # (P,)
     else:
         leaf = state.params.detach().requires_grad_()                        # (P,), shares storage
-    loss = _summed_loss(state, leaf, mine, cfg.batch_size)
-    free = state.stage == 3 and not cfg.keep_gathered
+    loss = _summed_loss(state, leaf, mine, global_batch)
+    free = state.stage == 3 and not keep_gathered
     if free:
         leaf.untyped_storage().resize_(0)                   # free the full copy; saved views now point at nothing
     look(PROBE_POINTS[0], state.held_bytes(params=(leaf,)))
@@ -210,18 +244,18 @@ def train_step(ctx: Context, state: ZeroRankState, cfg: ZeroConfig, *, probe: Pr
     if state.stage == 0:
         ring_all_reduce(ctx, state.grads, phase="gradient all-reduce", inplace=True)
         look(PROBE_POINTS[2], state.held_bytes(params=(leaf,)))
-        adam_update(state.params, state.grads, state.exp_avg, state.exp_avg_sq, state.step, cfg)
-        return
+        update(state.params, state.grads, state.moments, state.step)
+        return state.grads[state.start:state.stop]
     reduced = ring_reduce_scatter(ctx, full, phase="gradient reduce-scatter")     # (stop - start,) owns its memory
-    (state.grads[state.start:state.stop] if state.stage == 1 else state.grads).copy_(reduced)
+    grad_chunk = state.grads[state.start:state.stop] if state.stage == 1 else state.grads
+    grad_chunk.copy_(reduced)
     del reduced
     look(PROBE_POINTS[2], state.held_bytes(params=(leaf,), grads=(full,)))
     del full, leaf, loss
-    grad_chunk = state.grads[state.start:state.stop] if state.stage == 1 else state.grads
-    own = state.params if state.stage == 3 else state.params[state.start:state.stop]
-    adam_update(own, grad_chunk, state.exp_avg, state.exp_avg_sq, state.step, cfg)
+    update(state.chunk, grad_chunk, state.moments, state.step)
     if state.stage in (1, 2):
-        state.params.copy_(ring_all_gather(ctx, own.clone(), sizes, phase="parameter all-gather"))
+        state.params.copy_(ring_all_gather(ctx, state.chunk.clone(), sizes, phase="parameter all-gather"))
+    return grad_chunk
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -242,5 +276,5 @@ def zero_rank(ctx: Context, cfg: ZeroConfig) -> ZeroRun:
         ctx.ledger.reset()                        # keep only the last step's communication
         during = {}
         train_step(ctx, state, cfg, probe=lambda point, held: during.__setitem__(point, held))
-    own = state.params if state.stage == 3 else state.params[state.start:state.stop]
-    return ZeroRun(chunk=own.clone(), held=state.held_bytes(), during=during, phases=ctx.ledger.by_phase(), rounds=ctx.ledger.totals()["rounds"])
+    return ZeroRun(chunk=state.chunk.clone(), held=state.held_bytes(), during=during, phases=ctx.ledger.by_phase(),
+                   rounds=ctx.ledger.totals()["rounds"])

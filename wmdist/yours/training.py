@@ -28,9 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from wmdist import costs
-from wmdist.comm import Context, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from wmdist.memory.zero import ZeroConfig, adam_update, flat_layout, shard_range
+from wmdist.comm import Context, ring_all_reduce
+from wmdist.memory.zero import Update, ZeroConfig, ZeroRankState, adam_update, flat_layout, shard_range, zero_step
 from wmdist.models import flat_grads, flat_params, set_flat_grads
 from wmdist.yours.workload import Workload, WorkloadSpec, batch_size, build_model, shard
 
@@ -93,35 +92,8 @@ class _YourLoss(nn.Module):
         return self.loss(self.model, batch)
 
 
-@dataclass(kw_only=True)
-class ZeroState:
-    """What one ZeRO rank keeps between steps; the module is on the meta device."""
-    stage: int
-    numel: int                            # P
-    start: int                            # this rank owns the flat elements [start, stop)
-    stop: int
-    params: torch.Tensor                  # (P,) for stages 1-2, (stop - start,) for stage 3
-    grads: torch.Tensor                   # (P,) for stage 1, (stop - start,) for 2-3
-    moments: list[torch.Tensor]           # optimizer state of the chunk: Adam's two, SGD momentum's one, or none
-    step: int
-    module: nn.Module
-    layout: list[tuple[str, torch.Size, int, int]]   # (name, shape, start, stop) in the flat vector
-    buffers: dict[str, torch.Tensor]      # the module's buffers, whole on every rank
-
-    def held_bytes(self) -> dict[str, int]:
-        """Bytes of storage this rank holds between steps, by kind (parameters, gradients, optimizer_state)."""
-        size = lambda *ts: sum(t.untyped_storage().nbytes() for t in ts)    # noqa: E731
-        return {"parameters": size(self.params), "gradients": size(self.grads),
-                "optimizer_state": size(*self.moments)}
-
-    @property
-    def chunk(self) -> torch.Tensor:
-        """This rank's own chunk of the flat parameters (a view)."""
-        return self.params if self.stage == 3 else self.params[self.start:self.stop]
-
-
-def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroState:
-    """Build your model from the seed, flatten it, keep what this rank's stage keeps."""
+def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroRankState:
+    """Build your model from the seed, flatten it, keep what this rank's stage keeps (chapter 03's state)."""
     work, stage = spec.work, spec.stage
     model = build_model(work)
     layout, offset = flat_layout(model)
@@ -129,11 +101,11 @@ def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroState:
     start, stop = shard_range(offset, ctx.world_size, ctx.rank)
     slots = 2 if work.optimizer == "adam" else (1 if work.momentum else 0)
     buffers = {f"model.{name}": b.detach().clone() for name, b in model.named_buffers()}
-    return ZeroState(stage=stage, numel=offset, start=start, stop=stop,
-                     params=flat[start:stop].clone() if stage == 3 else flat,
-                     grads=torch.zeros(offset if stage == 1 else stop - start),
-                     moments=[torch.zeros(stop - start) for _ in range(slots)], step=0,
-                     module=_YourLoss(model.to("meta"), work.loss), layout=layout, buffers=buffers)
+    return ZeroRankState(stage=stage, numel=offset, start=start, stop=stop,
+                         params=flat[start:stop].clone() if stage == 3 else flat,
+                         grads=torch.zeros(offset if stage == 1 else stop - start),
+                         moments=[torch.zeros(stop - start) for _ in range(slots)], step=0,
+                         loss_module=_YourLoss(model.to("meta"), work.loss), layout=layout, buffers=buffers)
 
 
 def sgd_update(param: torch.Tensor, grad: torch.Tensor, moments: list[torch.Tensor], step: int,
@@ -150,47 +122,12 @@ def sgd_update(param: torch.Tensor, grad: torch.Tensor, moments: list[torch.Tens
     param.add_(buf, alpha=-work.lr)
 
 
-def _loss(state: ZeroState, flat: torch.Tensor, mine: Any, global_batch: int) -> torch.Tensor:
-    views = {name: flat[a:b].view(shape) for name, shape, a, b in state.layout}
-    per_example = torch.func.functional_call(state.module, {**views, **state.buffers}, (mine,))    # (B/N,)
-    return per_example.sum() / global_batch
-
-
-def zero_step(ctx: Context, state: ZeroState, work: Workload) -> torch.Tensor:
-    """One ZeRO step on this rank's examples of batch number state.step; returns its summed gradient chunk."""
-    sizes = costs.ring_chunk_sizes(state.numel, ctx.world_size)
-    batch = work.batch(state.step)
-    mine = shard(batch, ctx.world_size, ctx.rank)
-    if state.stage == 3:
-        leaf = ring_all_gather(ctx, state.params, sizes, phase="forward all-gather").requires_grad_()   # (P,)
-    else:
-        leaf = state.params.detach().requires_grad_()                              # (P,), shares storage
-    loss = _loss(state, leaf, mine, batch_size(batch, where="batch"))
-    if state.stage == 3:
-        leaf.untyped_storage().resize_(0)             # free the full copy; autograd's saved views point at nothing
-        again = ring_all_gather(ctx, state.params, sizes, phase="backward all-gather")
-        leaf.untyped_storage().resize_(state.numel * leaf.element_size())
-        leaf.data.copy_(again)                        # .data: autograd must not see this write
-        del again
-    if state.stage == 1:
-        leaf.grad = state.grads.zero_()               # backward accumulates into the kept full buffer
-    loss.backward()
-    full, state.step = leaf.grad, state.step + 1      # (P,) this rank's local gradient
-    if state.stage == 3:
-        leaf.untyped_storage().resize_(0)             # reshard after backward
-    reduced = ring_reduce_scatter(ctx, full, phase="gradient reduce-scatter")     # (stop - start,)
-    own_grad = state.grads[state.start:state.stop] if state.stage == 1 else state.grads
-    own_grad.copy_(reduced)
-    del full, leaf, loss, reduced
-    own = state.chunk
+def your_update(work: Workload) -> Update:
+    """The elementwise step of your optimizer: torch.optim.Adam's (default betas and eps) or SGD's."""
     if work.optimizer == "adam":
-        adam_update(own, own_grad, state.moments[0], state.moments[1], state.step,
-                    ZeroConfig(stage=state.stage, lr=work.lr))           # torch's default betas and eps
-    else:
-        sgd_update(own, own_grad, state.moments, state.step, work)
-    if state.stage in (1, 2):
-        state.params.copy_(ring_all_gather(ctx, own.clone(), sizes, phase="parameter all-gather"))
-    return own_grad.clone()
+        cfg = ZeroConfig(lr=work.lr)
+        return lambda p, g, moments, step: adam_update(p, g, moments[0], moments[1], step, cfg)
+    return lambda p, g, moments, step: sgd_update(p, g, moments, step, work)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -203,15 +140,15 @@ class ZeroResult:
 
 
 def zero_train(ctx: Context, spec: WorkloadSpec) -> ZeroResult:
-    """Rank function: ZeRO-spec.stage on your model for spec.work.steps steps."""
-    state, phases = init_zero(ctx, spec), []
-    for step in range(spec.work.steps):
+    """Rank function: ZeRO-spec.stage on your model for spec.work.steps steps (chapter 03's zero_step)."""
+    work, state, phases = spec.work, init_zero(ctx, spec), []
+    update = your_update(work)
+    for step in range(work.steps):
         before = len(ctx.ledger.records)
-        grad = zero_step(ctx, state, spec.work)
+        batch = work.batch(step)
+        grad = zero_step(ctx, state, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"),
+                         update).clone()
         if step == 0:
             grad0 = grad
-        mine = ctx.ledger.records[before:]
-        phases.append({p: {"bytes_sent": sum(r.bytes_sent for r in mine if r.phase == p and r.kind == "p2p"),
-                           "rounds": sum(1 for r in mine if r.phase == p and r.kind == "p2p")}
-                       for p in dict.fromkeys(r.phase for r in mine)})
+        phases.append(ctx.ledger.by_phase(since=before))
     return ZeroResult(chunk=state.chunk.clone(), grad0=grad0, held=state.held_bytes(), phases=tuple(phases))
