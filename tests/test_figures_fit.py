@@ -93,7 +93,7 @@ def _02_seeds():
 
 def _03_zero():
     from wmdist.memory.figures import zero_stages_figure
-    kinds = {"params": 8_000, "grads": 8_000, "optimizer": 16_000}
+    kinds = {"parameters": 8_000, "gradients": 8_000, "optimizer_state": 16_000}
     return zero_stages_figure({s: kinds for s in range(4)}, {s: 32_000 for s in range(4)}, world_size=3)
 
 

@@ -248,3 +248,14 @@ def test_panel_measure_button_with_fake_report(monkeypatch):
     panel.run_button.click()
     assert "run failed" in panel.status.value and "wmdist.zero" in panel.status.value
     assert not panel.run_button.disabled
+
+
+def test_zero_stages_figure_keys_every_kind_and_refuses_unknown_ones():
+    """The figure's legend names each kind drawn and the model's ticks; a misspelt kind is refused, not drawn empty."""
+    from wmdist.memory.figures import zero_stages_figure
+    kinds = {"parameters": 8_000, "gradients": 8_000, "optimizer_state": 16_000}
+    fig = zero_stages_figure({s: kinds for s in range(4)}, {s: 32_000 for s in range(4)}, world_size=3)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["memory model", "parameters", "gradients", "optimizer state"]   # lines first, then bars
+    with pytest.raises(ValueError, match=r"held: unknown tensor kinds \['grads', 'params'\]"):
+        zero_stages_figure({0: {"params": 1, "grads": 1}}, {0: 2}, world_size=3)

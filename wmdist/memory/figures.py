@@ -76,6 +76,9 @@ def zero_stages_figure(held: dict[int, dict[str, int]], predicted: dict[int, int
                        rank: int = 0) -> Figure:
     """Chapter 03's evidence: bytes one rank really held at each ZeRO stage, by kind (bars), and the memory
     model's total for that rank (black ticks). `held[stage][kind]` and `predicted[stage]` are bytes."""
+    unknown = sorted({k for kinds in held.values() for k in kinds} - set(KINDS))
+    if unknown:
+        raise ValueError(f"held: unknown tensor kinds {unknown}; expected some of {list(KINDS)}")
     bars = [(f"ZeRO-{stage}", {**{k: 0 for k in KINDS}, **kinds, "total": sum(kinds.values())})
             for stage, kinds in sorted(held.items())]
     with plt.ioff():
