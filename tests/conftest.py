@@ -125,3 +125,18 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("WMDIST_MEASURED", os.path.join(tempfile.mkdtemp(prefix="wmdist-measured-"), "m.json"))
     if not config.pluginmanager.is_registered(nbval_drift):
         config.pluginmanager.register(nbval_drift, "wmdist-nbval-drift")
+
+
+SESSION_START = time.time()
+LATENCY_TABLE = "build/browser/latency.txt"     # written by tests/test_browser.py::test_latency_table
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Under xdist a worker's printout is not shown: the controller prints the panel latency table it wrote."""
+    from pathlib import Path
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return                                       # a worker, or one process (the test printed it itself)
+    path = Path(config.rootpath) / LATENCY_TABLE
+    if path.exists() and path.stat().st_mtime >= SESSION_START:
+        terminalreporter.write_sep("-", "panel latency, key press -> new picture (tests/test_browser.py)")
+        terminalreporter.write_line(path.read_text().rstrip())
