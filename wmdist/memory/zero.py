@@ -173,6 +173,27 @@ def flat_layout(model: nn.Module) -> tuple[list[tuple[str, torch.Size, int, int]
     return layout, offset
 
 
+def on_meta(model: nn.Module) -> nn.Module:
+    """`model` moved to the meta device (code and shapes, no numbers), its tied parameters still tied.
+
+    Module.to("meta") makes a new Parameter for each place a parameter appears, so a weight shared by two
+    layers (tied embeddings) would become two, and functional_call would fill in only the first: the second
+    would stay a meta tensor. The aliases are pointed back at the first parameter by name.
+    """
+    first: dict[int, str] = {}
+    aliases: list[tuple[str, str]] = []                         # (alias name, name of the first occurrence)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases.append((name, first[id(p)]))
+        else:
+            first[id(p)] = name
+    model = model.to("meta")
+    for alias, name in aliases:
+        owner, _, attr = alias.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(name))
+    return model
+
+
 def init_state(ctx: Context, cfg: ZeroConfig) -> ZeroRankState:
     """Build the model from cfg.seed, flatten it, keep what this rank's stage keeps."""
     model = make_model(seed=cfg.seed)
@@ -184,7 +205,7 @@ def init_state(ctx: Context, cfg: ZeroConfig) -> ZeroRankState:
     n_grad = offset if cfg.stage <= 1 else stop - start
     return ZeroRankState(stage=cfg.stage, numel=offset, start=start, stop=stop, params=params,
                          grads=torch.zeros(n_grad), moments=[torch.zeros(n_state), torch.zeros(n_state)], step=0,
-                         loss_module=_PerExampleLoss(model.to("meta")), layout=layout)
+                         loss_module=_PerExampleLoss(on_meta(model)), layout=layout)
 
 
 def _summed_loss(state: ZeroRankState, flat: torch.Tensor, batch: Any, global_batch: int) -> torch.Tensor:

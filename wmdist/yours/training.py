@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from wmdist.comm import Context, ring_all_reduce
-from wmdist.memory.zero import Update, ZeroConfig, ZeroRankState, adam_update, flat_layout, shard_range, zero_step
+from wmdist.memory.zero import (Update, ZeroConfig, ZeroRankState, adam_update, flat_layout, on_meta, shard_range,
+                                zero_step)
 from wmdist.models import flat_grads, flat_params, set_flat_grads
 from wmdist.yours.workload import Workload, WorkloadSpec, batch_size, build_model, shard
 
@@ -105,7 +106,7 @@ def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroRankState:
                          params=flat[start:stop].clone() if stage == 3 else flat,
                          grads=torch.zeros(offset if stage == 1 else stop - start),
                          moments=[torch.zeros(stop - start) for _ in range(slots)], step=0,
-                         loss_module=_YourLoss(model.to("meta"), work.loss), layout=layout, buffers=buffers)
+                         loss_module=_YourLoss(on_meta(model), work.loss), layout=layout, buffers=buffers)
 
 
 def sgd_update(param: torch.Tensor, grad: torch.Tensor, moments: list[torch.Tensor], step: int,

@@ -141,7 +141,8 @@ class _CountedScatter(ReduceScatter):
 
 
 def fsdp2_train(ctx: Context, spec: WorkloadSpec, *, reshard: bool) -> TorchResult:
-    """Rank function: the workload under FSDP2's fully_shard (each child with parameters a unit, then the root)."""
+    """Rank function: the workload under FSDP2's fully_shard (spec.units: each child whose parameters are its own
+    a unit, then the root with the rest, tied ones included)."""
     from torch.distributed.device_mesh import init_device_mesh
     work = spec.work
     model = build_model(work)

@@ -13,7 +13,9 @@ step-0 batch, so everything that would make the ranks compute another function t
 refused here, with a ValueError or TypeError naming what is wrong: a BatchNorm in training mode (it
 mixes the examples of a batch), dropout or any other randomness (each shard would draw other numbers),
 a forward that changes a buffer, a parameter that gets no gradient, a loss of the wrong shape, a batch
-world_size does not divide. A model that mixes examples some other way (x - x.mean(0)) is not caught
+world_size does not divide, and for data_parallel a loss that reaches into the model (model.enc(x))
+instead of calling it (DDP sees only the call). Tied parameters (one weight in two layers) are one
+parameter everywhere: one flat-vector slot, one FSDP2 unit (the root's). A model that mixes examples some other way (x - x.mean(0)) is not caught
 here: its Report fails, which is the finding.
 
 Functions defined in a notebook cell or a test are shipped to the ranks by value (cloudpickle), their
@@ -22,6 +24,7 @@ module included, since a rank cannot import it.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args
@@ -174,6 +177,8 @@ def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
             raise ValueError(f"parameter {name} must be float32 and trainable (the byte formulas count 4-byte "
                              f"elements of every parameter), got {p.dtype}, requires_grad={p.requires_grad}")
     _check_loss(model, work, work.batch(0), sizes[0])
+    if stage == 0:
+        _check_loss_calls_the_model(model, work, work.batch(0))
     numel = sum(p.numel() for _, p in params)
     if stage and numel < n:
         raise ValueError(f"the model has {numel} parameter elements, fewer than world_size {n}: a ZeRO rank "
@@ -221,10 +226,42 @@ def _check_loss(model: nn.Module, work: Workload, batch: Any, b: int) -> None:
                              "a shard and the whole batch")
 
 
+class _LikeDDP(nn.Module):
+    """What torch's DDP hands your loss as `model`: a wrapper whose forward is yours, and nothing else of yours."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.module = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+
+def _check_loss_calls_the_model(model: nn.Module, work: Workload, batch: Any) -> None:
+    """data_parallel also runs your loss under DDP, which sees (and syncs gradients for) only model(...) calls.
+
+    The loss has just run on the model itself (_check_loss), so whatever fails here fails on the wrapper.
+    """
+    try:
+        work.loss(_LikeDDP(model), batch)
+    except Exception as err:
+        raise ValueError(f"loss(model, batch) must reach the model only by calling it, model(...): data_parallel "
+                         f"also trains it under torch's DDP, which hands your loss its wrapper, and DDP syncs the "
+                         f"gradients of a forward only when it goes through that call (on a wrapper like DDP's, the loss raised {type(err).__name__}: {err}). "
+                         f"Return what the loss needs from the model's forward") from None
+
+
 def _units(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """FSDP2's units as versus_torch shards them: each direct child with parameters, then the root's own."""
-    index = {id(p): i for i, p in enumerate(model.parameters())}
-    out = [(name, tuple(index[id(p)] for p in child.parameters()))
-           for name, child in model.named_children() if any(True for _ in child.parameters())]
+    """FSDP2's units as versus_torch shards them: each direct child with parameters, then the root's own.
+
+    A parameter is sharded by one unit only, so a child that shares a parameter with another child or with
+    the root (tied weights) is not a unit of its own: its parameters stay with the root, as torch advises.
+    """
+    index = {id(p): i for i, p in enumerate(model.parameters())}           # a tied parameter has one index
+    children = [(name, tuple(index[id(p)] for p in child.parameters())) for name, child in model.named_children()]
     own = tuple(index[id(p)] for p in model.parameters(recurse=False))
-    return tuple(out + ([("(root)", own)] if own else []))
+    seen = Counter(i for _, idx in children for i in idx) + Counter(own)
+    units = [(name, idx) for name, idx in children if idx and all(seen[i] == 1 for i in idx)]
+    in_units = {i for _, idx in units for i in idx}
+    rest = tuple(i for i in range(len(index)) if i not in in_units)
+    return tuple(units + ([("(root)", rest)] if rest else []))
