@@ -42,8 +42,21 @@ class _Proc:
 
 
 class _Conn:
+    """A rank's pipe as the pool sees it: whether a reply is waiting, and a file descriptor to wait on."""
+
     def __init__(self, has_reply: bool) -> None:
         self.has_reply = has_reply
+        self._read, self._write = os.pipe()
+
+    def reply_in(self, seconds: float) -> None:
+        def later() -> None:
+            time.sleep(seconds)
+            self.has_reply = True
+            os.write(self._write, b"x")
+        threading.Thread(target=later, daemon=True).start()
+
+    def fileno(self) -> int:
+        return self._read
 
     def poll(self) -> bool:
         return self.has_reply
@@ -84,6 +97,15 @@ def test_a_peer_lost_error_waits_longer_for_the_dead_peer_to_show():
     cause = Pool._root_cause(pool, PEER_RESET, {2})
     assert (cause.rank, cause.reason) == (2, "signal") and "SIGKILL" in str(cause)
     assert 1.4 < time.monotonic() - start < 5.0            # it waited for the death, and no longer
+
+
+def test_the_wait_ends_when_the_other_rank_replies_instead_of_dying():
+    """A peer that is alive and answers (its own error, say) ends the wait: nobody died, the error stands."""
+    pool = _pool({1: None, 2: None})
+    pool._conns[2].reply_in(0.5)
+    start = time.monotonic()
+    assert Pool._root_cause(pool, PEER_RESET, {2}) is PEER_RESET
+    assert time.monotonic() - start < 5.0                  # not the whole 10 s grace
 
 
 def test_an_own_error_waits_only_the_short_grace():

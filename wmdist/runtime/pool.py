@@ -205,7 +205,8 @@ class Pool:
         reach us before the dead rank's exit does (its status comes through the forkserver). So a rank's
         error waits up to ROOT_CAUSE_GRACE_S for any other pending rank to end without a reply, and up to
         PEER_LOST_GRACE_S when the error itself is gloo saying a peer went away. A peer's end is seen by the
-        kernel (zombie or gone) as well as by its sentinel. `grace` (seconds) overrides both waits.
+        kernel (zombie or gone) as well as by its sentinel; the wait ends as soon as every other pending rank
+        has replied. `grace` (seconds) overrides both waits.
         """
         if failure.reason not in ("raised", "start") or not others:
             return failure
@@ -218,14 +219,13 @@ class Pool:
                 gone = proc.exitcode is not None or ended(proc.pid, within=0.0)
                 if gone and not self._conns[r].poll():
                     return exit_failure(r, proc, self._last_comm(r), server=self._server)
+            silent = [r for r in others if self._procs[r].exitcode is None and not self._conns[r].poll()]
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if not silent or remaining <= 0:      # every other rank has replied (or ended with a reply): none died
                 return failure
-            running = [self._procs[r].sentinel for r in others if self._procs[r].exitcode is None]
-            if not running:                 # the others ended with a reply waiting: nothing more to see
-                return failure
+            waitables = [self._procs[r].sentinel for r in silent] + [self._conns[r] for r in silent]
             with contextlib.suppress(OSError, ValueError):
-                wait(running, timeout=min(remaining, 0.05))
+                wait(waitables, timeout=min(remaining, 0.05))
 
     def _receive(self, rank: int, starting: bool) -> list | None:
         """Read one reply's body (None if the rank is gone); a failure it reports raises RankFailure."""
