@@ -150,6 +150,27 @@ def set_flat_grads(model: nn.Module, flat: torch.Tensor) -> None:
         p.grad.copy_(piece.view_as(p))
 
 
+def on_meta(model: nn.Module) -> nn.Module:
+    """`model` moved to the meta device (code and shapes, no numbers), its tied parameters still tied.
+
+    Module.to("meta") makes a new Parameter for each place a parameter appears, so a weight shared by two
+    layers (tied embeddings) would become two, and functional_call would fill in only the first: the second
+    would stay a meta tensor. The aliases are pointed back at the first parameter by name.
+    """
+    first: dict[int, str] = {}
+    aliases: list[tuple[str, str]] = []                         # (alias name, name of the first occurrence)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases.append((name, first[id(p)]))
+        else:
+            first[id(p)] = name
+    model = model.to("meta")
+    for alias, name in aliases:
+        owner, _, attr = alias.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(name))
+    return model
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -41,7 +41,7 @@ from torch import nn
 
 from wmdist import costs
 from wmdist.comm import Context, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from wmdist.models import flat_params, make_batch, make_model, shard_batch
+from wmdist.models import flat_params, make_batch, make_model, on_meta, shard_batch
 
 HELD_KINDS = ("parameters", "gradients", "optimizer_state")
 
@@ -171,27 +171,6 @@ def flat_layout(model: nn.Module) -> tuple[list[tuple[str, torch.Size, int, int]
         layout.append((f"model.{name}", p.shape, offset, offset + p.numel()))
         offset += p.numel()
     return layout, offset
-
-
-def on_meta(model: nn.Module) -> nn.Module:
-    """`model` moved to the meta device (code and shapes, no numbers), its tied parameters still tied.
-
-    Module.to("meta") makes a new Parameter for each place a parameter appears, so a weight shared by two
-    layers (tied embeddings) would become two, and functional_call would fill in only the first: the second
-    would stay a meta tensor. The aliases are pointed back at the first parameter by name.
-    """
-    first: dict[int, str] = {}
-    aliases: list[tuple[str, str]] = []                         # (alias name, name of the first occurrence)
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            aliases.append((name, first[id(p)]))
-        else:
-            first[id(p)] = name
-    model = model.to("meta")
-    for alias, name in aliases:
-        owner, _, attr = alias.rpartition(".")
-        setattr(model.get_submodule(owner), attr, model.get_parameter(name))
-    return model
 
 
 def init_state(ctx: Context, cfg: ZeroConfig) -> ZeroRankState:

@@ -29,9 +29,8 @@ import torch
 from torch import nn
 
 from wmdist.comm import Context, ring_all_reduce
-from wmdist.memory.zero import (Update, ZeroConfig, ZeroRankState, adam_update, flat_layout, on_meta, shard_range,
-                                zero_step)
-from wmdist.models import flat_grads, flat_params, set_flat_grads
+from wmdist.memory.zero import Update, ZeroConfig, ZeroRankState, adam_update, flat_layout, shard_range, zero_step
+from wmdist.models import flat_grads, flat_params, on_meta, set_flat_grads
 from wmdist.yours.workload import Workload, WorkloadSpec, batch_size, build_model, shard
 
 
