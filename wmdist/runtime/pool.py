@@ -202,26 +202,34 @@ class Pool:
         """`failure`, unless another rank died without replying: then that one, the likelier cause.
 
         When a rank is killed, its peers' next collective fails at once and they report an error, which can
-        reach us before the dead rank's exit does (its status comes through the forkserver). So a rank's
-        error waits up to ROOT_CAUSE_GRACE_S for any other pending rank to end without a reply, and up to
-        PEER_LOST_GRACE_S when the error itself is gloo saying a peer went away. A peer's end is seen by the
-        kernel (zombie or gone) as well as by its sentinel; the wait ends as soon as every other pending rank
-        has replied. `grace` (seconds) overrides both waits.
+        reach us before the dead rank's exit status does (it comes through the forkserver). So a rank's error
+        waits up to ROOT_CAUSE_GRACE_S for another pending rank to end without a reply, and up to
+        PEER_LOST_GRACE_S when the error is gloo saying a peer went away. A dead rank shows first as its pipe
+        closing (readable, at end of file), so a readable pipe is read: a reply (or its own error) means that
+        rank is alive and not the cause; end of file, or a process the kernel has seen end, means it died.
+        The wait ends when every other pending rank has been heard from. The call fails either way, so the
+        replies read here are not needed. `grace` (seconds) overrides both waits.
         """
         if failure.reason not in ("raised", "start") or not others:
             return failure
         if grace is None:
             grace = PEER_LOST_GRACE_S if lost_a_peer(failure) else ROOT_CAUSE_GRACE_S
-        deadline = time.monotonic() + grace
+        deadline, heard = time.monotonic() + grace, set()
         while True:
-            for r in sorted(others):
-                proc = self._procs[r]
-                gone = proc.exitcode is not None or ended(proc.pid, within=0.0)
-                if gone and not self._conns[r].poll():
+            for r in sorted(others - heard):
+                proc, conn = self._procs[r], self._conns[r]
+                if conn.poll():
+                    try:
+                        if self._receive(r, False) is None:          # end of file: gone without a reply
+                            return exit_failure(r, proc, self._last_comm(r), server=self._server)
+                    except RankFailure:                               # its own error: alive when it sent it
+                        pass
+                    heard.add(r)
+                elif proc.exitcode is not None or ended(proc.pid, within=0.0):
                     return exit_failure(r, proc, self._last_comm(r), server=self._server)
-            silent = [r for r in others if self._procs[r].exitcode is None and not self._conns[r].poll()]
+            silent = sorted(others - heard)
             remaining = deadline - time.monotonic()
-            if not silent or remaining <= 0:      # every other rank has replied (or ended with a reply): none died
+            if not silent or remaining <= 0:
                 return failure
             waitables = [self._procs[r].sentinel for r in silent] + [self._conns[r] for r in silent]
             with contextlib.suppress(OSError, ValueError):
