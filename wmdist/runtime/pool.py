@@ -41,7 +41,7 @@ DEFAULT_TIMEOUT_S = 300.0      # generous: Binder CPUs are slow and shared
 MAX_TIMEOUT_S = 7200.0         # two hours; the ranks' own gloo timeout sits just above it
 START_TIMEOUT_S = 120.0
 ROOT_CAUSE_GRACE_S = 0.5       # how long a rank's error waits for a peer's death, the likelier cause, to show
-PEER_LOST_GRACE_S = 10.0       # the same wait when the error is gloo saying a peer went away (seen at 0.5 s under load)
+PEER_LOST_GRACE_S = 3.0        # the same wait when the error is gloo saying a peer went away (a busy machine)
 
 class Pool:
     """N warm gloo ranks serving calls over pipes. Use via `run`, or directly.
