@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 import time
 import warnings
@@ -116,10 +117,15 @@ def ring_sum(ctx):
     return ring_all_reduce(ctx, torch.full((6,), float(ctx.rank))).tolist()
 
 
+# Found at the end of the call, or earlier, as the post happens (runtime/stuck.py), when the peer has already
+# finished: which comes first depends on timing, and both name the same rank and peer.
 @pytest.mark.parametrize("fn, culprit, says", [
-    (raw_stray_send, 0, "rank 0 sent 1 message(s) to rank 1 that rank 1 never received"),
-    (raw_stray_receive, 2, "rank 2 posted 1 receive(s) from rank 1 that rank 1 never sent"),
-    (counted_stray_send, 3, "rank 3 sent 1 message(s) to rank 0 that rank 0 never received"),
+    (raw_stray_send, 0, r"rank 0 (sent 1 message\(s\) to rank 1 that rank 1 never received|posted its send #1 to "
+                        r"rank 1, which rank 1 can no longer match)"),
+    (raw_stray_receive, 2, r"rank 2 (posted 1 receive\(s\) from rank 1 that rank 1 never sent|posted its receive #1 "
+                           r"from rank 1, which rank 1 can no longer match)"),
+    (counted_stray_send, 3, r"rank 3 (sent 1 message\(s\) to rank 0 that rank 0 never received|posted its send #1 to "
+                            r"rank 0, which rank 0 can no longer match)"),
 ])
 def test_unmatched_message_fails_its_own_call_and_the_next_call_runs(fn, culprit, says):
     n = 4
@@ -130,7 +136,7 @@ def test_unmatched_message_fails_its_own_call_and_the_next_call_runs(fn, culprit
         run(fn, n, timeout=120)
     assert time.monotonic() - start < 60, "found by counting at the end of the call, not by a timeout"
     assert info.value.reason == "unmatched" and info.value.rank == culprit
-    assert says in str(info.value)
+    assert re.search(says, str(info.value)), str(info.value)
     assert alive_after(pids) == [], "the pool that held the stray message must be gone"
     assert run(ring_sum, n, timeout=120) == [[6.0] * 6] * n, "the next correct call must not hang"
 

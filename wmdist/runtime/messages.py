@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from wmdist.runtime.stuck import COLLECTIVE, RECEIVE, SEND, group_mask
 from wmdist.runtime.wire import COLLECTIVES, count_functional, wait_functional, work_registry_size
 
 if TYPE_CHECKING:
@@ -132,8 +133,9 @@ class MessageAudit:
         self.rank, self.world_size = rank, world_size
         self.begin()
 
-    def begin(self, *, ledger: Ledger | None = None) -> None:
-        """Start a call with nothing counted; a raw dist op is noted in `ledger` as the rank's last op."""
+    def begin(self, *, ledger: Ledger | None = None, on_post: Callable[[int, int, int], None] | None = None) -> None:
+        """Start a call with nothing counted; a raw dist op is noted in `ledger` as the rank's last op, and each
+        post is told to `on_post(kind, n, who)` (stuck.PostBoard.post)."""
         self.sent = [0] * self.world_size
         self.received = [0] * self.world_size
         self.any_source = 0
@@ -144,7 +146,7 @@ class MessageAudit:
         self.collectives: dict[tuple[int, ...], list] = {}   # group's global ranks: [count, crc, tail]
         self._ranks: dict[int, tuple[int, ...] | None] = {}  # id(group) -> its global ranks, this call
         self.functional: list[tuple[Any, str]] = []          # (result, description) of each functional collective
-        self.ledger = ledger
+        self.ledger, self.on_post = ledger, on_post
 
     def _group_ranks(self, group: Any) -> tuple[int, ...] | None:
         key = self._ranks.get(id(group), ())
@@ -165,6 +167,9 @@ class MessageAudit:
         entry[2].append((entry[0], name))
         entry[0] += 1
         entry[1] = zlib.crc32(wire.encode(), entry[1])
+        mask = group_mask(key)
+        if self.on_post is not None and mask is not None:
+            self.on_post(COLLECTIVE, entry[0], mask)
         self._keep(work, f"its {name} on group {list(key)}")
         return key
 
@@ -210,7 +215,10 @@ class MessageAudit:
                 peer = dist.get_global_rank(group, peer)
             except (ValueError, RuntimeError):
                 return    # a group torch does not know the ranks of: cannot be attributed
-            (self.sent if kind == "send" else self.received)[peer] += 1
+            counts = self.sent if kind == "send" else self.received
+            counts[peer] += 1
+            if self.on_post is not None:
+                self.on_post(SEND if kind == "send" else RECEIVE, counts[peer], peer)
             sizes = (self.sizes_out if kind == "send" else self.sizes_in)[peer]
             sizes[0] += size
             sizes[1] = (sizes[1] + zlib.crc32(size.to_bytes(8, "little"))) % (1 << 64)

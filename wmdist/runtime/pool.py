@@ -33,6 +33,7 @@ from wmdist.runtime.failures import (PoolRestartWarning, RankFailure, ended, exi
 from wmdist.runtime.messages import (DRAIN_AT_LEAST_S, DRAIN_TIMEOUT_S, mismatched_sizes, unmatched,
                                      unmatched_collectives)
 from wmdist.runtime.rank import STATUS_BYTES, worker_main
+from wmdist.runtime.stuck import PostBoard, stuck
 from wmdist.runtime.start import forkserver_pid, forkserver_ready, mp_context, never_reimport_main_in_ranks
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "Pool", "PoolRestartWarning", "RankFailure"]
@@ -41,6 +42,7 @@ DEFAULT_TIMEOUT_S = 300.0      # generous: Binder CPUs are slow and shared
 MAX_TIMEOUT_S = 7200.0         # two hours; the ranks' own gloo timeout sits just above it
 START_TIMEOUT_S = 120.0
 ROOT_CAUSE_GRACE_S = 0.5       # how long a rank's error waits for a peer's death, the likelier cause, to show
+STUCK_POLL_S = 0.2             # how often a call with finished ranks checks the others' posts (stuck.py)
 PEER_LOST_GRACE_S = 3.0        # the same wait when the error is gloo saying a peer went away (a busy machine)
 
 class Pool:
@@ -55,6 +57,8 @@ class Pool:
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._status: list[Any] = []
+        self._boards: list[PostBoard] = []    # what each rank last posted in the current call (stuck.py)
+        self._calls = 0                       # calls sent to this pool's ranks (each rank counts them too)
         self._tmpdir: str | None = None
         self._server: int | None = None       # the forkserver that started the ranks (None under spawn)
         self._lock = threading.Lock()
@@ -102,14 +106,16 @@ class Pool:
         for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             status = ctx.RawArray(ctypes.c_char, STATUS_BYTES)
+            board = PostBoard.new(ctx)
             proc = ctx.Process(target=worker_main, name=f"wmdist-rank{rank}", daemon=True,
-                               args=(rank, self.world_size, store, child_end, status, MAX_TIMEOUT_S + 60,
-                                     os.getpid()))
+                               args=(rank, self.world_size, store, child_end, status, board.array,
+                                     MAX_TIMEOUT_S + 60, os.getpid()))
             proc.start()
             child_end.close()
             self._procs.append(proc)
             self._conns.append(parent_end)
             self._status.append(status)
+            self._boards.append(board)
 
     def run(self, fn: Callable[..., Any], *, args: tuple = (), kwargs: dict | None = None,
             timeout: float = DEFAULT_TIMEOUT_S) -> list[Any]:
@@ -122,9 +128,10 @@ class Pool:
         ranks = range(self.world_size)
         with self._lock:
             try:
+                self._calls += 1
                 for conn in self._conns:
                     conn.send_bytes(payload)
-                replies = self._collect(time.monotonic() + timeout, ranks)    # rank: [lost, counts, result]
+                replies = self._collect(time.monotonic() + timeout, ranks, call=self._calls)   # [lost, counts, result]
                 self._check_messages([replies[r][1] for r in ranks], time.monotonic() + timeout)
             except BaseException:
                 self.close(grace=0.2)   # ranks may be stuck in a collective: do not wait long
@@ -163,17 +170,24 @@ class Pool:
             self._conns[r].send_bytes(f"drain {within:.3f}".encode())
         self._collect(time.monotonic() + within + 5.0, unfinished)
 
-    def _collect(self, deadline: float, ranks: range | list[int], start_timeout: float | None = None) -> \
-            dict[int, list]:
+    def _collect(self, deadline: float, ranks: range | list[int], start_timeout: float | None = None,
+                 call: int | None = None) -> dict[int, list]:
         """Wait for one reply from each of `ranks`: {rank: reply body}; any failure raises RankFailure.
 
-        `start_timeout`: the start's timeout in seconds, when these are the ranks' first replies.
+        `start_timeout`: the start's timeout in seconds, when these are the ranks' first replies. `call`: the
+        number of the call whose replies these are: a pending rank whose last post a rank that has finished
+        can no longer match fails the call at once (stuck.py).
         """
         starting = start_timeout is not None
         replies: dict[int, list] = {}
         pending = set(ranks)
         procs, conns = self._procs, self._conns
         while pending:
+            if call is not None and replies:
+                failure = stuck(call, {r: self._boards[r].read() for r in pending},
+                                {r: body[1] for r, body in replies.items()}, [self._last_comm(r) for r in ranks])
+                if failure is not None:
+                    raise failure
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timeout_failure(sorted(pending), [self._last_comm(r) for r in range(self.world_size)],
@@ -181,7 +195,7 @@ class Pool:
             waitables = {conns[r]: r for r in pending}
             waitables.update({procs[r].sentinel: r for r in pending})
             try:
-                ready = wait(list(waitables), timeout=remaining)
+                ready = wait(list(waitables), timeout=min(remaining, STUCK_POLL_S) if call and replies else remaining)
             except (OSError, ValueError):
                 raise RankFailure(min(pending), "closed", "was shut down while the call ran", None) from None
             # Replies first: a rank may send its result and exit in the same instant.
@@ -201,14 +215,11 @@ class Pool:
     def _root_cause(self, failure: RankFailure, others: set[int], grace: float | None = None) -> RankFailure:
         """`failure`, unless another rank died without replying: then that one, the likelier cause.
 
-        When a rank is killed, its peers' next collective fails at once and they report an error, which can
-        reach us before the dead rank's exit status does (it comes through the forkserver). So a rank's error
-        waits up to ROOT_CAUSE_GRACE_S for another pending rank to end without a reply, and up to
-        PEER_LOST_GRACE_S when the error is gloo saying a peer went away. A dead rank shows first as its pipe
-        closing (readable, at end of file), so a readable pipe is read: a reply (or its own error) means that
-        rank is alive and not the cause; end of file, or a process the kernel has seen end, means it died.
-        The wait ends when every other pending rank has been heard from. The call fails either way, so the
-        replies read here are not needed. `grace` (seconds) overrides both waits.
+        A killed rank's peers report their broken collectives at once, maybe before its exit status arrives
+        (through the forkserver). So an error waits up to ROOT_CAUSE_GRACE_S (PEER_LOST_GRACE_S when gloo says
+        a peer went away; `grace` overrides both) for another pending rank to end without a reply. A death
+        shows first as the rank's pipe at end of file, so readable pipes are read (the call fails anyway):
+        a reply means alive; end of file, or a process the kernel saw end, means dead.
         """
         if failure.reason not in ("raised", "start") or not others:
             return failure
@@ -264,7 +275,7 @@ class Pool:
         """
         with cleanup.interrupts_deferred():
             procs, conns, tmpdir = self._procs, self._conns, self._tmpdir
-            self._procs, self._conns, self._status, self._tmpdir = [], [], [], None
+            self._procs, self._conns, self._status, self._boards, self._tmpdir = [], [], [], [], None
             started = descendants([p.pid for p in procs if p.pid is not None])   # found while the ranks live
             try:
                 for conn in conns:

@@ -35,6 +35,7 @@ from wmdist.runtime.groups import groups_lost, route_new_group
 from wmdist.runtime.isolation import RankState
 from wmdist.runtime.messages import MessageAudit
 from wmdist.runtime.resources import RankResources
+from wmdist.runtime.stuck import PostBoard
 
 STATUS_BYTES = 512             # shared buffer per rank: the last communication entered
 
@@ -110,8 +111,8 @@ def _reply(conn: Any, *message: Any) -> None:
     conn.send_bytes(cloudpickle.dumps(message))
 
 
-def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: Any, group_timeout_s: float,
-                owner: int) -> None:
+def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: Any, posts: Any,
+                group_timeout_s: float, owner: int) -> None:
     """Rank process: join the group, then serve calls until told to close.
 
     Replies: ("ready", pid); ("ok", what could not be put back, message
@@ -144,6 +145,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
     # Process groups and buffers: kept across calls, never demo state; its groups time out with the world's.
     resources = RankResources(timeout=timedelta(seconds=group_timeout_s))
     route_new_group(resources, world_size, lambda: audit.ledger)
+    board, calls = PostBoard(posts), 0          # what this rank last posted, for the parent (stuck.py)
     while True:
         try:
             message = conn.recv_bytes()
@@ -157,7 +159,9 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
             continue
         ledger = Ledger(rank=rank, on_enter=publish)
         publish("")
-        audit.begin(ledger=ledger)
+        calls += 1
+        board.begin(calls)
+        audit.begin(ledger=ledger, on_post=board.post)
         try:
             fn, args, kwargs = cloudpickle.loads(message)
             with main_names(fn):
