@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import os
+import re
 import subprocess
 import sys
 import time
@@ -43,11 +44,15 @@ def functional_reduce_scatter_on_rank_2(ctx):
     return "ok"
 
 
+# Found at the end of the call, or as it happens once rank 1 has finished (runtime/stuck.py): which comes
+# first depends on timing; both name the same rank, group and rank behind.
 @pytest.mark.parametrize("fn, n, culprit, ranks, says", [
     (functional_all_reduce_on_rank_0, 2, 0, (0, 1),
-     "posted all_reduce (functional) on group [0, 1] (its collective #1 there) that rank(s) 1 never posted"),
+     r"posted all_reduce \(functional\) on group \[0, 1\] \(its collective #1 there\) that rank\(s\) 1 never posted|"
+     r"posted its collective #1 on group \[0, 1\], which rank 1 can no longer match"),
     (functional_reduce_scatter_on_rank_2, 3, 2, (1, 2),
-     "posted reduce_scatter_tensor (functional) on group [1, 2] (its collective #1 there) that rank(s) 1"),
+     r"posted reduce_scatter_tensor \(functional\) on group \[1, 2\] \(its collective #1 there\) that rank\(s\) 1|"
+     r"posted its collective #1 on group \[1, 2\], which rank 1 can no longer match"),
 ])
 def test_a_functional_collective_on_only_some_ranks_fails_its_own_call(fn, n, culprit, ranks, says):
     run(lambda ctx: ctx.rank, n)
@@ -57,7 +62,7 @@ def test_a_functional_collective_on_only_some_ranks_fails_its_own_call(fn, n, cu
         run(fn, n, timeout=60)
     assert time.monotonic() - start < 30, "found by counting at the end of the call, not by a timeout"
     assert (info.value.reason, info.value.rank, info.value.ranks) == ("unmatched", culprit, ranks)
-    assert says in str(info.value)
+    assert re.search(says, str(info.value)), str(info.value)
     assert alive_after(pids) == [], "the pool that holds the stray collective must be gone"
     assert run(correct_sum, n, timeout=60) == [float(sum(range(n)))] * n     # was: hung, blaming this call
 
