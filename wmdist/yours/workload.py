@@ -15,8 +15,8 @@ mixes the examples of a batch), dropout or any other randomness (each shard woul
 a forward that changes a buffer, a parameter that gets no gradient, a loss of the wrong shape, a batch
 world_size does not divide, and for data_parallel a loss that reaches into the model (model.enc(x))
 instead of calling it (DDP sees only the call). Tied parameters (one weight in two layers) are one
-parameter everywhere: one flat-vector slot, one FSDP2 unit (the root's). A model that mixes examples some other way (x - x.mean(0)) is not caught
-here: its Report fails, which is the finding.
+parameter everywhere: one flat-vector slot, one FSDP2 unit (the root's). A model that mixes examples
+some other way (x - x.mean(0)) is not caught here: its Report fails, which is the finding.
 
 Functions defined in a notebook cell or a test are shipped to the ranks by value (cloudpickle), their
 module included, since a rank cannot import it.
@@ -247,7 +247,8 @@ def _check_loss_calls_the_model(model: nn.Module, work: Workload, batch: Any) ->
     except Exception as err:
         raise ValueError(f"loss(model, batch) must reach the model only by calling it, model(...): data_parallel "
                          f"also trains it under torch's DDP, which hands your loss its wrapper, and DDP syncs the "
-                         f"gradients of a forward only when it goes through that call (on a wrapper like DDP's, the loss raised {type(err).__name__}: {err}). "
+                         f"gradients of a forward only when it goes through that call (on a wrapper like DDP's, "
+                         f"the loss raised {type(err).__name__}: {err}). "
                          f"Return what the loss needs from the model's forward") from None
 
 
