@@ -71,3 +71,120 @@ def test_binder_kernel_is_the_sharing_launcher():
     assert listed.returncode == 0, listed.stderr
     argv = json.loads(listed.stdout)["kernelspecs"]["python3"]["spec"]["argv"]
     assert argv[1:3] == ["-m", "wmdist.kernel"], argv
+
+
+# --- the pins against repo2docker's base environment (no network: the lock and metadata are committed) ---------
+DATA = ROOT / "tests" / "data" / "binder"
+LOCK = DATA / "repo2docker-environment.py-3.11-linux-64.lock"
+
+
+def _norm(name: str) -> str:
+    return name.replace("_", "-").replace(".", "-").lower()
+
+
+def _lock_versions() -> dict[str, str]:
+    """Package -> version from the conda lock's explicit URLs (…/noarch/jupyter_server-2.17.0-pyh…_0.conda)."""
+    import re
+    found = {}
+    for line in LOCK.read_text().splitlines():
+        m = re.match(r"https://\S+/(?:noarch|linux-64)/(.+)-([^-]+)-[^-]+\.(?:conda|tar\.bz2)#", line)
+        if m:
+            found[_norm(m.group(1))] = m.group(2)
+    return found
+
+
+def _pins(text: str) -> dict[str, str]:
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#")[0].strip()
+        if line and not line.startswith("-"):
+            name, _, version = line.partition("==")
+            assert version, f"binder/requirements.txt: {line!r} is not pinned with =="
+            pins[_norm(name)] = version
+    return pins
+
+
+def _requires(name: str, version: str) -> list[str] | None:
+    """Requires-Dist of name==version: the committed copy, else this venv's when it holds that exact version."""
+    import importlib.metadata as md
+    from packaging.requirements import Requirement
+    committed = json.loads((DATA / "requires.json").read_text())["requires"]
+    if f"{name}=={version}" in committed:
+        return committed[f"{name}=={version}"]
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        return None
+    if dist.version != version:
+        return None
+    reqs = [Requirement(r) for r in dist.requires or []]
+    return [str(r) for r in reqs if not r.marker or r.marker.evaluate({"extra": ""})]
+
+
+def binder_conflicts(pins: dict[str, str]) -> list[str]:
+    """The conflicts pip would report installing `pins` over the lock: a pinned package whose requirement the
+    result breaks, or a lock package left in place whose requirement on a package pip changed no longer holds.
+    A pin's requirement that the lock's version misses makes pip upgrade that package; this venv's version (the
+    same pins resolved) stands in for the one pip picks there."""
+    import importlib.metadata as md
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+    lock = _lock_versions()
+    after = {**lock, **{n: v.split("+")[0] for n, v in pins.items()}}
+    changed, problems = set(pins), []
+    for name, version in pins.items():
+        reqs = _requires(name, version)
+        if reqs is None:
+            problems.append(f"no metadata for the pin {name}=={version} (not in this venv nor requires.json)")
+            continue
+        for req in map(Requirement, reqs):
+            dep = _norm(req.name)
+            if dep in after and not req.specifier.contains(Version(after[dep]), prereleases=True):
+                if dep in pins:
+                    problems.append(f"{name} {version} requires {req}, pinned {pins[dep]}")
+                    continue
+                after[dep], changed = md.version(dep), changed | {dep}
+                if not req.specifier.contains(Version(after[dep]), prereleases=True):
+                    problems.append(f"{name} {version} requires {req}; this venv has {after[dep]}")
+    committed = json.loads((DATA / "requires.json").read_text())["requires"]
+    for key, reqs in committed.items():
+        name, version = key.split("==")
+        if name in changed or lock.get(name) != version:
+            continue                                   # reinstalled by pip, or not the lock's version
+        for req in map(Requirement, reqs):
+            dep = _norm(req.name)
+            if dep in changed and not req.specifier.contains(Version(after[dep]), prereleases=True):
+                problems.append(f"{name} {version} (base environment) requires {req}, but pip installs {after[dep]}")
+    return problems
+
+
+def test_binder_lock_copy_is_for_the_runtime_python():
+    """The committed lock is repo2docker's for binder/runtime.txt's Python, and it has the Jupyter the pins meet."""
+    runtime = (BINDER / "runtime.txt").read_text().strip()
+    assert runtime == "python-3.11" and "3.11" in LOCK.name
+    lock = _lock_versions()
+    assert lock["python"].startswith("3.11.") and {"notebook", "jupyterlab", "ipykernel"} <= set(lock)
+    assert "jupyter_repo2docker-2026.4.0" in (DATA / "README.md").read_text()
+
+
+def test_binder_pins_leave_no_resolver_conflict_over_the_base_environment():
+    pins = _pins((BINDER / "requirements.txt").read_text())
+    assert binder_conflicts(pins) == []
+
+
+def test_binder_conflict_check_catches_the_old_jupyterlab_pin():
+    """The check can fail: JupyterLab 4.6.6 without a notebook pin breaks the lock's notebook 7.4.7 (<4.5),
+    which is the error the build printed before notebook was pinned."""
+    pins = _pins((BINDER / "requirements.txt").read_text())
+    pins.pop("notebook")
+    problems = binder_conflicts(pins)
+    assert any(p.startswith("notebook 7.4.7 (base environment) requires jupyterlab<4.5") for p in problems), problems
+
+
+def test_binder_pins_ipykernel_the_suite_runs():
+    """The course's kernel forks through ipykernel, so Binder gets the version these tests run on."""
+    import importlib.metadata as md
+    pins = _pins((BINDER / "requirements.txt").read_text())
+    assert pins.get("ipykernel") == md.version("ipykernel")
+    for name in ("jupyterlab", "ipywidgets", "numpy", "matplotlib", "cloudpickle", "psutil"):
+        assert pins[name] == md.version(name), name
