@@ -23,6 +23,7 @@ import torch
 from wmdist.comm import Context
 from wmdist.compare import bound_ratio, one_thread, reordered_terms, worst
 from wmdist.costs import experts as ecosts
+from wmdist.costs.collectives import ring_allreduce_bytes
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF, reordered_sum_bound
 from wmdist.costs.validate import require_int, require_real
 from wmdist.experiment import Experiment, Verdict
@@ -146,8 +147,43 @@ def mesh_train_reference(spec: MeshTrainSpec) -> MeshTrainReference:
                               tolerances=tol)
 
 
+@dataclass(frozen=True, kw_only=True)
+class GradientWire:
+    """One rank's gradient all-reduces per step: the payload each carries (what the ledger records for torch's
+    built-in all-reduce) and what a ring all-reduce of that payload sends, 2(n-1)/n of it over its n ranks,
+    summed tensor by tensor (`costs.collectives.ring_allreduce_bytes`). `plain_dp_*`: the expert gradients
+    if every rank held all E experts and all-reduced them over all N ranks, as plain data parallelism does."""
+    dense_payload: int
+    dense_ring: int
+    expert_payload: int
+    expert_ring: int
+    plain_dp_expert_payload: int
+    plain_dp_expert_ring: int
+
+
+def gradient_wire(spec: MeshTrainSpec, rank: int = 0) -> GradientWire:
+    """Payload and ring wire bytes of `rank`'s dense and expert gradient all-reduces (formulas; no run)."""
+    numel = {n: p.numel() for n, p in make_moe_model(spec.model, seed=spec.seed).named_parameters()}
+    dense = [v for n, v in numel.items() if not is_expert(n)]
+    experts = [v for n, v in numel.items() if is_expert(n)]
+    per = spec.model.experts // spec.ep                 # a rank holds E/ep experts, all of one shape
+    held = [v for n, v in numel.items() if is_expert(n) and int(n.split(".experts.")[1].split(".")[0]) < per]
+    n, dp = spec.world_size, spec.layout.dp
+    dp_rank = spec.layout.replica_ranks(rank).index(rank)
+
+    def ring(sizes: list[int], ranks: int, r: int) -> int:
+        return sum(ring_allreduce_bytes(v, ranks, r) for v in sizes) if ranks > 1 else 0
+    return GradientWire(dense_payload=4 * sum(dense), dense_ring=ring(dense, n, rank),
+                        expert_payload=4 * sum(held) if dp > 1 else 0, expert_ring=ring(held, dp, dp_rank),
+                        plain_dp_expert_payload=4 * sum(experts),
+                        plain_dp_expert_ring=ring(experts, n, rank))
+
+
 def mesh_counts(spec: MeshTrainSpec, results: list[MeshTrainRank], ref: MeshTrainReference) -> list[Count]:
-    """Per step and rank: gradient all-reduce payloads and the dispatch's bytes, against their formulas."""
+    """Per step and rank: gradient all-reduce payloads and the dispatch's bytes, against their formulas.
+
+    The all-reduces are torch's own (gloo picks the algorithm), so the ledger holds their payload, not wire
+    bytes; `gradient_wire` gives what a ring would send for the same payload."""
     shapes = {n: p.numel() * 4 for n, p in make_moe_model(spec.model, seed=spec.seed).named_parameters()}
     dense = sum(b for n, b in shapes.items() if not is_expert(n))
     n_ranks, per_tokens = spec.world_size, spec.tokens // spec.world_size
@@ -155,9 +191,9 @@ def mesh_counts(spec: MeshTrainSpec, results: list[MeshTrainRank], ref: MeshTrai
     for step, ids in enumerate(ref.experts):
         expert_bytes = [sum(b for n, b in shapes.items() if is_expert(n) and n in r.params) if spec.layout.dp > 1
                         else 0 for r in results]
-        out += counts_per_rank("bytes sent", [r.bytes[step].get("dense grads", (0, 0))[0] for r in results],
+        out += counts_per_rank("payload", [r.bytes[step].get("dense grads", (0, 0))[0] for r in results],
                                [dense] * n_ranks, phase="dense grads", step=step)
-        out += counts_per_rank("bytes sent", [r.bytes[step].get("expert grads", (0, 0))[0] for r in results],
+        out += counts_per_rank("payload", [r.bytes[step].get("expert grads", (0, 0))[0] for r in results],
                                expert_bytes, phase="expert grads", step=step)
         sent = []
         for g in range(spec.layout.dp):
@@ -179,7 +215,8 @@ def compare_mesh_train(spec: MeshTrainSpec, results: list[MeshTrainRank]) -> Ver
     checks = [exact_check(f"routing at step {s} == one process", torch.cat([r.experts[s] for r in results]),
                           ref.experts[s], "which experts each token chose: integers, compared exactly")
               for s in range(spec.steps)]
-    checks.append(Check(name=f"every parameter after {spec.steps} steps == one process", error=ratio, tolerance=1.0, reason=WHY, detail=where))
+    checks.append(Check(name=f"every parameter after {spec.steps} steps == one process", error=ratio, tolerance=1.0,
+                        reason=WHY, detail=where))
     params = {"ep": spec.ep, "dp": spec.layout.dp, "experts": spec.model.experts, "k": spec.model.k,
               "steps": spec.steps, "lr": spec.lr, "batch": spec.batch, "seq_len": spec.seq_len}
     return Verdict(checks=checks, exact=mesh_counts(spec, results, ref), params=params)

@@ -67,14 +67,15 @@ def summary(view: ExpertsView) -> str:
     mean = sum(view.rank_loads) / c.ranks
     lines = [
         f"<b>Capacity</b> C = ⌈c N T k / E⌉ = <b>{view.capacity:,}</b> per expert; expected "
-        f"<b>{100 * view.dropped_fraction:.1f}% dropped</b> at skew {c.skew:.1f}. <b>Imbalance</b> max/mean "
-        f"{view.imbalance:.2f}: rank {view.busiest}'s experts get {view.rank_loads[view.busiest]:,.0f} assignments "
-        f"(mean {mean:,.0f}).",
+        f"<b>{100 * view.dropped_fraction:.1f}% dropped</b> at skew {c.skew:.1f}. <b>Imbalance</b> per expert "
+        f"max/mean {view.imbalance:.2f} (the most popular expert's load over the mean expert's); per rank max/mean "
+        f"{view.rank_imbalance:.2f}: rank {view.busiest}'s experts get {view.rank_loads[view.busiest]:,.0f} "
+        f"assignments (mean {mean:,.0f}).",
         f"<b>All-to-all per rank</b>, one dispatch: up to <b>{nbytes(view.dispatch_bytes)}</b> (busiest rank, sent "
-        f"or received); uniform routing {nbytes(view.uniform_bytes)} = T k (N-1)/N d. A training step runs four "
-        f"(dispatch, combine, both backward): {nbytes(busy.sent)} sent by the busiest, plus "
-        f"{nbytes(view.counts_bytes)} of counts before each dispatch. A padded dispatch (C_r = ⌈c T k / E⌉ "
-        f"slots per expert, full or not) would send {nbytes(view.padded_bytes)} per rank.",
+        f"or received); uniform routing {nbytes(view.uniform_bytes)} = T k (N-1)/N d x {c.element_size} B per "
+        f"element. A training step runs four (dispatch, combine, both backward): {nbytes(busy.sent)} sent by the "
+        f"busiest, plus {nbytes(view.counts_bytes)} of counts before each dispatch. A padded dispatch "
+        f"(C_r = ⌈c T k / E⌉ slots per expert, full or not) would send {nbytes(view.padded_bytes)} per rank.",
         f"<b>One forward</b>: dispatch + combine <b>{seconds(view.a2a_seconds)}</b> at {c.link_gbps:.3g} GB/s, the "
         f"busiest rank's experts <b>{seconds(view.compute_seconds)}</b> at {c.tflops:.3g} TFLOP/s: the all-to-alls "
         f"take {view.comm_over_compute:.2f}× the compute (nothing overlapped).",

@@ -100,6 +100,11 @@ class ExpertsView:
         return max(t.dispatch[0] for t in self.traffic)
 
     @property
+    def rank_imbalance(self) -> float:
+        """max / mean of the assignments per rank's experts: what the step waits on (per expert is `imbalance`)."""
+        return max(self.rank_loads) / (sum(self.rank_loads) / len(self.rank_loads))
+
+    @property
     def comm_over_compute(self) -> float:
         return self.a2a_seconds / self.compute_seconds
 
