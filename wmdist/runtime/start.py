@@ -1,6 +1,6 @@
 """How rank processes are started: from multiprocessing's forkserver with torch preloaded, deaf to
-Ctrl-C while it imports, waited for in a way Ctrl-C and the call's timeout can end, and never
-re-running the parent's __main__ (pool.py starts them)."""
+Ctrl-C while it imports (a Ctrl-C meant for the parent is held, never dropped), waited for in a way
+Ctrl-C and the call's timeout can end, and never re-running the parent's __main__ (pool.py starts them)."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -8,7 +8,7 @@ import multiprocessing.spawn as mp_spawn
 import signal
 import threading
 
-_INSTALL = threading.Lock()    # guards the one-time, process-wide hook of never_reimport_main_in_ranks
+_INSTALL = threading.Lock()    # guards the one-time, process-wide hooks (never_reimport_main_in_ranks, spawn)
 _READY: set[int] = set()       # forkservers (by pid) that have forked once: their preload is imported
 
 # Preloaded in the forkserver, so every rank forks with them already imported and shares their
@@ -31,27 +31,59 @@ def mp_context() -> mp.context.BaseContext:
 
 
 def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start multiprocessing's forkserver (if not running) with SIGINT ignored.
+    """Start multiprocessing's forkserver (if not running) deaf to Ctrl-C, without losing a Ctrl-C meant for us.
 
     Jupyter's Stop sends SIGINT to the kernel's whole process group. The
     forkserver ignores SIGINT only once it has imported its preload (torch:
     seconds), so Stop during the first pool start killed it mid-import, with a
     traceback on the kernel's stderr and a zombie left until the kernel exits.
-    An ignored signal stays ignored across exec, and Python keeps it so, so the
-    forkserver starts deaf to Ctrl-C; the parent still gets its KeyboardInterrupt
-    (a Ctrl-C during the few milliseconds of the fork itself is dropped).
-    Only the main thread can change signal handlers: elsewhere it starts as before.
+    So the forkserver is started ignoring SIGINT from its first instruction:
+    `_spawn_deaf_forkserver` blocks SIGINT in the starting thread for the
+    fork and exec (the child inherits the mask, not a pending signal), and the
+    child's command first ignores SIGINT, then unblocks it.
+
+    The parent's own handler is never changed, so a Ctrl-C during the start
+    waits, blocked, and is raised here the moment the fork is done. (Ignoring
+    SIGINT in the parent for the fork, as before, dropped it: a few
+    milliseconds on a quiet machine, but at load 10 to 23 the window was wide
+    enough that a Ctrl-C a second into the call was lost and the call returned
+    53 s later.) It works from any thread: only the starting thread blocks it.
     """
     from multiprocessing import forkserver
 
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    _install_deaf_forkserver_spawn()
+    forkserver.ensure_running()
+
+
+_FORKSERVER_COMMAND = "from multiprocessing.forkserver import main"
+_DEAF = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT]); ")
+
+
+def _install_deaf_forkserver_spawn() -> None:
+    """Wrap multiprocessing's `util.spawnv_passfds` (once, process-wide) so the forkserver starts deaf to SIGINT.
+
+    Only the forkserver's command (`python ... -c "from multiprocessing.forkserver import main; ..."`) is
+    changed; every other spawn (the resource tracker's) passes through as it was.
+    """
+    from multiprocessing import util
+
+    with _INSTALL:
+        original = util.spawnv_passfds
+        if getattr(original, "wmdist_deaf_forkserver", False):
+            return
+
+        def spawnv_passfds(path: str, args: list[str], passfds: object) -> int:
+            if len(args) < 2 or args[-2] != "-c" or not args[-1].startswith(_FORKSERVER_COMMAND):
+                return original(path, args, passfds)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+            try:
+                return original(path, [*args[:-1], _DEAF + args[-1]], passfds)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)    # a Ctrl-C held meanwhile arrives now
+
+        spawnv_passfds.wmdist_deaf_forkserver = True   # type: ignore[attr-defined]
+        util.spawnv_passfds = spawnv_passfds
 
 
 def forkserver_pid(ctx: mp.context.BaseContext) -> int | None:
