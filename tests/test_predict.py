@@ -124,6 +124,32 @@ def test_a_guess_that_cannot_be_used_is_not_compared_and_says_why(typed, why):
     assert ("shown without a guess" if not typed else why) in shown.text
 
 
+def _answer_area(guess: Prediction) -> str:
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in guess.out.outputs)
+
+
+def test_a_click_that_overtakes_the_typed_value_is_judged_again_when_the_value_arrives():
+    """The browser's order on a busy kernel: Check pressed, then the value typed before it arrives.
+
+    The refusal of the old value must not stay (seen in the browser: "abc" typed, "no guess entered"
+    shown); nothing is measured without a press, and a measurement already made is compared at once."""
+    guess, measure = Prediction(QUESTION, unit="B", low=0), Measure()
+    guess.answer_with(measure)
+    guess._press(guess.check)                            # the click, judged on the empty box
+    assert "no guess entered" in _answer_area(guess) and measure.calls == 0
+    guess.value = "abc"                                  # the value typed before the click, arriving late
+    assert "not a number" in _answer_area(guess) and "no guess entered" not in _answer_area(guess)
+    guess.value = "400000"
+    assert "press Check my guess to compare it" in _answer_area(guess) and measure.calls == 0
+    guess._press(guess.check)
+    assert "33.3% below" in _answer_area(guess) and measure.calls == 1
+    guess.value = "abc"                                  # a reveal on screen is left alone by typing
+    assert "33.3% below" in _answer_area(guess)
+    guess._press(guess.check)
+    guess.value = "600020"                               # after a refusal, with the measurement there
+    assert "exactly right" in _answer_area(guess) and measure.calls == 1
+
+
 def test_a_fraction_prompt_refuses_12000():
     guess = Prediction("What fraction of the step is idle?", low=0, high=1)
     guess.answer_with(lambda: Answer(measured=0.28, formula=3 / 11))

@@ -48,8 +48,9 @@ class Prediction:
         self.out.add_class("wmdist-answer")
         self.check_button.on_click(lambda _b: self._press(self.check))
         self.show_button.on_click(lambda _b: self._press(self.show))
-        self.box.observe(lambda _change: self._update_status(), "value")
+        self.box.observe(lambda _change: self._box_changed(), "value")
         self.note = ""
+        self._refused = False     # the answer area shows a Check's refusal (see _box_changed)
         self._measure: Callable[[], Answer] | None = None
         self._answer: Answer | None = None
         self._update_status()
@@ -75,6 +76,26 @@ class Prediction:
         else:
             self.status.value = f"your guess: {format_number(value, unit=self.unit)}"
 
+    def _box_changed(self) -> None:
+        """The status beside the box, and a refusal in the answer area brought up to date with the box.
+
+        The browser sends a button's click at once but holds a box's new value back while an earlier
+        update of the box is unanswered (ipywidgets' sync throttle), so on a busy kernel a click can
+        arrive before the value typed just before it and be judged on the old one (seen: "abc" typed,
+        "no guess entered" shown). So while a Check's refusal is shown, each new value is judged
+        again: still unusable, the refusal names it; usable, it is compared if the measurement is
+        already there, and otherwise the note asks for the press (nothing is measured without one).
+        """
+        self._update_status()
+        if not self._refused:
+            return
+        if self._answer is not None or self.guess is None:
+            self._press(self.check)
+        else:
+            self.note = (f"your guess: {format_number(self.guess, unit=self.unit)}; press Check my guess to "
+                         "compare it")
+            self.out.outputs = ({"output_type": "stream", "name": "stdout", "text": self.note + "\n"},)
+
     def reveal(self, answer: Answer, *, unused: str = "") -> Reveal:
         """The box's guess, the formula and the measurement side by side (no guess: `unused` says why)."""
         value, why = read_guess(self.box.value, self.bounds)
@@ -88,7 +109,7 @@ class Prediction:
         """Show the box again with the buttons; `measure()` runs at the first press, not now."""
         if not callable(measure):
             raise TypeError(f"measure must be a function of no arguments returning an Answer, not {measure!r}")
-        self._measure, self._answer, self.note = measure, None, ""
+        self._measure, self._answer, self.note, self._refused = measure, None, "", False
         self.out.outputs = ()
         return Asking(self)
 
@@ -124,6 +145,7 @@ class Prediction:
         where no kernel captures output, as in the tests.
         """
         self.check_button.disabled = self.show_button.disabled = True
+        self._refused = False
         try:
             if self._answer is None:
                 self.out.outputs = ({"output_type": "stream", "name": "stdout", "text": "measuring...\n"},)
@@ -132,6 +154,7 @@ class Prediction:
             except Exception:                    # a callback's exception would vanish into the kernel log
                 self.out.outputs = ({"output_type": "stream", "name": "stderr", "text": traceback.format_exc()},)
                 return
+            self._refused = result is None and action == self.check
             if result is None:
                 self.out.outputs = ({"output_type": "stream", "name": "stdout", "text": self.note + "\n"},)
             else:
