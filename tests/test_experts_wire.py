@@ -49,7 +49,7 @@ def spec4() -> ep_dp.MeshTrainSpec:
 def test_ring_wire_bytes_are_measured_on_the_demos_groups(spec4):
     measured = runtime.run(_ring_each_group, 4, spec4)
     for rank, got in enumerate(measured):
-        wire = ep_dp.gradient_wire(spec4, rank)
+        wire = ep_dp.gradient_wire(spec4, rank=rank)
         assert (got["dense"], got["experts"], got["plain dp experts"]) == (
             wire.dense_ring, wire.expert_ring, wire.plain_dp_expert_ring), rank
 
@@ -57,11 +57,11 @@ def test_ring_wire_bytes_are_measured_on_the_demos_groups(spec4):
 def test_the_numbers_chapter_10_quotes(spec4):
     """8,448 B of dense payload is 12,672 B on a 4-rank ring; 8,576 B of expert payload is 8,576 B on a ring of 2;
     plain DP's expert payload is twice EP's, its ring bytes three times (2 x 1.5 / 1)."""
-    w = ep_dp.gradient_wire(spec4, 0)
+    w = ep_dp.gradient_wire(spec4, rank=0)
     assert (w.dense_payload, w.dense_ring) == (8448, 12672) and w.dense_ring == 2 * 3 * w.dense_payload // 4
     assert (w.expert_payload, w.expert_ring) == (8576, 8576)
     assert w.plain_dp_expert_payload == 2 * w.expert_payload and w.plain_dp_expert_ring == 3 * w.expert_ring
-    assert {ep_dp.gradient_wire(spec4, r) for r in range(4)} == {w}          # every rank alike (sizes divide)
+    assert {ep_dp.gradient_wire(spec4, rank=r) for r in range(4)} == {w}          # every rank alike (sizes divide)
 
 
 def test_gradient_wire_payload_is_what_the_demo_ledger_records(spec4):
@@ -69,13 +69,13 @@ def test_gradient_wire_payload_is_what_the_demo_ledger_records(spec4):
     mesh = ep_dp.EP_DP_DEMO.run(4)
     assert mesh.passed, mesh.listing()
     for r in range(4):
-        w = ep_dp.gradient_wire(spec4, r)
+        w = ep_dp.gradient_wire(spec4, rank=r)
         assert mesh.measured(quantity="payload", phase="dense grads", step=0)[r] == w.dense_payload
         assert mesh.measured(quantity="payload", phase="expert grads", step=0)[r] == w.expert_payload
 
 
 def test_no_ring_on_one_rank():
-    w = ep_dp.gradient_wire(ep_dp.mesh_train_spec(1), 0)
+    w = ep_dp.gradient_wire(ep_dp.mesh_train_spec(1), rank=0)
     assert (w.dense_ring, w.expert_ring, w.plain_dp_expert_ring, w.expert_payload) == (0, 0, 0, 0)
 
 

@@ -161,7 +161,7 @@ class GradientWire:
     plain_dp_expert_ring: int
 
 
-def gradient_wire(spec: MeshTrainSpec, rank: int = 0) -> GradientWire:
+def gradient_wire(spec: MeshTrainSpec, *, rank: int = 0) -> GradientWire:
     """Payload and ring wire bytes of `rank`'s dense and expert gradient all-reduces (formulas; no run)."""
     numel = {n: p.numel() for n, p in make_moe_model(spec.model, seed=spec.seed).named_parameters()}
     dense = [v for n, v in numel.items() if not is_expert(n)]
