@@ -11,7 +11,7 @@ import torch
 from wmdist import runtime
 from wmdist.costs import experts as ec
 from wmdist.experts import balance, demos, ep_dp
-from wmdist.experts.moe import dispatch_order, moe_forward
+from wmdist.experts.moe import balance_loss, dispatch_order, moe_forward, route
 from wmdist.experts.reference import tolerance
 from wmdist.experts.spec import LayerCase, LayerSpec, layer_spec
 
@@ -69,6 +69,41 @@ def test_experts_must_divide_over_the_ranks():
 
 
 # --- the algorithm on one process -------------------------------------------------------------------
+
+def _router(logits: list[float]) -> torch.nn.Linear:
+    """A router whose logits for the input [[1.0]] are `logits` (weights set by hand, no bias)."""
+    router = torch.nn.Linear(1, len(logits), bias=False)
+    with torch.no_grad():
+        router.weight.copy_(torch.tensor(logits, dtype=torch.float32).unsqueeze(1))
+    return router
+
+
+def test_routing_by_hand_top_2_gates_sum_to_one():
+    # logits ln 1, ln 2, ln 3: probabilities 1/6, 2/6, 3/6; top 2 are experts 2 and 1, gates 3/5 and 2/5.
+    # Tolerance 1e-6: a few float32 roundings of numbers near 1 (exp, one sum, one division).
+    x = torch.ones(1, 1)
+    with torch.no_grad():
+        two = route(_router([math.log(1), math.log(2), math.log(3)]), x, k=2)
+        one = route(_router([math.log(1), math.log(2), math.log(3)]), x, k=1)     # Switch: the probability itself
+    assert two.experts.tolist() == [[2, 1]]
+    assert torch.allclose(two.probs, torch.tensor([[1 / 6, 2 / 6, 3 / 6]]), atol=1e-6, rtol=0)
+    assert torch.allclose(two.gates, torch.tensor([[0.6, 0.4]]), atol=1e-6, rtol=0)
+    assert abs(float(two.gates.sum()) - 1.0) <= 1e-6
+    assert one.experts.tolist() == [[2]] and abs(float(one.gates) - 0.5) <= 1e-6
+
+
+def test_the_balancing_loss_by_hand():
+    # Switch (k = 1), E = 2, T = 2: both tokens pick expert 0, so f = (1, 0); P = (0.65, 0.35); E * f.P = 1.3.
+    probs = torch.tensor([[0.7, 0.3], [0.6, 0.4]], dtype=torch.float64)
+    assert float(balance_loss(probs, torch.tensor([2, 0]), tokens=2, k=1)) == pytest.approx(1.3, abs=1e-12)
+    # k = 2, E = 3, T = 2: token 0 picks experts 0, 1 and token 1 picks 1, 2, so counts (1, 2, 1) and
+    # f = counts / (T k) = (1/4, 1/2, 1/4); P = (0.3, 0.45, 0.25); E * f.P = 3 * 0.3625 = 1.0875.
+    # Dropping k from f would double it (2.175). Tolerance 1e-12: float64 sums of five terms.
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]], dtype=torch.float64)
+    assert float(balance_loss(probs, torch.tensor([1, 2, 1]), tokens=2, k=2)) == pytest.approx(1.0875, abs=1e-12)
+    uniform = torch.full((4, 4), 0.25, dtype=torch.float64)            # perfectly balanced: the minimum, 1
+    assert float(balance_loss(uniform, torch.tensor([2, 2, 2, 2]), tokens=4, k=2)) == pytest.approx(1.0, abs=1e-12)
+
 
 def test_dispatch_order_groups_by_expert_in_token_order_and_inverts():
     ids = torch.tensor([2, 0, 2, 1, 0])
