@@ -126,3 +126,40 @@ def test_an_experiment_of_jobs_runs_on_the_world_size_it_is_given():
     for n in (2, 3):
         report = exp.run(n)
         assert report.world_size == n and report.passed and len(report.exact) == n, report.listing(counts=True)
+
+
+# --- chapter 01's data-parallel hook bound (costs/compression.hook_bound_terms) -----------------------------
+
+U32 = 2.0 ** -24
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_the_plain_hook_bound_is_two_gamma_n_u32_written_out(n):
+    """torch's allreduce_hook divides by N then sums in float32, the reference sums then divides: N roundings
+    each, so 2 gamma(N, u32) per entry (relative to A = sum |g_i| / N), and 2N half-subnormals absolute."""
+    from wmdist.costs.compression import hook_bound_terms
+    assert hook_bound_terms("none", n) == (2 * n * U32 / (1 - n * U32), 2 * n * 2.0 ** -150)
+
+
+def test_the_plain_hook_check_is_tight_at_its_bound():
+    """The demo's own check (`_ratio`, in units of the bound) on a fabricated run whose one entry is moved by
+    0.4 and by 3 times the bound: the first passes, the second fails, NaN fails (a 100x looser bound passes 3x)."""
+    import math
+
+    import torch
+
+    from wmdist.costs.compression import hook_bound_terms
+    from wmdist.data_parallel.compression import MethodRun
+    from wmdist.data_parallel.compression_demo import _ratio
+    n = 4
+    exact = torch.tensor([[0.5, -3.0, 2.0], [1.0, 0.25, -1.5]])              # (T, P) float32 averages
+    abs_mean = exact.abs() * 2                                                # sum |g_i| / N, as if signs mixed
+    rel, tiny = hook_bound_terms("none", n)
+    bound = rel * float(abs_mean[1, 1]) + tiny
+    for times, passes in ((0.4, True), (3.0, False), (math.nan, False)):
+        applied = exact.double().clone()
+        applied[1, 1] += times * bound
+        run = MethodRun(label="none", hook_bytes=(0, 0), hook_calls=(1, 1), applied=applied, exact=exact,
+                        abs_mean=abs_mean, losses=(1.0, 0.9, 0.8))
+        ratio = _ratio(run, "none", n, range(2))
+        assert (ratio <= 1.0) is passes, (times, ratio)
