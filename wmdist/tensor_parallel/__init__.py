@@ -7,6 +7,7 @@ the Megatron pairing, with or without sequence parallelism); neither imports the
     layouts.py        one MLP split four ways: the collectives follow the layout
     sequence.py       Megatron SP vs context parallelism on the same block; bytes kept for backward, measured
     versus_dtensor.py ours vs torch's DTensor ColwiseParallel / RowwiseParallel
+    overlap.py        tp-overlap: the MLP's all-reduce blocking vs async behind the next matmuls (same bytes)
     compare.py        tolerances and Report rows (gradients, collectives against their formulas)
     demos.py          the chapter's DEMOS
     tables.py         the notebook's tables: measured integers next to the formulas
