@@ -104,3 +104,17 @@ def test_panel_uniform_formula_names_the_element_size(element_size):
     text = _text(c)
     assert f"= T k (N-1)/N d x {element_size} B per element" in text
     assert experts_view(c).uniform_bytes == c.tokens * c.k * (c.ranks - 1) / c.ranks * c.width * element_size
+
+
+def test_the_balancing_weights_chapter_10_names():
+    """The prose sets Switch's 1e-2 beside the demos' weights: 1 in moe-balance (against 0), 0.1 in moe-ep-dp."""
+    from wmdist.experts.balance import BALANCE_DEMO
+    assert BALANCE_DEMO.spec(4).aux_weights == (0.0, 1.0)
+    assert ep_dp.EP_DP_DEMO.spec(4).aux_weight == 0.1
+
+
+def test_the_global_token_count_the_chapter_prints(spec4):
+    """Every rank divides its loss by B T of the whole batch (32 here), not its own B T / N = 8; that the sums are
+    then the batch's gradient is the demo's own parameter check against one process (a local count would make
+    every gradient N times too large and fail it)."""
+    assert spec4.tokens == spec4.batch * spec4.seq_len == 32
