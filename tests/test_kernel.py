@@ -1,8 +1,13 @@
 """The course's kernel (wmdist/kernel) through Jupyter's own client: a kernel forked from the server's zygote
 runs code with the course preloaded, looks like a freshly started kernel, is interrupted, restarted and shut down
-as Jupyter expects, ends with its launcher, and falls back to a plain ipykernel when asked or refused."""
+as Jupyter expects, ends with its launcher, and falls back to a plain ipykernel when asked or refused.
+
+Every test ends what it starts, pass or fail: each Kernel is shut down by the fixture that made it (also when it
+failed to start), and at the module's end every zygote serving this process is killed with its kernels. Waits for
+a kernel or zygote to answer are conftest.patience(): 180 s on an idle machine, more under load."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +21,7 @@ import pytest
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
-from conftest import alive, alive_after
+from conftest import alive, alive_after, patience
 from wmdist.kernel import launcher, spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,11 +61,17 @@ class Kernel:
         assert self.km.kernel_spec.argv == spec.kernel_json()["argv"]
         self.stderr_path = stderr
         self._err = open(stderr, "w")                    # open while it lives: a restart starts with it again
-        self.km.start_kernel(env=env, cwd=str(cwd), stderr=self._err)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=180)
-        self.pid, self.ppid = self.json("import os; print(json.dumps([os.getpid(), os.getppid()]))")
+        self.kc = None
+        self.pid = None
+        try:
+            self.km.start_kernel(env=env, cwd=str(cwd), stderr=self._err)
+            self.kc = self.km.client()
+            self.kc.start_channels()
+            self.kc.wait_for_ready(timeout=patience(180))
+            self.pid, self.ppid = self.json("import os; print(json.dumps([os.getpid(), os.getppid()]))")
+        except BaseException:
+            self.shutdown()                              # a kernel that never answered ends all the same
+            raise
 
     @property
     def launcher(self) -> int:
@@ -90,10 +101,17 @@ class Kernel:
         return self.stderr_path.read_text()
 
     def shutdown(self) -> None:
-        self.kc.stop_channels()
-        if self.km.has_kernel:
-            self.km.shutdown_kernel(now=True)
-        self._err.close()
+        """End the kernel and its launcher, however far it got (idempotent)."""
+        if self.kc is not None:
+            self.kc.stop_channels()
+        try:
+            if self.km.has_kernel:
+                self.km.shutdown_kernel(now=True)
+        finally:
+            if self.pid is not None and alive([self.pid]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGKILL)   # stuck in C code: what the zygote would do 5 s later
+            self._err.close()
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +124,29 @@ def kernels(specs, base_env, tmp_path_factory):
         started.append(Kernel(specs, env or base_env, cwd or REPO, folder / f"kernel{len(started)}.stderr"))
         return started[-1]
     start.started = started
-    yield start
-    for k in started:
-        k.shutdown()
+    try:
+        yield start
+    finally:
+        for k in started:
+            k.shutdown()
+        end_zygotes_of(os.getpid())
+
+
+def zygotes_of(home: int) -> list[psutil.Process]:
+    """The zygotes serving the process `home` (found by their command line)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if (p.info["cmdline"] or [])[3:6] == ["zygote", "--home", str(home)]:
+            found.append(p)
+    return found
+
+
+def end_zygotes_of(home: int) -> None:
+    """Kill the zygotes serving `home` and every kernel they forked (a zygote otherwise lives while `home` does)."""
+    for zygote in zygotes_of(home):
+        with contextlib.suppress(psutil.Error):
+            for p in [*zygote.children(recursive=True), zygote]:
+                p.kill()
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +273,7 @@ with open(sys.argv[2], "w") as err:
     km.start_kernel(stderr=err)
 kc = km.client()
 kc.start_channels()
-kc.wait_for_ready(timeout=180)
+kc.wait_for_ready(timeout=float(sys.argv[3]))
 out = []
 kc.execute_interactive("import os; print(os.getpid(), os.getppid())", timeout=60,
                        output_hook=lambda m: out.append(m["content"].get("text", "")))
@@ -250,23 +288,43 @@ if sys.stdin.readline().strip() == "shutdown":
 def _manager(specs: KernelSpecManager, env: dict[str, str], stderr: Path) -> tuple[subprocess.Popen, dict]:
     """A Jupyter-server stand-in: a process of its own with one kernel; its pids once the kernel ran a cell."""
     folder = specs.kernel_dirs[0]
-    proc = subprocess.Popen([sys.executable, "-c", MANAGER, folder, str(stderr)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    line = proc.stdout.readline()
-    assert line, f"the manager failed; kernel stderr:\n{stderr.read_text()}"
-    return proc, json.loads(line)
+    proc = subprocess.Popen([sys.executable, "-c", MANAGER, folder, str(stderr), str(patience(180))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        line = proc.stdout.readline()
+        assert line, f"the manager failed; kernel stderr:\n{stderr.read_text()}"
+        return proc, json.loads(line)
+    except BaseException:
+        _end_manager(proc)
+        raise
 
 
-def test_the_zygote_ends_after_its_server_and_last_kernel(specs, base_env, tmp_path):
-    proc, pids = _manager(specs, base_env, tmp_path / "kernel.stderr")
-    zygote = psutil.Process(pids["parent"])
-    assert zygote.cmdline()[3:6] == ["zygote", "--home", str(proc.pid)], zygote.cmdline()
-    everything = [pids["launcher"], pids["kernel"], zygote.pid]
-    assert alive(everything) == everything
-    proc.kill()                                          # the server dies without ending its kernel
+def _end_manager(proc: subprocess.Popen) -> None:
+    """Kill the stand-in server, its kernels' launchers and its zygote with their kernels (a failed test's
+    clean-up; a passing test has already seen them end)."""
+    with contextlib.suppress(psutil.Error):
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+    proc.kill()
     proc.wait()
-    assert alive_after(everything, 20) == [], "the kernel, its launcher or the zygote outlived the server"
-    assert not os.path.exists(launcher.socket_path(proc.pid))
+    end_zygotes_of(proc.pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_the_zygote_ends_after_its_server_and_last_kernel(specs, base_env, tmp_path, sig):
+    """However the server ends (killed, terminated, interrupted), its kernel, launcher and zygote end with it."""
+    proc, pids = _manager(specs, base_env, tmp_path / "kernel.stderr")
+    try:
+        zygote = psutil.Process(pids["parent"])
+        assert zygote.cmdline()[3:6] == ["zygote", "--home", str(proc.pid)], zygote.cmdline()
+        everything = [pids["launcher"], pids["kernel"], zygote.pid]
+        assert alive(everything) == everything
+        proc.send_signal(sig)                            # the server ends without ending its kernel itself
+        proc.wait(timeout=patience(30))
+        assert alive_after(everything, 20) == [], "the kernel, its launcher or the zygote outlived the server"
+        assert not os.path.exists(launcher.socket_path(proc.pid))
+    finally:
+        _end_manager(proc)
 
 
 THREADED = '''import sys, threading, time
@@ -280,6 +338,7 @@ def test_a_zygote_with_a_thread_refuses_and_the_kernel_is_plain(specs, base_env,
     env = {**base_env, "PYTHONPATH": os.pathsep.join([str(tmp_path), base_env["PYTHONPATH"]])}
     stderr = tmp_path / "kernel.stderr"
     proc, pids = _manager(specs, env, stderr)
+    zygotes = []
     try:
         assert pids["kernel"] == pids["launcher"] and pids["parent"] == proc.pid
         assert "the zygote has a thread" in stderr.read_text() and "starting a kernel of its own" in stderr.read_text()
@@ -287,7 +346,10 @@ def test_a_zygote_with_a_thread_refuses_and_the_kernel_is_plain(specs, base_env,
                    if (p.info["cmdline"] or [])[3:6] == ["zygote", "--home", str(proc.pid)]]
         assert len(zygotes) == 1                         # it started, and refused
     finally:
-        proc.communicate("shutdown\n", timeout=60)
+        try:
+            proc.communicate("shutdown\n", timeout=patience(60))
+        finally:
+            _end_manager(proc)
     assert alive_after([pids["kernel"], *zygotes], 15) == []
     assert not os.path.exists(launcher.socket_path(proc.pid))
 
@@ -315,11 +377,14 @@ def test_a_kernel_stuck_in_c_code_is_killed_when_its_launcher_is(kernels):
     """Jupyter's SIGKILL reaches the launcher only; a kernel holding the GIL in C code (a regex that never ends)
     cannot run its own watcher, so the zygote kills its process group a few seconds after the launcher ends."""
     k = kernels()
-    k.kc.execute("import re\nre.match(r'(a*)*b', 'a' * 40)")
-    assert _busy(k.pid), "the cell did not start"
-    os.kill(k.launcher, signal.SIGKILL)
-    k.km.provisioner.process.wait(timeout=5)
-    assert alive_after([k.pid], 20) == [], "a kernel stuck in C code outlived its launcher"
+    try:
+        k.kc.execute("import re\nre.match(r'(a*)*b', 'a' * 40)")
+        assert _busy(k.pid), "the cell did not start"
+        os.kill(k.launcher, signal.SIGKILL)
+        k.km.provisioner.process.wait(timeout=patience(5))
+        assert alive_after([k.pid], 20) == [], "a kernel stuck in C code outlived its launcher"
+    finally:
+        k.shutdown()                 # pass or fail: a regex that never ends must not spin on after the test
 
 
 def test_a_zygote_that_dies_takes_no_kernel_with_it(kernels):
@@ -334,10 +399,34 @@ def test_a_zygote_that_dies_takes_no_kernel_with_it(kernels):
     assert k.json("print(json.dumps(6 * 7))") == 42
 
 
+def test_a_kernel_killed_with_sigkill_is_one_line_from_its_launcher(kernels):
+    """The launcher ends as its kernel did (SIGKILL), saying so in one line, not with a traceback."""
+    k = kernels()
+    os.kill(k.pid, signal.SIGKILL)
+    assert k.km.provisioner.process.wait(timeout=patience(30)) == -signal.SIGKILL
+    err = k.stderr()
+    assert "Traceback" not in err, err
+    assert [ln for ln in err.splitlines() if "wmdist kernel:" in ln] == \
+        [f"wmdist kernel: the kernel (pid {k.pid}) was ended by SIGKILL"], err
+
+
+def test_each_kernel_has_its_own_command_line(kernels):
+    """Not the zygote's: sys.orig_argv is the kernelspec's command with this kernel's connection file, and `ps`
+    shows this kernel (its title names its connection file; its name is wmdist-kernel)."""
+    for k in (kernels(), kernels()):
+        conn = k.km.connection_file
+        assert k.json("import sys; print(json.dumps(sys.orig_argv))") == \
+            [sys.executable, "-m", "wmdist.kernel", "-f", conn]
+        process = psutil.Process(k.pid)
+        title = " ".join(process.cmdline())
+        assert "zygote" not in title and os.path.basename(conn) in title and "wmdist" in title, title
+        assert process.name() == "wmdist-kernel"
+
+
 def _busy(pid: int, *, within: float = 15.0) -> bool:
     import time
 
-    deadline = time.monotonic() + within
+    deadline = time.monotonic() + patience(within)
     process = psutil.Process(pid)
     process.cpu_percent()
     while time.monotonic() < deadline:

@@ -54,6 +54,33 @@ def end_with_launcher(launcher: int) -> None:
     threading.Thread(target=watch, name="wmdist-launcher-watch", daemon=True).start()
 
 
+def take_own_command_line(argv: list[str]) -> None:
+    """Give this forked kernel its own command line: `sys.orig_argv`, the title `ps` shows (/proc/self/cmdline)
+    and the name (/proc/self/comm, "wmdist-kernel"), which it would otherwise share with the zygote.
+
+    The title is written over the zygote's argument strings, as setproctitle does (no library needed on Linux):
+    one string, `argv` joined by spaces, or `wmdist kernel -f <connection file's name>` where that does not fit
+    in the space the zygote's arguments had; the last byte left non-zero tells Linux to read it up to its end."""
+    sys.orig_argv = list(argv)
+    with contextlib.suppress(OSError):
+        with open("/proc/self/comm", "w") as comm:
+            comm.write("wmdist-kernel")
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()     # fields 3 onwards; arg_start and arg_end are 48, 49
+        start, end = int(fields[45]), int(fields[46])
+    except (OSError, IndexError, ValueError):
+        return                                                # not Linux: sys.orig_argv is what can be given
+    size = end - start
+    title = " ".join(argv).encode()
+    if len(title) > size - 2:
+        title = " ".join(["wmdist kernel", *(os.path.basename(a) for a in argv[-2:])]).encode()[:max(0, size - 2)]
+    if size >= 2:
+        import ctypes
+
+        ctypes.memmove(start, title + b"\0" + b" " * (size - len(title) - 1), size)
+
+
 def exit_like_an_interpreter(code: int) -> None:
     """Join threads, run exit handlers, flush, exit: what returning from a script does (never returns)."""
     with contextlib.suppress(BaseException):

@@ -163,10 +163,20 @@ def _relay_until_exit(conn: socket.socket, pid: int) -> int:
         code = int(_read_line(conn)["exit"])
     except (OSError, ValueError, KeyError, ZygoteUnavailable):
         return _wait_without_zygote(pid)
-    if code < 0:                                  # ended by a signal: end the same way, as Jupyter expects
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:                                  # ended by a signal: say so in one line, end the same way
+        print(f"wmdist kernel: the kernel (pid {pid}) was ended by {_signal_name(-code)}", file=sys.stderr,
+              flush=True)
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(-code, signal.SIG_DFL)  # (SIGKILL's cannot be set, nor need be)
         os.kill(os.getpid(), -code)
     return code
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _wait_without_zygote(pid: int) -> int:

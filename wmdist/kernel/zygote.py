@@ -262,6 +262,7 @@ class Zygote:
             os.environ.setdefault(NEIGHBOURHOOD_VARIABLE, f"jupyter-{self.home_pid}")   # see runtime/neighbours.py
             child.look_fresh(threads=self.threads)
             child.end_with_launcher(int(request["launcher"]))
+            child.take_own_command_line([sys.executable, "-m", "wmdist.kernel", *request["argv"]])   # its launcher's
             sys.argv = ["ipykernel_launcher", *request["argv"]]
             from ipykernel import kernelapp
 
