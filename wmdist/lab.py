@@ -12,14 +12,10 @@ through the environment (`JUPYTER_TOKEN`, kept if already set), so the one line 
 
     wmdist lab: open http://localhost:8888/lab/tree/00_start_here.ipynb?token=...
 
-is the address JupyterLab serves. It is printed once that address answers HTTP 200 (6 to 16 s
-after the start on a busy machine; a learner who clicked an address printed earlier got
-"connection refused"): a small watcher process, forked before JupyterLab replaces this one,
-polls it, prints it and exits (or exits when the server does). A --port already in use is
-refused before anything starts (LabError, which `wmdist` prints as its one-line `error:`),
-rather than printing an address that another program answers. One Ctrl-C stops the server
-(JupyterLab would otherwise ask "Shut down this Jupyter server (y/[n])?" and carry on after 5 s
-without an answer), and JupyterLab's own banner is made to say so (OneCtrlC). It
+is the address JupyterLab then serves: a --port already in use is refused before anything
+starts (LabError, which `wmdist` prints as its one-line `error:`), rather than printing an
+address that another program answers. One Ctrl-C stops the server (JupyterLab would otherwise
+ask "Shut down this Jupyter server (y/[n])?" and carry on after 5 s without an answer). It
 also names the torch build installed (CPU or CUDA), which pip does not say. The notebooks
 folder is the server's root: `--notebooks DIR`,
 else `./notebooks`, else the one beside this package in a checkout (an editable install).
@@ -32,13 +28,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import logging
 import os
 import secrets
 import socket
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -134,66 +127,18 @@ def sharing_kernel_dir() -> str:
     return directory
 
 
-class OneCtrlC(logging.Filter):
-    """JupyterLab's banner says "Use Control-C to stop this server ... (twice to skip confirmation)"; under
-    `wmdist lab` it asks no question (answer_yes), so one Ctrl-C stops it: the banner is made to say that."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and "(twice to skip confirmation)" in record.msg:
-            record.msg = record.msg.replace("(twice to skip confirmation)", "(once: wmdist lab asks no question)")
-        return True
-
-
-LOGGING = {"filters": {"wmdist_one_ctrl_c": {"()": f"{__name__}.OneCtrlC"}},
-           "handlers": {"console": {"filters": ["wmdist_one_ctrl_c"]}}}   # JupyterLab's log handler
-
-
-def announce_when_serving(url: str, line: str, *, server: int) -> None:
-    """Fork a watcher that prints `line` once `url` answers HTTP 200, and exits then or when process `server`
-    (this one, about to become JupyterLab) ends. Forked twice, so that it is nobody's child to reap."""
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)
-        return
-    try:
-        if os.fork() == 0:
-            _watch(url, line, server)
-    finally:
-        os._exit(0)
-
-
-def _watch(url: str, line: str, server: int) -> None:
-    import urllib.request
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))    # localhost, never through a proxy
-    while True:
-        try:
-            os.kill(server, 0)
-        except ProcessLookupError:
-            return                                        # the server ended (a bad argument, a Ctrl-C)
-        try:
-            with opener.open(url, timeout=10) as answer:
-                if answer.status == 200:
-                    print(line, flush=True)
-                    return
-        except OSError:
-            pass
-        time.sleep(0.25)
-
-
 def jupyter_command(notebooks: Path, port: int, *, root: bool, browser: bool, extra: list[str]) -> list[str]:
     """The JupyterLab command line `wmdist lab` runs (pure, so tests can read it)."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks}", f"--ServerApp.port={port}",
            "--ServerApp.port_retries=0", f"--ServerApp.default_url=/lab/tree/{START}",
-           f"--ServerApp.open_browser={browser}", "--ServerApp.answer_yes=True",    # one Ctrl-C stops it
-           f"--ServerApp.logging_config={json.dumps(LOGGING)}"]                # and the banner says so
+           f"--ServerApp.open_browser={browser}", "--ServerApp.answer_yes=True"]    # one Ctrl-C stops it
     if root:
         cmd.append("--allow-root")
     return cmd + list(extra)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Become the JupyterLab server (exec, so signals reach it); its address is printed once it answers."""
+    """Print where the course will be served, then become the JupyterLab server (exec, so signals reach it)."""
     notebooks = find_notebooks(args.notebooks)
     port = choose_port(args.port)
     env = dict(os.environ)
@@ -203,9 +148,6 @@ def main(args: argparse.Namespace) -> int:
     cmd = jupyter_command(notebooks, port, root=root, browser=has_display() and not args.no_browser,
                           extra=args.jupyter_args)
     print(f"wmdist lab: the course in {notebooks}, {torch_build()}{', as root' if root else ''}", flush=True)
-    print(f"wmdist lab: starting JupyterLab on port {port}; its address follows once it answers "
-          "(one Ctrl-C stops it)", flush=True)
-    url = f"http://localhost:{port}/lab/tree/{START}?token={token}"
-    announce_when_serving(url, f"wmdist lab: open {url}", server=os.getpid())
+    print(f"wmdist lab: open http://localhost:{port}/lab/tree/{START}?token={token}", flush=True)
     os.execve(sys.executable, cmd, env)
     return 0      # not reached: execve replaces this process
