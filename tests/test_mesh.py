@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from itertools import permutations
 
 import pytest
@@ -168,11 +167,7 @@ def test_exercise_reference_is_the_mesh_layout():
 def test_panel_slider_redraws_and_a_bad_combination_clears_the_figure():
     from wmdist.mesh.panel import PatternsPanel
     panel = PatternsPanel()
-    start = time.perf_counter()
-    panel.controls["width"].value = 4096
-    seconds = time.perf_counter() - start
-    print(f"slider redraw: {1e3 * seconds:.0f} ms")
-    assert seconds < 2.0                                           # the target is 0.1 s; the machine is shared
+    panel.controls["width"].value = 4096                           # its speed: `wmdist bench panels`, not a test
     assert panel.result.config.width == 4096 and "Best order" in panel.summary.value
     panel.controls["tp"].value = 8                                 # more tp ranks than the 4 heads
     assert panel.shown is None and "tp 8 is more than the 4 heads" in panel.status.value

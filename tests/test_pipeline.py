@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from fractions import Fraction
 
@@ -217,10 +216,7 @@ def test_unequal_stages_level_off_above_zero():
 def test_panel_slider_recomputes_and_a_bad_combination_clears_the_figure():
     from wmdist.pipeline.panel import BubblePanel
     panel = BubblePanel()
-    start = time.perf_counter()
-    panel.controls["microbatches"].value = 16
-    seconds = time.perf_counter() - start
-    assert seconds < 2.0                                          # the target is 0.1 s; the machine is shared
+    panel.controls["microbatches"].value = 16                     # its speed: `wmdist bench panels`, not a test
     assert panel.result.config.microbatches == 16 and "3/(16+3)" in panel.summary.value
     panel.controls["schedule"].value = "interleaved"
     panel.controls["microbatches"].value = 6                      # not a multiple of P = 4
