@@ -17,13 +17,28 @@ import pytest
 from conftest import alive_after, patience
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    """Its command line, or [] for a process that ended while we looked (a zombie has none to read)."""
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _parent(p: psutil.Process) -> int | None:
+    try:
+        return p.ppid()
+    except psutil.Error:
+        return None
+
+
 def _ranks_up(proc: subprocess.Popen) -> list[int]:
     """Every process below `proc` once some rank runs (a child of its forkserver); [] if it never did."""
     deadline = time.monotonic() + patience(120)
     while time.monotonic() < deadline and proc.poll() is None:
         below = psutil.Process(proc.pid).children(recursive=True)
-        servers = [p for p in below if "forkserver" in " ".join(p.cmdline())]
-        if any(p.ppid() in {s.pid for s in servers} for p in below):
+        servers = {p.pid for p in below if "forkserver" in " ".join(_cmdline(p))}
+        if any(_parent(p) in servers for p in below):
             return [p.pid for p in below]
         time.sleep(0.2)
     return []
