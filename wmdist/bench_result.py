@@ -110,7 +110,8 @@ class BenchResult:
     loads: tuple[Load, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON types: the loads a list of dicts, as json.loads gives them back."""
+        return {**asdict(self), "loads": [asdict(x) for x in self.loads]}
 
     def __str__(self) -> str:
         loaded = any(load_verdict(x) for x in self.loads)
