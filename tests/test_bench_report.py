@@ -150,5 +150,6 @@ def test_bench_help_names_every_benchmark_of_the_registry_without_torch():
     lines = done.stdout.splitlines()
     for b in BENCHMARKS:
         assert any(line.split() == [b.name, *b.about.split()] for line in lines), (b.name, done.stdout)
-    real = subprocess.run([sys.executable, "-m", "wmdist", "bench", "--help"], capture_output=True, text=True, timeout=120)
+    real = subprocess.run([sys.executable, "-m", "wmdist", "bench", "--help"], capture_output=True, text=True,
+                          timeout=120)
     assert real.returncode == 0 and all(b.name in real.stdout for b in BENCHMARKS), real.stderr

@@ -183,8 +183,8 @@ def bench_memory(*, world_sizes: tuple[int, ...] = (4, 8)) -> BenchResult:
     top = measured[f"{max(world_sizes)}_ranks_MB"]
     return BenchResult(name="pool-memory", inputs={"world_sizes": list(world_sizes),
                                        "measure": "PSS of parent + forkserver + ranks, after one SGD step"},
-                       measured=measured, value=top, unit="MB", target=f"{max(world_sizes)} ranks + parent < 600 MB", met=top < 600,
-                       loads=tuple(loads))
+                       measured=measured, value=top, unit="MB", target=f"{max(world_sizes)} ranks + parent < 600 MB",
+                       met=top < 600, loads=tuple(loads))
 
 
 def bench_allreduce_fit(*, world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,

@@ -1,4 +1,4 @@
-"""The benchmarks `wmdist bench` runs, as plain data: name, the function in wmdist/bench.py, one line on what it measures.
+"""The benchmarks `wmdist bench` runs, as data: name, its function in wmdist/bench.py, a line on what it measures.
 
 This table is the registry: `wmdist.bench.benchmarks()` builds its callables from it (in this order),
 and `wmdist bench --help` lists it, without importing torch (bench.py does, which takes seconds on a

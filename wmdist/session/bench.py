@@ -32,5 +32,5 @@ def session_memory(*, memory_limit_mib: int = 2048, cpu_quota: float | None = 1.
     return BenchResult(name="session-memory", inputs=inputs, measured=measured, value=ratio, unit="x",
                        target="< 1.0 (peak summed PSS / limit), no OOM kill, every kernel alive, the return re-runs",
                        met=ratio < 1.0 and s.oom_kills == 0 and s.all_alive and bool(s.revisit_ok),
-                       notes=[*s.table().splitlines(), f"back to {s.revisit}: {'ok' if s.revisit_ok else s.revisit_errors}",
-                              *s.notes])
+                       notes=[*s.table().splitlines(),
+                              f"back to {s.revisit}: {'ok' if s.revisit_ok else s.revisit_errors}", *s.notes])
