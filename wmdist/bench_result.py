@@ -66,6 +66,8 @@ def load_verdict(load: Load) -> str | None:
     the CPU they get alone, and by amounts that change from second to second: a 20% error swamps what
     these benchmarks report (ring-vs-gloo's target is 0.9x, a 10% margin), ratios included, since the
     two sides of a ratio are not slowed alike. A memory figure (timed=False) is never judged so.
+    The 1-minute average lags: for a figure of a few seconds it tells how busy the machine was over the
+    minute around it, which is what the kernel keeps; a burst within the figure can still slip past.
     """
     others = others_load(load)
     if not load.timed or others is None:
@@ -74,7 +76,7 @@ def load_verdict(load: Load) -> str | None:
     if factor <= SLOWDOWN_LIMIT:
         return None
     return (f"load too high for this figure to mean much: other work's 1-min load ~{others:.1f} beside this "
-            f"figure's {load.busy:g} busy processes on {load.cpus} CPUs slows each {factor:.2f}x "
+            f"figure's {load.busy:g} busy process{'' if load.busy == 1 else 'es'} on {load.cpus} CPUs slows each {factor:.2f}x "
             f"(over {SLOWDOWN_LIMIT:g}x)")
 
 
