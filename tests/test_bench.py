@@ -37,6 +37,6 @@ def test_pool_memory_is_measured_for_each_size():
 
 def test_bench_cli_json(monkeypatch, capsys):
     fake = BenchResult(name="fake", inputs={"n": 1}, measured={"t": 2.0}, value=3.0, unit="x", target=">= 1x", met=True)
-    monkeypatch.setattr(bench, "benchmarks", lambda: {"fake": lambda: fake})
+    monkeypatch.setattr(bench, "benchmarks", lambda **kw: {"fake": lambda: fake})
     assert main(["bench", "fake", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [fake.to_dict()]

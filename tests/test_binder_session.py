@@ -99,9 +99,14 @@ def test_bench_reports_the_peak_over_the_limit(tmp_path, monkeypatch):
         nbformat.write(new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("print(x)")]), path)
     monkeypatch.setattr(memory, "course_session", lambda: (paths, (1, 0)))
     monkeypatch.setattr(memory, "default_kernel_argv", lambda: IPYKERNEL_ARGV)
-    result = bench.bench_session_memory(memory_limit_mib=1024, cpu_quota=None)
+    told: list[tuple[int, int, str]] = []
+    result = bench.bench_session_memory(memory_limit_mib=1024, cpu_quota=None, progress=lambda *a: told.append(a))
     if not result.measured:                              # skipped: the one note says why
         _skip_or_fail(result.notes[0])
+    # Each chapter is told as it starts and as it ends (issue 35 §4), then the return to chapter 01.
+    assert [(d, t, x.split(":")[0]) for d, t, x in told] == [(0, 2, "00_a"), (1, 2, "00_a"), (1, 2, "01_b"),
+                                                         (2, 2, "01_b"), (2, 2, "going back")], told
+    assert [load.figure for load in result.loads] == ["session"] and not result.loads[0].timed
     assert result.name == "session-memory" and result.unit == "x"
     assert 0 < result.value < 1 and abs(result.value * 1024 - result.measured["peak_pss_MiB"]) <= 0.05   # rounded
     assert result.measured["oom_kills"] == 0 and result.measured["all_kernels_alive"] and result.measured["return_ok"]

@@ -6,10 +6,13 @@ is stated next to the measured ratio instead of being asserted in tests.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import psutil
@@ -21,7 +24,11 @@ from wmdist.comm import Context, all_reduce, barrier, ring_all_reduce
 from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, time_allreduce
 from wmdist.data_parallel.scaling import TARGET_MEDIAN_REL_ERROR, fit_alpha_beta
 from wmdist.ring_attention.measure import time_ring_forward, time_sdpa
-from wmdist.bench_result import BenchResult
+from wmdist.bench_catalog import BENCHMARKS
+from wmdist.bench_pairs import PairedRatio
+from wmdist.bench_load import watch_load
+from wmdist.bench_result import BenchResult, Load
+from wmdist.on_progress import OnProgress
 from wmdist.ring_attention.spec import RingSpec
 
 
@@ -56,24 +63,25 @@ def _spawn_target(rank: int, world_size: int, store_path: str) -> None:
 def bench_warm_vs_spawn(*, world_size: int = 4, warm_calls: int = 20, spawn_calls: int = 2) -> BenchResult:
     """Seconds per call: a warm wmdist pool vs torch.multiprocessing.spawn from scratch."""
     runtime.run(_tiny_all_reduce, world_size)           # make sure the pool is warm
-    warm = []
-    for _ in range(warm_calls):
-        t = time.perf_counter()
-        runtime.run(_tiny_all_reduce, world_size)
-        warm.append(time.perf_counter() - t)
-    cold = []
-    for _ in range(spawn_calls):
-        with tempfile.TemporaryDirectory() as tmp:
+    warm, cold, loads = [], [], []
+    with watch_load(loads, "warm", busy=world_size):
+        for _ in range(warm_calls):
             t = time.perf_counter()
-            torch.multiprocessing.spawn(_spawn_target, args=(world_size, os.path.join(tmp, "store")),
-                                        nprocs=world_size, join=True)
-            cold.append(time.perf_counter() - t)
+            runtime.run(_tiny_all_reduce, world_size)
+            warm.append(time.perf_counter() - t)
+    with watch_load(loads, "spawn", busy=world_size):
+        for _ in range(spawn_calls):
+            with tempfile.TemporaryDirectory() as tmp:
+                t = time.perf_counter()
+                torch.multiprocessing.spawn(_spawn_target, args=(world_size, os.path.join(tmp, "store")),
+                                            nprocs=world_size, join=True)
+                cold.append(time.perf_counter() - t)
     ratio = statistics.median(cold) / statistics.median(warm)
     return BenchResult(name="warm-vs-spawn", inputs={"world_size": world_size, "warm_calls": warm_calls,
                                          "spawn_calls": spawn_calls, "work": "one 4-element all_reduce"},
                        measured={"warm_median_ms": round(1e3 * statistics.median(warm), 2),
                         "spawn_median_ms": round(1e3 * statistics.median(cold), 1)},
-                       value=ratio, unit="x", target=">= 30x faster", met=ratio >= 30)
+                       value=ratio, unit="x", target=">= 30x faster", met=ratio >= 30, loads=tuple(loads))
 
 
 # --- hand-written ring vs gloo's all_reduce -----------------------------------------------
@@ -102,27 +110,39 @@ def bench_ring_vs_gloo(*, world_size: int = 4, mib: int = 16, repeats: int = 15)
     The two run back to back `repeats` times; each pair gives one ratio (gloo
     time / ring time, a collective being as slow as its slowest rank), and the
     headline is the median of those ratios. Pairing cancels the slow drifts of
-    a shared machine's load, which a ratio of two separate medians would not.
+    a shared machine's load, which a ratio of two separate medians would not;
+    both are printed, with every pair (ring_vs_gloo_result).
     """
     numel = mib * 2 ** 20 // 4
-    out = runtime.run(_time_both, world_size, numel, repeats)
+    loads: list[Load] = []
+    with watch_load(loads, "pairs", busy=world_size):
+        out = runtime.run(_time_both, world_size, numel, repeats)
     ring = [max(o["ring"][i] for o in out) for i in range(repeats)]
     gloo = [max(o["gloo"][i] for o in out) for i in range(repeats)]
-    ratios = sorted(g / r for g, r in zip(gloo, ring))
-    per_rank_bytes = [o["bytes"] // repeats for o in out]
+    return ring_vs_gloo_result(ring, gloo, per_rank_bytes=[o["bytes"] // repeats for o in out], mib=mib,
+                               world_size=world_size, loads=loads)
+
+
+def ring_vs_gloo_result(ring: list[float], gloo: list[float], *, per_rank_bytes: list[int], mib: int,
+                        world_size: int, loads: list[Load]) -> BenchResult:
+    """The record of `repeats` pairs (seconds, slowest rank, run order): headline, both medians, every pair."""
+    numel = mib * 2 ** 20 // 4
+    pairs = PairedRatio(top_name="gloo", bottom_name="ring", top=tuple(gloo), bottom=tuple(ring))
     predicted = [costs.ring_allreduce_bytes(numel, world_size, r) for r in range(world_size)]
-    ratio = statistics.median(ratios)
-    result = BenchResult(name="ring-vs-gloo", inputs={"world_size": world_size, "payload_MiB": mib, "dtype": "float32",
-                                          "repeats": repeats},
+    ratio = pairs.headline
+    result = BenchResult(name="ring-vs-gloo", inputs={"world_size": world_size, "payload_MiB": mib,
+                                                      "dtype": "float32", "repeats": len(ring)},
                          measured={"ring_median_s": round(statistics.median(ring), 4),
                           "gloo_median_s": round(statistics.median(gloo), 4),
-                          "pair_ratio_quartiles": [round(ratios[len(ratios) // 4], 3),
-                                                   round(ratios[(3 * len(ratios)) // 4], 3)],
+                          "ratio_of_medians": round(pairs.ratio_of_medians, 3),
+                          "pair_ratio_median": round(ratio, 3),
+                          "pair_ratio_quartiles": [round(q, 3) for q in pairs.quartiles()],
                           "ring_bytes_sent_per_rank": per_rank_bytes,
                           "bound_2(N-1)G/N": costs.ring_allreduce_ideal_bytes(numel * 4, world_size)},
                          value=ratio, unit="x", target=">= 0.9x gloo's throughput, bytes at the bound",
-                         met=ratio >= 0.9 and per_rank_bytes == predicted)
-    result.notes.append("throughput ratio = gloo time / ring time for the same payload, median over paired runs")
+                         met=ratio >= 0.9 and per_rank_bytes == predicted, loads=tuple(loads))
+    result.notes += ["throughput ratio = gloo time / ring time for the same payload, median over paired runs",
+                     *pairs.lines()]
     return result
 
 
@@ -151,26 +171,29 @@ def bench_memory(*, world_sizes: tuple[int, ...] = (4, 8)) -> BenchResult:
     torch optimizer imports torch._dynamo, which costs 1 GB over 8 ranks
     unless the forkserver preloaded it (runtime/frozen.py).
     """
-    measured = {}
+    measured, loads = {}, []
     for n in world_sizes:
         runtime.shutdown()
-        runtime.run(_tiny_all_reduce, n)
-        measured[f"{n}_ranks_started_MB"] = round(tree_pss_mb(), 1)
-        runtime.run(_one_sgd_step, n)
-        measured[f"{n}_ranks_MB"] = round(tree_pss_mb(), 1)
+        with watch_load(loads, f"{n}_ranks", busy=n, timed=False):
+            runtime.run(_tiny_all_reduce, n)
+            measured[f"{n}_ranks_started_MB"] = round(tree_pss_mb(), 1)
+            runtime.run(_one_sgd_step, n)
+            measured[f"{n}_ranks_MB"] = round(tree_pss_mb(), 1)
     runtime.shutdown()
     top = measured[f"{max(world_sizes)}_ranks_MB"]
     return BenchResult(name="pool-memory", inputs={"world_sizes": list(world_sizes),
                                        "measure": "PSS of parent + forkserver + ranks, after one SGD step"},
-                       measured=measured, value=top, unit="MB", target=f"{max(world_sizes)} ranks + parent < 600 MB", met=top < 600)
+                       measured=measured, value=top, unit="MB", target=f"{max(world_sizes)} ranks + parent < 600 MB",
+                       met=top < 600, loads=tuple(loads))
 
 
 def bench_allreduce_fit(*, world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
                         sizes_bytes: tuple[int, ...] = DEFAULT_SIZES_BYTES,
                         repeats: int = DEFAULT_REPEATS) -> BenchResult:
     """Fit s(N) T(N) (a, b and the contention g) to ring all-reduces measured on this machine."""
-    start = time.perf_counter()
-    reports = time_allreduce(world_sizes=world_sizes, sizes_bytes=sizes_bytes, repeats=repeats)
+    start, loads = time.perf_counter(), []
+    with watch_load(loads, "timings", busy=max(world_sizes)):
+        reports = time_allreduce(world_sizes=world_sizes, sizes_bytes=sizes_bytes, repeats=repeats)
     ms = [m for r in reports for m in r.data]
     cores = os.cpu_count() or 1
     fit = fit_alpha_beta(ms, cores=cores)
@@ -183,7 +206,7 @@ def bench_allreduce_fit(*, world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES,
                         "unresolved_terms": list(fit.unresolved), "max_rel_error": fit.max_rel_error,
                         "ledger_bytes_exact": bytes_ok, "seconds": time.perf_counter() - start},
                        value=100 * fit.median_rel_error, unit="%", target=f"median relative error <= {100 * TARGET_MEDIAN_REL_ERROR:g}%",
-                       met=fit.median_rel_error <= TARGET_MEDIAN_REL_ERROR and bytes_ok,
+                       met=fit.median_rel_error <= TARGET_MEDIAN_REL_ERROR and bytes_ok, loads=tuple(loads),
                        notes=[f"model: (1 + g max(0, N/{cores} - 1)) (2(N-1)a + 2(N-1)/N bG); g is the one fitted "
                         "contention term for ranks sharing cores"]
                        + [f"{t}: {fit.describe(t)}" for t in fit.unresolved])
@@ -201,8 +224,11 @@ def bench_ring_attention(*, world_size: int = 4, seq_len: int = 4096, repeats: i
     """
     spec = RingSpec(seq_len=seq_len, batch=1, heads=4, head_dim=32, block_size=256)
     spec.check(world_size, layout="zigzag")
-    ring = runtime.run(time_ring_forward, world_size, spec, causal=True, repeats=repeats)
-    (single_times, single_peak), = runtime.run(time_sdpa, 1, spec, causal=True, repeats=repeats)
+    loads: list[Load] = []
+    with watch_load(loads, "ring", busy=world_size):
+        ring = runtime.run(time_ring_forward, world_size, spec, causal=True, repeats=repeats)
+    with watch_load(loads, "sdpa", busy=1):
+        (single_times, single_peak), = runtime.run(time_sdpa, 1, spec, causal=True, repeats=repeats)
     ring_s = statistics.median(max(r[0][i] for r in ring) for i in range(repeats))
     single_s = statistics.median(single_times)
     peak = max(r[1] for r in ring)
@@ -213,53 +239,48 @@ def bench_ring_attention(*, world_size: int = 4, seq_len: int = 4096, repeats: i
                         "ring_peak_bytes_per_rank": [r[1] for r in ring], "sdpa_peak_bytes": single_peak,
                         "peak_ratio": round(peak / single_peak, 3)},
                        value=ratio, unit="x", target="speed reported (SDPA time / ring time); per-rank peak < single-process peak",
-                       met=peak < single_peak,
+                       met=peak < single_peak, loads=tuple(loads),
                        notes=[(f"{world_size} ranks share {os.cpu_count()} cores; ring tiles run as Python loops of torch "
                          "ops, SDPA as one fused kernel"),
                         (f"per-rank peak / single-process peak = {peak / single_peak:.3f} (1/N = {1 / world_size:.3f}): "
                          "a rank also keeps two packed K, V blocks (one in use, one arriving) and its score tiles")])
 
 
-def _panels() -> BenchResult:
-    from wmdist.bench_panels import bench_panels      # imports the widgets only when asked for
-    return bench_panels()
+def bench_panels() -> BenchResult:
+    """bench_panels.bench_panels (which imports the widgets, so only when asked for), with the load around it.
+
+    busy=1: the kernel's one process draws each answer (its prefetch worker is a thread of it).
+    """
+    from wmdist.bench_panels import bench_panels as panels
+    loads: list[Load] = []
+    with watch_load(loads, "moves", busy=1):
+        result = panels()
+    return replace(result, loads=(*result.loads, *loads))
 
 
-def bench_session_memory(*, memory_limit_mib: int = 2048, cpu_quota: float = 1.0) -> BenchResult:
+def bench_session_memory(*, memory_limit_mib: int = 2048, cpu_quota: float = 1.0,
+                         progress: OnProgress | None = None) -> BenchResult:
     """Binder's session: the ten chapters opened one after another, every kernel kept, under Binder's limits.
 
     The headline is the peak over chapters of the PSS summed over every process in the session's
-    memory cgroup, over the limit (wmdist/session/). Several minutes: each chapter runs top to bottom.
+    memory cgroup, over the limit (wmdist/session/). Several minutes: each chapter runs top to bottom,
+    and `progress` hears of each as it starts and ends. The session's CPU quota is what it keeps busy.
     """
-    from wmdist.session.memory import course_session, default_kernel_argv, run_session
-
-    notebooks, revisit = course_session()
-    s = run_session(notebooks, kernel_argv=default_kernel_argv(), memory_limit_mib=memory_limit_mib,
-                    cpu_quota=cpu_quota, revisit=revisit)
-    inputs = {"chapters": len(notebooks), "memory_limit_MiB": memory_limit_mib, "cpu_quota": cpu_quota,
-              "kernel": " ".join(s.kernel_argv[1:3]), "kernels": "one per chapter, all kept"}
-    if s.skipped:
-        return BenchResult(name="session-memory", inputs=inputs, measured={}, value=float("nan"), unit="x", target="< 1.0", met=False, notes=[s.skipped])
-    ratio = s.peak_pss_mib / memory_limit_mib
-    measured = {"peak_pss_MiB": round(s.peak_pss_mib, 1), "cgroup_peak_MiB": round(s.max_usage_mib, 1),
-                "oom_kills": s.oom_kills, "all_kernels_alive": s.all_alive, "return_ok": s.revisit_ok,
-                "notebooks_with_errors": sorted(s.errors), "seconds": round(s.seconds, 1)}
-    return BenchResult(name="session-memory", inputs=inputs, measured=measured, value=ratio, unit="x",
-                       target="< 1.0 (peak summed PSS / limit), no OOM kill, every kernel alive, the return re-runs",
-                       met=ratio < 1.0 and s.oom_kills == 0 and s.all_alive and bool(s.revisit_ok),
-                       notes=[*s.table().splitlines(), f"back to {s.revisit}: {'ok' if s.revisit_ok else s.revisit_errors}",
-                        *s.notes])
+    from wmdist.session.bench import session_memory
+    loads: list[Load] = []
+    with watch_load(loads, "session", busy=cpu_quota or os.cpu_count() or 1, timed=False):
+        result = session_memory(memory_limit_mib=memory_limit_mib, cpu_quota=cpu_quota, progress=progress)
+    return replace(result, loads=tuple(loads))
 
 
-def benchmarks() -> dict[str, Callable[[], BenchResult]]:
-    """Every benchmark by name, in the order `wmdist bench` runs them."""
-    table: dict[str, Callable[[], BenchResult]] = {
-        "warm-vs-spawn": bench_warm_vs_spawn,
-        "ring-vs-gloo": bench_ring_vs_gloo,
-        "pool-memory": bench_memory,
-        "allreduce-fit": bench_allreduce_fit,
-        "ring-attention": bench_ring_attention,
-        "panels": _panels,
-        "session-memory": bench_session_memory,
-    }
+def benchmarks(*, progress: OnProgress | None = None) -> dict[str, Callable[[], BenchResult]]:
+    """Every benchmark by name, in the order `wmdist bench` runs them (bench_catalog.BENCHMARKS, the registry).
+
+    progress: passed to each benchmark that takes one (a long one says how far it has got).
+    """
+    table: dict[str, Callable[[], BenchResult]] = {}
+    for entry in BENCHMARKS:
+        run = globals()[entry.function]
+        takes = "progress" in inspect.signature(run).parameters
+        table[entry.name] = functools.partial(run, progress=progress) if takes and progress else run
     return table

@@ -20,7 +20,7 @@ import re
 import sys
 from typing import NoReturn
 
-from wmdist import catalog, lab
+from wmdist import bench_catalog, catalog, lab
 from wmdist.memory.command import add_memory_parser, join_signed_values, memory_main
 from wmdist.pipeline import cli as schedule_cli
 
@@ -71,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("names", nargs="*", help="demo names (default: all)")
     v.add_argument("-n", "--world-size", type=_positive_int, help="run only at this world size")
     v.add_argument("--json", action="store_true", help="print a JSON list of Report dicts")
-    b = sub.add_parser("bench", help="measure speed and memory ratios in one run")
-    b.add_argument("names", nargs="*", help="benchmark names (default: all)")
+    b = sub.add_parser("bench", help="measure speed and memory ratios in one run", epilog=bench_catalog.help_text(),
+                       description="Measure speed and memory ratios in one run, each printed with its inputs,\n"
+                       "target and the load average around it.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("names", nargs="*", help="benchmark names, listed below (default: all)")
     b.add_argument("--json", action="store_true", help="print JSON")
     add_memory_parser(sub)
     schedule_cli.add_parser(sub)
@@ -139,15 +141,22 @@ def _progress_line(done: int, total: int, text: str) -> None:
     print(f"\r\033[K[{done}/{total}] {text}", end=end, file=sys.stderr, flush=True)
 
 
+def _bench_progress(done: int, total: int, text: str) -> None:
+    """One stderr line per step of a long benchmark (session-memory's chapters), kept, so a log shows them too."""
+    print(f"  [{done}/{total}] {text}", file=sys.stderr, flush=True)
+
+
 def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from wmdist.bench import benchmarks
 
-    table = benchmarks()
+    table = benchmarks(progress=_bench_progress)
     unknown = [n for n in args.names if n not in table]
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(table)}")
     results = []
-    for name in args.names or list(table):
+    names = args.names or list(table)
+    for k, name in enumerate(names):
+        print(f"bench [{k + 1}/{len(names)}] {name}: running", file=sys.stderr, flush=True)
         result = table[name]()
         results.append(result)
         if not args.json:

@@ -8,7 +8,8 @@ It never imports the wmdist package (whose import loads torch, which would put a
 in the measured cgroup); its one sibling, cgroup.py, imports nothing from wmdist either and is found
 because a script's folder is first on sys.path. For each notebook in turn it starts a kernel from
 `kernel_argv` (as JupyterLab would: a kernel spec), runs every code cell with nbclient (errors are
-recorded, not raised), leaves the kernel running, and writes one JSON line to RESULT_FD: seconds,
+recorded, not raised), leaves the kernel running, and writes one JSON line to RESULT_FD as it starts
+(its name, for the progress lines) and one as it ends: seconds,
 errors, which kernels are alive, the PSS of every process in the memory cgroup (by kernel: the kernel
 process, its forkserver, the ranks forked from it) and the cgroup's own counters. Then it re-runs one
 cell of an earlier chapter in that chapter's kernel (the learner going back), writes an "end" line,
@@ -183,6 +184,13 @@ class Session:
         await asyncio.gather(*(one(c) for c in self.open))
 
 
+def tell(out: Any, message: dict[str, Any]) -> None:
+    """One JSON line to the parent, at once: {"start": name} as a chapter opens, {"chapter": row} as it ends,
+    {"revisit": where} before the return to an earlier chapter, {"end": ...} last."""
+    out.write(json.dumps(message) + "\n")
+    out.flush()
+
+
 async def main(config: dict[str, Any], out: Any) -> None:
     limits = Limits(memory=Path(config["memory"]), cpu=None)
     with tempfile.TemporaryDirectory(prefix="wmdist-session-") as tmp:
@@ -195,16 +203,17 @@ async def main(config: dict[str, Any], out: Any) -> None:
         session = Session(str(spec.parent), config["cell_timeout"])
         try:
             for path in map(Path, config["notebooks"]):
+                tell(out, {"start": path.stem})
                 seconds, errors = await session.run_chapter(path)
                 row = chapter_row(path.stem, seconds, errors, await session.alive(), limits)
-                out.write(json.dumps({"chapter": row}) + "\n")
-                out.flush()
+                tell(out, {"chapter": row})
             end: dict[str, Any] = {"revisit": None, "ok": None, "errors": []}
             if config["revisit"] is not None:
-                end = await session.revisit(*config["revisit"])
+                chapter, cell = config["revisit"]
+                tell(out, {"revisit": f"{session.open[chapter]['chapter']}, code cell {cell}"})
+                end = await session.revisit(chapter, cell)
             end["alive"] = [c["alive"] for c in await session.alive()]
-            out.write(json.dumps({"end": end}) + "\n")
-            out.flush()
+            tell(out, {"end": end})
         finally:
             await session.close()
 

@@ -17,10 +17,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import nbformat
 
+from wmdist.on_progress import OnProgress
 from wmdist.session.cgroup import Limits
 
 CHAPTERS_SCRIPT = Path(__file__).with_name("chapters.py")
@@ -185,15 +186,48 @@ def _check(notebooks: list[Path], memory_limit_mib: int | None, cpu_quota: float
         raise ValueError(f"kernel_argv: expected an argv holding '{{connection_file}}', got {kernel_argv!r}")
 
 
+def follow(messages: Iterable[str], *, total: int, start: float, on_chapter: Callable[[ChapterMemory], None] | None,
+           progress: OnProgress | None, clock: Callable[[], float] = time.perf_counter,
+           ) -> tuple[list[ChapterMemory], dict[str, Any]]:
+    """Read chapters.py's JSON lines as they come: the rows, the "end" message, and progress on the way.
+
+    progress(k - 1, total, "NAME: started, E s in") as chapter k starts, progress(k, total, "NAME: done in
+    S s, PSS P MiB, E s in") as it ends, and once more before the return to an earlier chapter; E is the
+    time since `start` on `clock`. A session of ten chapters takes minutes, and says where it is.
+    """
+    rows: list[ChapterMemory] = []
+    end: dict[str, Any] = {}
+    tell = progress or (lambda done, of, text: None)
+    for line in messages:
+        message = json.loads(line)
+        elapsed = clock() - start
+        if "start" in message:
+            tell(len(rows), total, f"{message['start']}: started, {elapsed:.0f} s in")
+        elif "revisit" in message:
+            tell(len(rows), total, f"going back: re-running {message['revisit']}, {elapsed:.0f} s in")
+        elif "chapter" in message:
+            rows.append(ChapterMemory.from_dict(message["chapter"]))
+            row = rows[-1]
+            tell(len(rows), total, f"{row.chapter}: done in {row.seconds:.0f} s, PSS {row.pss_mib:.0f} MiB, "
+                                   f"{elapsed:.0f} s in")
+            if on_chapter is not None:
+                on_chapter(row)
+        else:
+            end = message["end"]
+    return rows, end
+
+
 def run_session(notebooks: list[Path], *, kernel_argv: list[str] | None = None, memory_limit_mib: int | None = 2048,
                 cpu_quota: float | None = 1.0, revisit: tuple[int, int] | None = (1, -1), cell_timeout: int = 600,
-                on_chapter: Callable[[ChapterMemory], None] | None = None) -> SessionMemory:
+                on_chapter: Callable[[ChapterMemory], None] | None = None,
+                progress: OnProgress | None = None) -> SessionMemory:
     """Open each notebook in its own kernel, in order, keeping every kernel; measure after each chapter.
 
     kernel_argv: the kernel spec's argv (default: plain ipykernel, as Binder's `python3` kernel).
     memory_limit_mib / cpu_quota: the container's limits (None: no limit, still measured in a cgroup).
     revisit: (position in `notebooks`, code cell index, negative from the end) re-run at the end in that
     chapter's kernel, as a learner going back would. on_chapter: called with each row as it comes.
+    progress: told as each chapter starts and ends (see `follow`).
     """
     notebooks = [Path(p).resolve() for p in notebooks]
     argv = list(kernel_argv or IPYKERNEL_ARGV)
@@ -219,14 +253,7 @@ def run_session(notebooks: list[Path], *, kernel_argv: list[str] | None = None, 
             proc = subprocess.Popen(command, pass_fds=(write,), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
             os.close(write)
             with os.fdopen(read) as results:
-                for line in results:
-                    message = json.loads(line)
-                    if "chapter" in message:
-                        rows.append(ChapterMemory.from_dict(message["chapter"]))
-                        if on_chapter is not None:
-                            on_chapter(rows[-1])
-                    else:
-                        end = message["end"]
+                rows, end = follow(results, total=len(notebooks), start=start, on_chapter=on_chapter, progress=progress)
             code = proc.wait()
             counters, throttled = limits.counters(), limits.throttled_s()
             if code != 0 or not end:
