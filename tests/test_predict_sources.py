@@ -62,7 +62,7 @@ def _pieces(node: ast.expr) -> list[str]:
 
 
 def answer_texts(module: str) -> dict[str, list[str]]:
-    """{"formula_text": [...], "why": [...]}: the literal texts every Answer / ChoiceAnswer of `module` is built with."""
+    """{"formula_text": [...], "why": [...]}: the literal texts each Answer / ChoiceAnswer of `module` is built with."""
     path = Path(importlib.import_module(module).__file__)
     out: dict[str, list[str]] = {"formula_text": [], "why": []}
     for node in ast.walk(ast.parse(path.read_text())):

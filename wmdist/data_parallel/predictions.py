@@ -37,4 +37,5 @@ def ring_bytes(g_ring: int) -> Answer:
                   formula_text=f"2(N-1)G/N at N = 4, G = {g_ring:,} B",
                   why=f"the rule assumes N divides the payload; the chunks are "
                       f"{costs.ring_chunk_sizes(ring.DEFAULT_NUMEL, 4)} floats, and the ledger's bytes per rank, "
-                      f"{sent}, equal costs.ring_allreduce_bytes with those chunks, {exact} (see 'Uneven chunks' below)")
+                      f"{sent}, equal costs.ring_allreduce_bytes with those chunks, {exact} (see 'Uneven chunks' "
+                      "below)")

@@ -6,7 +6,9 @@ the text that sets the scene (never the answer), `guess.answer_with(measure)` sh
 (the same widget: what was typed above is there) with two buttons, "Check my guess" (class
 `wmdist-check`) and "Show me the answer" (`wmdist-show`).
 
-`measure` takes no arguments, runs the chapter's demo and returns an `Answer`. It runs when a
+`measure` takes no arguments, runs the chapter's demo and returns an `Answer`; it is a function of
+the chapter's `predictions` module, so the cell above the buttons states neither the formula nor
+the why (they belong to the reveal). It runs when a
 button is pressed, never on Run All, so neither the page nor the stored notebook shows the
 answer before the learner acts; it runs once, and a second guess is compared with the same
 measurement at once. A guess that cannot be used (empty, not a number, outside the stated range)
@@ -14,6 +16,8 @@ is not compared: the answer area says what was typed and why, and nothing is mea
 
 `check()` and `show()` are what the buttons call; they return the `Reveal` (None when the guess
 cannot be used, with the reason in `.note`), so tests drive a prediction by setting `.value`.
+How the box is read, echoed and revealed are methods (`_read`, `_echo`, `reveal`), so `Choice`
+(choose.py) asks for one of a few names with the same box, buttons and answer area.
 """
 from __future__ import annotations
 

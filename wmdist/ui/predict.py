@@ -85,7 +85,9 @@ def compare(guess: float | None, measured: float, *, formula: float | None = Non
 def how_far(value: float, measured: float) -> str:
     """How far `value` is from `measured`, as a learner reads it.
 
-    Within 2x either way as a percentage (a guess within 10 % is called close); beyond that as a
+    Equal at the digits the reveal prints (`same_when_shown`): "exactly right", so typing the value
+    the reveal shows is right. Within 2x either way as a percentage (a guess within 10 % is called
+    close); beyond that as a
     multiple ("87x the measurement", "0.25x the measurement"); a value under 1 % of the
     measurement is "about 0", and one of the other sign says so, never a negative multiple.
     """
