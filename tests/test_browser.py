@@ -18,8 +18,10 @@ repository's files are never opened for writing).
   latency table as build/browser/latency.txt.
 - In the same test, every notebook with a prediction (`answer_with`) asks first: after Run All,
   neither the measured value nor the formula's value of any prediction is anywhere in the
-  notebook's text (cells, outputs, widgets); Check with an empty box and with "abc" says why and
-  measures nothing; Show me answers; the measured value typed as a guess is compared.
+  notebook's text (cells, outputs, widgets), and neither the reveal's formula nor its why is in
+  the text above the prediction's buttons (every cell's source and output as the page shows
+  them); Check with an empty box and with "abc" says why and measures nothing; Show me answers;
+  the measured value as the reveal prints it, typed as a guess, is "exactly right".
 
 Needs the Debian `chromium` package and the `playwright` Python package; Playwright's own browser
 download (`playwright install`) is never used. If either is missing the tests are skipped, and
@@ -43,6 +45,7 @@ import psutil
 import pytest
 
 from conftest import free_port
+from test_predict_sources import WHY_WORDS, stated as _stated
 from wmdist.costs.units import seconds
 from wmdist.data_parallel.scaling import ScalingParams, scaling_curve
 from wmdist.memory.footprint import format_bytes, per_rank_bytes
@@ -352,6 +355,17 @@ def _answer_shown(value: str, unit: str) -> str:
     return value if sum(ch.isdigit() for ch in value) >= 3 else ""
 
 
+ABOVE_JS = """(button) => {
+  const cell = button.closest('.jp-Cell');
+  const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell')];
+  const out = [];
+  for (const c of cells) {
+    if (c === cell) { const i = c.querySelector('.jp-InputArea'); if (i) out.push(i.innerText); break; }
+    out.push(c.innerText);
+  }
+  return out.join('\\n'); }"""
+
+
 def _reveal_rows(answer) -> dict[str, str]:
     """The reveal table's rows shown in an answer area: first cell -> second cell."""
     rows = answer.locator(".wmdist-reveal tr")
@@ -361,17 +375,20 @@ def _reveal_rows(answer) -> dict[str, str]:
 
 def _predictions_ask_first(page, name: str, page_after_run_all: str) -> None:
     """Every prediction on the page after Run All: its answer is nowhere on the page until a button is pressed;
-    an empty box and an unreadable guess are refused without measuring; Show me answers; a typed guess is compared."""
+    nor its formula or its reasoning (the reveal's formula and why) in any cell above its buttons, source or output;
+    an empty box and an unreadable guess are refused without measuring; Show me answers; the measured value as the
+    reveal prints it, typed as a guess, is exactly right."""
     from playwright.sync_api import expect
     cells = nbformat.read(REPO / "notebooks" / name, as_version=4).cells
     asked = sum(c.source.count(ASKED) for c in cells if c.cell_type == "code")
     checks = page.locator(".wmdist-check")
     assert checks.count() == asked, f"{name}: {asked} answer_with calls, {checks.count()} Check buttons shown"
+    above = [page.evaluate(ABOVE_JS, checks.nth(k).element_handle()) for k in range(asked)]   # before any press
     for k in range(asked):
         check, show, answer = checks.nth(k), page.locator(".wmdist-show").nth(k), page.locator(".wmdist-answer").nth(k)
         box = check.locator("xpath=..").locator(".wmdist-guess input")
         assert answer.locator(".wmdist-reveal").count() == 0, f"{name} prediction {k}: answered before asked"
-        for typed, said in (("", "no guess entered"), ("abc", "not a number")):
+        for typed, said in (("", "no guess entered"), ("abc", re.compile("not a number|not one of"))):
             box.scroll_into_view_if_needed()
             box.fill(typed)
             check.click()
@@ -389,10 +406,17 @@ def _predictions_ask_first(page, name: str, page_after_run_all: str) -> None:
             needle = _answer_shown(number, unit.strip())
             assert not needle or needle not in page_after_run_all, \
                 f"{name} prediction {k}: its {key} value {needle!r} was on the page before anyone asked"
+        formula = [key[len("formula"):].strip() for key in rows if key.startswith("formula")]
+        why = answer.locator(".wmdist-reveal > div", has_text="why:")
+        why = why.first.inner_text().split("why:", 1)[1].strip() if why.count() else ""
+        assert formula or why, f"{name} prediction {k}: the reveal states neither a formula nor a why: {rows}"
+        for kind, text, words in [("formula", f, None) for f in formula if f] + [("why", why, WHY_WORDS)]:
+            said = _stated(text, above[k], words)
+            assert not said, f"{name} prediction {k}: its {kind} ({said!r}) is above its buttons before any press"
         guess = rows["measured"].split(" ")[0]
         box.fill(guess)
         check.click()
-        expect(answer.locator(".wmdist-reveal")).to_contain_text(re.compile("exactly right|close: "), timeout=MS)
+        expect(answer.locator(".wmdist-reveal")).to_contain_text("exactly right", timeout=MS)
 
 
 LATENCY: dict[str, tuple[int, list[float]]] = {}         # "notebook panel i" -> (panel height, ms per press)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from wmdist.ui import Answer, Prediction
-from wmdist.ui.predict import (NO_GUESS, Bounds, compare, format_number, how_far, parse_guess, verdict_html,
-                                 verdict_text)
+from wmdist.ui.predict import (NO_GUESS, Bounds, compare, format_number, how_far, parse_guess, same_when_shown,
+                                 verdict_html, verdict_text)
 
 QUESTION = "How many bytes will rank 2 send in this ring all-reduce?"
 
@@ -189,3 +189,46 @@ def test_how_far_reads_as_a_learner_reads_it(guess, measured, said):
 def test_the_reveal_table_reads_left_to_right():
     html = verdict_html(QUESTION, compare(4000, 6000, formula=6000), unit="B")
     assert "text-align:right" not in html and html.count("text-align:left") == 9
+
+
+# --- issue 33: "right" is judged at the digits the reveal prints; one format for every echo ----------------
+
+@pytest.mark.parametrize("typed, measured", [(0.1694, 0.16941238), (0.3506, 0.35058), (18022, 18022.4),
+                                             (0.16941, 0.16941238), (2, 2.0004)])
+def test_a_guess_equal_to_the_shown_value_is_exactly_right(typed, measured):
+    assert format_number(typed) == format_number(measured)           # what the reveal prints for both
+    assert how_far(typed, measured) == "exactly right" and compare(typed, measured).summary == "exactly right"
+    assert same_when_shown(typed, measured)
+
+
+@pytest.mark.parametrize("typed, measured", [(0.1695, 0.16941238), (0.1693, 0.16941238), (0.3505, 0.35058),
+                                             (18023, 18022.4), (0.17, 0.16941238)])
+def test_a_guess_off_in_the_last_printed_digit_is_not_exact(typed, measured):
+    assert how_far(typed, measured).startswith("close: ") and not same_when_shown(typed, measured)
+
+
+@pytest.mark.parametrize("measured", [0.16941238, 0.35058, 2.0004, 411.83, 999.97, 18022.4, 6.02e7, 123456789.7,
+                                      3 / 11, -0.0421, 1.2345e-5, 7.77e17])
+def test_typing_what_the_reveal_prints_as_measured_is_exactly_right(measured):
+    guess = Prediction(QUESTION)
+    guess.answer_with(lambda: Answer(measured=measured))
+    shown = guess.show().text.split("measured", 1)[1].split()[0]       # the measured row's value, as printed
+    guess.value = shown
+    assert guess.check().verdict.summary == "exactly right", (measured, shown)
+
+
+@pytest.mark.parametrize("typed, echoed", [("18022", "18,022 B"), ("1.8022e4", "18,022 B"), ("18,022.4", "18,022 B"),
+                                           ("4118", "4,118 B"), ("16384", "16,384 B"), ("999.97", "1,000 B"),
+                                           ("411.83", "411.8 B"), ("0.1694", "0.1694 B"), ("3", "3 B")])
+def test_every_guess_is_echoed_in_one_format(typed, echoed):
+    guess = Prediction(QUESTION, unit="B")
+    guess.value = typed
+    assert guess.status.value == f"your guess: {echoed}"
+    guess.answer_with(lambda: Answer(measured=4118, formula=16384))
+    rows = guess.check().text.splitlines()[1:]
+    assert f" {echoed} " in rows[0] + " " and "4,118 B" in rows[2] and "16,384 B" in rows[1]
+
+
+def test_no_number_from_one_to_a_million_million_is_printed_with_an_exponent():
+    for x in (1000.0, 1802.2, 18022.0, 1.8022e4 + 0.5, 4.4e9, 9.99e13, 1.0e14 + 0.25):
+        assert "e" not in format_number(x) and "," in format_number(x), format_number(x)

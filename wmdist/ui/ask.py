@@ -6,7 +6,9 @@ the text that sets the scene (never the answer), `guess.answer_with(measure)` sh
 (the same widget: what was typed above is there) with two buttons, "Check my guess" (class
 `wmdist-check`) and "Show me the answer" (`wmdist-show`).
 
-`measure` takes no arguments, runs the chapter's demo and returns an `Answer`. It runs when a
+`measure` takes no arguments, runs the chapter's demo and returns an `Answer`; it is a function of
+the chapter's `predictions` module, so the cell above the buttons states neither the formula nor
+the why (they belong to the reveal). It runs when a
 button is pressed, never on Run All, so neither the page nor the stored notebook shows the
 answer before the learner acts; it runs once, and a second guess is compared with the same
 measurement at once. A guess that cannot be used (empty, not a number, outside the stated range)
@@ -14,6 +16,8 @@ is not compared: the answer area says what was typed and why, and nothing is mea
 
 `check()` and `show()` are what the buttons call; they return the `Reveal` (None when the guess
 cannot be used, with the reason in `.note`), so tests drive a prediction by setting `.value`.
+How the box is read, echoed and revealed are methods (`_read`, `_echo`, `reveal`), so `Choice`
+(choose.py) asks for one of a few names with the same box, buttons and answer area.
 """
 from __future__ import annotations
 
@@ -31,15 +35,17 @@ WAITING = "nothing is measured until you press a button"
 class Prediction:
     """A question with a number box; `answer_with(measure)` adds the buttons that answer it."""
 
+    answer_type: type = Answer        # what measure() must return
+
     def __init__(self, question: str, unit: str = "", *, low: float | None = None, high: float | None = None,
                  placeholder: str = "your guess"):
         self.question, self.unit, self.bounds = question, unit, Bounds(low=low, high=high)
         self.box = W.Text(placeholder=placeholder, layout=W.Layout(width="10em"))
         self.box.add_class("wmdist-guess")
         self.status = W.Label()
-        in_unit = f", in {unit}" if unit else ""
-        prompt = W.HTML(f"<b>Predict:</b> {html.escape(question)} <i>({self.bounds.text()}{in_unit})</i>")
-        self.widget = W.VBox([prompt, W.HBox([self.box, W.Label(unit), self.status])])
+        in_unit = f", in {self.box_unit}" if self.box_unit else ""
+        prompt = W.HTML(f"<b>Predict:</b> {html.escape(question)} <i>({self._expects()}{in_unit})</i>")
+        self.widget = W.VBox([prompt, W.HBox([self.box, W.Label(self.box_unit), self.status])])
         self.check_button = W.Button(description="Check my guess", button_style="primary", layout=W.Layout(width="auto"))
         self.show_button = W.Button(description="Show me the answer", layout=W.Layout(width="auto"))    # whole label
         self.check_button.add_class("wmdist-check")
@@ -67,14 +73,31 @@ class Prediction:
     @property
     def guess(self) -> float | None:
         """The learner's number, or None (empty, not a number, or outside the stated range)."""
-        return read_guess(self.box.value, self.bounds)[0]
+        return self._read()[0]
+
+    @property
+    def box_unit(self) -> str:
+        """The unit written beside the box: the answer's."""
+        return self.unit
+
+    def _expects(self) -> str:
+        """What the box takes, as the prompt and a refusal state it ("0 or more", "a number from 0 to 1")."""
+        return self.bounds.text()
+
+    def _read(self) -> tuple[Any, str]:
+        """The usable guess in the box and "", or None and why not (a subclass reads other kinds of answer)."""
+        return read_guess(self.box.value, self.bounds)
+
+    def _echo(self, value: Any) -> str:
+        """A usable guess as the status and the notes repeat it: the reveal's own format."""
+        return format_number(value, unit=self.unit)
 
     def _update_status(self) -> None:
-        value, why = read_guess(self.box.value, self.bounds)
+        value, why = self._read()
         if value is None:
             self.status.value = "" if not self.box.value.strip() else why
         else:
-            self.status.value = f"your guess: {format_number(value, unit=self.unit)}"
+            self.status.value = f"your guess: {self._echo(value)}"
 
     def _box_changed(self) -> None:
         """The status beside the box, and a refusal in the answer area brought up to date with the box.
@@ -92,13 +115,13 @@ class Prediction:
         if self._answer is not None or self.guess is None:
             self._press(self.check)
         else:
-            self.note = (f"your guess: {format_number(self.guess, unit=self.unit)}; press Check my guess to "
+            self.note = (f"your guess: {self._echo(self.guess)}; press Check my guess to "
                          "compare it")
             self.out.outputs = ({"output_type": "stream", "name": "stdout", "text": self.note + "\n"},)
 
     def reveal(self, answer: Answer, *, unused: str = "") -> Reveal:
         """The box's guess, the formula and the measurement side by side (no guess: `unused` says why)."""
-        value, why = read_guess(self.box.value, self.bounds)
+        value, why = self._read()
         if not self.box.value.strip():
             why = unused or why
         verdict = compare(value, answer.measured, formula=answer.formula, unused=why)
@@ -118,16 +141,18 @@ class Prediction:
             raise RuntimeError("nothing to measure yet: run the cell that calls answer_with(...) first")
         if self._answer is None:
             answer = self._measure()
-            if not isinstance(answer, Answer):
-                raise TypeError(f"measure() must return an Answer, not {type(answer).__name__}")
+            if not isinstance(answer, self.answer_type):
+                name = self.answer_type.__name__
+                raise TypeError(f"measure() must return {'an' if name[0] in 'AEIOU' else 'a'} {name}, not "
+                                f"{type(answer).__name__}")
             self._answer = answer
         return self._answer
 
     def check(self) -> Reveal | None:
         """Compare the typed guess with the measurement; None (and `.note` says why) if it cannot be used."""
-        value, why = read_guess(self.box.value, self.bounds)
+        value, why = self._read()
         if value is None:
-            self.note = (f"{why}. Type {self.bounds.text()} in the box and press Check my guess again, "
+            self.note = (f"{why}. Type {self._expects()} in the box and press Check my guess again, "
                          "or press Show me the answer.")
             return None
         self.note = ""
@@ -164,7 +189,7 @@ class Prediction:
             self.check_button.disabled = self.show_button.disabled = False
 
     def __repr__(self) -> str:
-        return f"Predict: {self.question} ({self.bounds.text()}) [{self.box.value or '...'}] {self.unit}".rstrip()
+        return f"Predict: {self.question} ({self._expects()}) [{self.box.value or '...'}] {self.box_unit}".rstrip()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
@@ -178,7 +203,7 @@ class Asking:
     def __init__(self, prediction: Prediction):
         p = prediction
         self.prediction = p
-        self.widget = W.VBox([W.HBox([p.box, W.Label(p.unit), p.check_button, p.show_button]), p.out])
+        self.widget = W.VBox([W.HBox([p.box, W.Label(p.box_unit), p.check_button, p.show_button]), p.out])
 
     def __repr__(self) -> str:
         return (f"Prediction: {self.prediction.question}\n  press Check my guess (or Show me the answer): "

@@ -85,11 +85,13 @@ def compare(guess: float | None, measured: float, *, formula: float | None = Non
 def how_far(value: float, measured: float) -> str:
     """How far `value` is from `measured`, as a learner reads it.
 
-    Within 2x either way as a percentage (a guess within 10 % is called close); beyond that as a
+    Equal at the digits the reveal prints (`same_when_shown`): "exactly right", so typing the value
+    the reveal shows is right. Within 2x either way as a percentage (a guess within 10 % is called
+    close); beyond that as a
     multiple ("87x the measurement", "0.25x the measurement"); a value under 1 % of the
     measurement is "about 0", and one of the other sign says so, never a negative multiple.
     """
-    if value == measured:
+    if value == measured or same_when_shown(value, measured):
         return "exactly right"
     if measured == 0:
         return f"off by {format_number(value - measured)} (the measurement is 0)"
@@ -144,9 +146,22 @@ def read_guess(text: str, bounds: Bounds) -> tuple[float | None, str]:
 
 
 def format_number(x: float, *, unit: str = "") -> str:
-    """`x` with thousands separators when it is a whole number, else 4 significant digits."""
-    body = f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:.4g}"
+    """`x` as every echo and reveal prints it: one format for a guess, a formula and a measurement.
+
+    From 1,000 up (and for any whole number) a whole number with thousands separators (18,022 B,
+    never 1.802e+04 B); below, 4 significant digits in plain notation (0.1694, 411.8). Only the
+    extremes, under 1e-4 or from 1e15 up, take an exponent.
+    """
+    x = float(x)
+    big = 1000 <= abs(float(f"{x:.4g}")) < 1e15           # 999.97 rounds to 1,000, not 1000
+    body = f"{round(x):,}" if (big or x.is_integer()) and abs(x) < 1e15 else f"{x:.4g}"
     return f"{body} {unit}".rstrip()
+
+
+def same_when_shown(guess: float, measured: float) -> bool:
+    """Whether `guess` equals `measured` at the digits the reveal prints (format_number): typing the
+    value the reveal shows, 0.1694 for a measured 0.169412, is exactly right; 0.1695 is not."""
+    return format_number(guess) == format_number(measured)
 
 
 def _percent(rel: float) -> str:
