@@ -12,25 +12,22 @@ through the environment (`JUPYTER_TOKEN`, kept if already set), so the one line 
 
     wmdist lab: open http://localhost:8888/lab/tree/00_start_here.ipynb?token=...
 
-is the address JupyterLab then serves. It is printed only once that address answers HTTP 200
-(JupyterLab takes seconds to answer, 6 to 16 s on a busy machine, and a learner who clicked
-an address printed sooner met "connection refused"); until then the first lines say it is
-starting. A --port already in use
-is refused before anything starts (LabError, which `wmdist` prints as its one-line `error:`),
-rather than printing an address that another program answers; a JupyterLab that exits before
-it answers (its own output is above) or has not answered within a deadline (`answer_wait`:
-120 s on an idle machine, up to 8x that under load) is one `wmdist lab: error:` line and
-status 1.
+is the address JupyterLab then serves, printed once it answers HTTP 200 (JupyterLab takes
+seconds, 6 to 16 s on a busy machine; an address printed sooner met "connection refused").
+A --port already in use is refused before anything starts (LabError, which `wmdist` prints
+as its one-line `error:`), rather than printing an address that another program answers. A
+JupyterLab that exits before it answers (its output is above), or has not answered within
+answer_wait (120 s on an idle machine, up to 8x under load), is a `wmdist lab: error:` line
+and status 1.
 
-JupyterLab runs as this process's child, in a process group of its own, so that exactly one
-signal reaches it, from here: a Ctrl-C (SIGINT), SIGTERM or SIGHUP to `wmdist lab` or to its
-process group is passed on once as SIGTERM, on which JupyterLab shuts its kernels down and
-exits, and `wmdist lab` then exits with its status. (In one group, a terminal's Ctrl-C would
-reach JupyterLab twice, and two stop requests run its kernel clean-up twice.) On Linux the
-server also has PR_SET_PDEATHSIG: a `wmdist lab` killed with SIGKILL takes its server with it.
-One Ctrl-C stops the server, and JupyterLab's banner, which says Control-C "(twice to skip
-confirmation)", is made to say so (OneCtrlC); JupyterLab is also told to ask nothing
-(answer_yes) should a SIGINT reach it directly. It
+JupyterLab runs as this process's child in a process group of its own, so that one signal
+reaches it, from here: the first SIGINT (Ctrl-C), SIGTERM or SIGHUP that `wmdist lab` gets,
+alone or with its group, goes on as one SIGTERM, on which JupyterLab shuts its kernels down
+and exits; `wmdist lab` exits with its status. (In one group a terminal's Ctrl-C would reach
+JupyterLab beside the one passed on, and two stop requests run its clean-up twice.) On Linux
+PR_SET_PDEATHSIG sends it SIGTERM should `wmdist lab` be killed (SIGKILL). Its banner says
+Control-C "(twice to skip confirmation)": a logging filter (OneCtrlC) makes it say once, and
+answer_yes makes that true of a SIGINT sent to JupyterLab itself. It
 also names the torch build installed (CPU or CUDA), which pip does not say. The notebooks
 folder is the server's root: `--notebooks DIR`,
 else `./notebooks`, else the one beside this package in a checkout (an editable install).
@@ -59,9 +56,9 @@ from typing import Any, Callable
 
 START = "00_start_here.ipynb"
 DEFAULT_PORT = 8888
-ANSWER_WAIT = 120.0       # s an idle machine may take before JupyterLab answers (it takes 2 to 16); see answer_wait
+ANSWER_WAIT = 120.0       # s to wait for JupyterLab's first 200 on an idle machine (it takes seconds)
 PR_SET_PDEATHSIG = 1      # prctl(2): the signal a process gets when its parent dies
-ONE_CTRL_C = "(once: wmdist lab asks no question)"
+ONE_CTRL_C = "(once: no confirmation is asked)"
 
 
 class LabError(ValueError):
