@@ -82,7 +82,8 @@ def unmatched_collectives(posted: list[Posted]) -> tuple[int, tuple[int, ...], s
                 a, b = codes[first][slot], codes[other][slot]
                 if not codes_agree(a, b):
                     return first, tuple(members), (
-                        f"and rank {other} disagree on their collective #{slot} on {where}: rank {first} posted "
+                        f"and rank {other} posted different collectives as their collective #{slot} on {where}: "
+                        f"rank {first} posted "
                         f"{describe_code(a, key[1])}, rank {other} {describe_code(b, key[1])} (gloo pairs them; "
                         f"do the ranks agree on the call, `src` and the reduce op?)")
         if not hidden and len({p.crc for p in seen.values()}) > 1:
@@ -142,12 +143,14 @@ def disagreeing(boards: dict[int, Snapshot], finished: dict[int, tuple]) -> tupl
                        for f, counts in sorted(finished.items()) if mask >> f & 1]
             for other, code in theirs:
                 if code and not codes_agree(code, at & 0xFFFFFF):
-                    ranks = _members(mask)
-                    return other, [other, r], (
-                        f"and rank {r} disagree on their collective #{n} on group {ranks}: rank {other} posted "
-                        f"{describe_code(code, tuple(ranks))}, rank {r} {describe_code(at & 0xFFFFFF, tuple(ranks))}"
-                        f" (gloo pairs them, and neither can finish: do the ranks agree on the call, `src` and the "
-                        f"reduce op?)")
+                    ranks, mine = _members(mask), at & 0xFFFFFF
+                    # the rank to blame is a pending one (a finished one has nothing left to wait for)
+                    (a, ca), (b, cb) = ((r, mine), (other, code)) if other in finished else ((other, code), (r, mine))
+                    return a, [a, b], (
+                        f"and rank {b} posted different collectives as their collective #{n} on group {ranks}: "
+                        f"rank {a} posted {describe_code(ca, tuple(ranks))}, rank {b} "
+                        f"{describe_code(cb, tuple(ranks))} (gloo pairs them, and neither can finish: do the ranks "
+                        f"agree on the call, `src` and the reduce op?)")
             posts.setdefault((at >> 32, mask, n), (r, at & 0xFFFFFF))
     return None
 
@@ -169,7 +172,12 @@ def _lacking(r: int, s: Snapshot, blocked: dict[int, Snapshot], finished: dict[i
                 continue
             if have < n:
                 out[m] = f"rank {m} {doing} having posted {have} there"
-    elif kind in (RECEIVE, SEND) and who != ANY:
+    elif kind == RECEIVE and who == ANY:                # any rank could send it: each one that has not
+        for p in sorted(set(finished) | set(blocked) - {r}):
+            have = finished[p][0][r] if p in finished else blocked[p].sent[r]
+            doing = "finished the call" if p in finished else f"waits for its {_say(blocked[p], 0, 0)}"
+            out[p] = f"rank {p} {doing} having sent it {have} message(s)"
+    elif kind in (RECEIVE, SEND):
         if who in finished:
             c = finished[who]
             have, doing = (c[0][r], "finished the call") if kind == RECEIVE else (c[1][r] + c[2], "finished the call")
@@ -224,7 +232,7 @@ def deadlocked(boards: dict[int, Snapshot], finished: dict[int, tuple], world_si
         return None
     lines, waits = [], {}
     for r in sorted(doomed):
-        why = "; ".join(lacking[r].values()) or "every other rank has finished or waits, and none sent it enough"
+        why = "; ".join(lacking[r].values())
         lines.append(f"rank {r} waits for its {_say(blocked[r], 0, 0)}: {why}")
         kind, _, who = unpack(blocked[r].wait)
         if kind == COLLECTIVE:
