@@ -15,7 +15,8 @@ op code (wire.py), the others are *hidden*. The rule (`unmatched_collectives`):
 So a joined rank's visible shadow all-reduce may face its partner's hidden one (torch's Join), and
 nothing is compared that only one side could see. Only the first MAX_RECORDS visible slots per group
 are compared position by position. The running checks (`behind_finished`, `disagreeing`, `deadlocked`,
-used by stuck.stuck on the ranks' boards) use the same slots.
+used by stuck.stuck on the ranks' boards) use the same slots. Sends and receives are matched per pair of
+ranks (`unmatched`, `mismatched_sizes`: messages.py says why).
 """
 from __future__ import annotations
 
@@ -242,3 +243,46 @@ def deadlocked(boards: dict[int, Snapshot], finished: dict[int, tuple], world_si
         f"can never finish: {'; '.join(lines)}. None of them can post again until its wait ends (a deadlock). "
         + ADVICE + (" Two groups with the same members are two communicators: a collective must be posted on the "
                     "same one on every member" if same else ""))
+
+
+def mismatched_sizes(sizes: list[tuple[list[list[int]], list[list[int]]]], any_source: list[int]) -> \
+        tuple[int, str] | None:
+    """The first receiver whose buffers differ in size from the messages sent to it: (its rank, what), or None.
+
+    gloo delivers a smaller message into a larger buffer without a word, and the
+    tail keeps stale values, so a buffer must be exactly the size of its message.
+    Checked once every count matched; not for a rank that received from any rank.
+    """
+    n = len(sizes)
+    for j in range(n):
+        for i in range(n):
+            sent, buffers = sizes[i][0][j], sizes[j][1][i]
+            if not any_source[j] and sent != buffers:
+                return j, (f"received {sent[0]} B in messages from rank {i} into receive buffers of {buffers[0]} B "
+                           f"(each buffer must be the size of the message it receives: a larger one keeps stale "
+                           f"values past what arrived, and the ledger would count bytes that never came)")
+    return None
+
+
+def unmatched(sent: list[list[int]], received: list[list[int]], any_source: list[int]) -> tuple[int, str] | None:
+    """The first unmatched message as (rank to blame, what it did), or None.
+
+    sent[i][j]: sends rank i posted to rank j; received[j][i]: receives rank j
+    posted from rank i; any_source[j]: receives rank j posted from any rank.
+    """
+    n = len(sent)
+    for j in range(n):
+        extra = {i: sent[i][j] - received[j][i] for i in range(n) if sent[i][j] > received[j][i]}
+        missing = {i: received[j][i] - sent[i][j] for i in range(n) if received[j][i] > sent[i][j]}
+        if missing:
+            i, k = next(iter(missing.items()))
+            return j, (f"posted {k} receive(s) from rank {i} that rank {i} never sent "
+                       f"(an irecv/recv without a matching send)")
+        spare = any_source[j] - sum(extra.values())
+        if spare < 0:
+            i = next(iter(extra))
+            return i, (f"sent {extra[i]} message(s) to rank {j} that rank {j} never received "
+                       f"(an isend/send without a matching recv/irecv)")
+        if spare > 0:
+            return j, f"posted {spare} receive(s) from any rank that no message matched"
+    return None

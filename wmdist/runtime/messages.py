@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from wmdist.runtime.matching import unmatched_collectives
+from wmdist.runtime.matching import mismatched_sizes, unmatched, unmatched_collectives
 from wmdist.runtime.slots import GroupCounts, sequence_number
 from wmdist.runtime.stuck import ANY, COLLECTIVE, RECEIVE, SEND, PostBoard
 from wmdist.runtime.wire import COLLECTIVES, count_functional, op_code, wait_functional, work_registry_size
@@ -57,49 +57,6 @@ __all__ = ["MessageAudit", "mismatched_sizes", "unmatched", "unmatched_collectiv
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def mismatched_sizes(sizes: list[tuple[list[list[int]], list[list[int]]]], any_source: list[int]) -> \
-        tuple[int, str] | None:
-    """The first receiver whose buffers differ in size from the messages sent to it: (its rank, what), or None.
-
-    gloo delivers a smaller message into a larger buffer without a word, and the
-    tail keeps stale values, so a buffer must be exactly the size of its message.
-    Checked once every count matched; not for a rank that received from any rank.
-    """
-    n = len(sizes)
-    for j in range(n):
-        for i in range(n):
-            sent, buffers = sizes[i][0][j], sizes[j][1][i]
-            if not any_source[j] and sent != buffers:
-                return j, (f"received {sent[0]} B in messages from rank {i} into receive buffers of {buffers[0]} B "
-                           f"(each buffer must be the size of the message it receives: a larger one keeps stale "
-                           f"values past what arrived, and the ledger would count bytes that never came)")
-    return None
-
-
-def unmatched(sent: list[list[int]], received: list[list[int]], any_source: list[int]) -> tuple[int, str] | None:
-    """The first unmatched message as (rank to blame, what it did), or None.
-
-    sent[i][j]: sends rank i posted to rank j; received[j][i]: receives rank j
-    posted from rank i; any_source[j]: receives rank j posted from any rank.
-    """
-    n = len(sent)
-    for j in range(n):
-        extra = {i: sent[i][j] - received[j][i] for i in range(n) if sent[i][j] > received[j][i]}
-        missing = {i: received[j][i] - sent[i][j] for i in range(n) if received[j][i] > sent[i][j]}
-        if missing:
-            i, k = next(iter(missing.items()))
-            return j, (f"posted {k} receive(s) from rank {i} that rank {i} never sent "
-                       f"(an irecv/recv without a matching send)")
-        spare = any_source[j] - sum(extra.values())
-        if spare < 0:
-            i = next(iter(extra))
-            return i, (f"sent {extra[i]} message(s) to rank {j} that rank {j} never received "
-                       f"(an isend/send without a matching recv/irecv)")
-        if spare > 0:
-            return j, f"posted {spare} receive(s) from any rank that no message matched"
-    return None
 
 
 class MessageAudit:
@@ -150,6 +107,10 @@ class MessageAudit:
             self._blocked(post)
         try:
             work = self._raw(f"dist.{text}", call)
+        except BaseException:
+            if on_board:
+                self.board.undo()               # refused by torch: never posted
+            raise
         finally:
             if blocking:
                 self.board.unblocked()
@@ -204,11 +165,16 @@ class MessageAudit:
             counts = self.sent if kind == "send" else self.received
             where, n = f"rank {who}", counts[who] + 1
         post = (SEND if kind == "send" else RECEIVE, n, who, 0)
-        if self.board is not None and (peer is None or who < len(self.sent)):
+        if self.board is not None:
             self.board.post(*post)
         count = self.groups.of(group)
         before = sequence_number(group) if count is not None else None
-        work = self._raw(text, call)
+        try:
+            work = self._raw(text, call)
+        except BaseException:
+            if self.board is not None:
+                self.board.undo()               # refused by torch: never posted
+            raise
         if count is not None:
             count.seen(before, sequence_number(group), collective=False)
         if peer is None:

@@ -104,6 +104,7 @@ class PostBoard:
     def __init__(self, array: Any):
         self.array = array                                   # multiprocessing RawArray(c_int64, WORDS)
         self._lock = threading.Lock()
+        self._previous = [0, 0]
 
     @classmethod
     def new(cls, ctx: Any) -> PostBoard:
@@ -123,7 +124,12 @@ class PostBoard:
     def post(self, kind: int, n: int, who: int, at: int = 0) -> None:
         """This rank's latest post (`at`: gid << 32 | op code, for a collective)."""
         if 0 < n < 1 << _N_BITS and 0 <= who < 1 << 32:
+            self._previous = [self.array[POST], self.array[POST_AT]]
             self._write(POST, [pack(kind, n, who), at])
+
+    def undo(self) -> None:
+        """Take back the latest post: torch refused it (it raised), so it was never posted."""
+        self._write(POST, [w & ((1 << 64) - 1) for w in self._previous])
 
     def blocked(self, kind: int, n: int, who: int, at: int, groups: dict[int, tuple[int, int]] | None,
                 sent: list[int], received: list[int], any_count: int) -> None:
