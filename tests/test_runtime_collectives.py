@@ -46,6 +46,12 @@ def different_ops_same_count(ctx):
     return "ok" if work is not None else "none"
 
 
+def different_reduce_ops(ctx):
+    """Measured on gloo: this finishes, both ranks holding the sum (rank 0's op), with no error."""
+    dist.all_reduce(torch.ones(2), op=dist.ReduceOp.SUM if ctx.rank == 0 else dist.ReduceOp.MAX)
+    return "ok"
+
+
 def correct_sum(ctx):
     x = torch.tensor([float(ctx.rank)])
     all_reduce(ctx, x)
@@ -70,6 +76,7 @@ def _either(op: str, group: str, behind: int) -> str:
     (different_ops_same_count, 2, 0, (0, 1),
      r"posted different collectives as their collective #1 on group \[0, 1\]: rank 0 posted all_reduce \(SUM\), "
      r"rank 1 broadcast from rank 1"),
+    (different_reduce_ops, 2, 0, (0, 1), r"rank 0 posted all_reduce \(SUM\), rank 1 all_reduce \(MAX\)"),
 ])
 def test_a_collective_on_only_some_ranks_fails_its_own_call_and_the_next_call_runs(fn, n, culprit, ranks, says):
     for _ in range(TRIALS):

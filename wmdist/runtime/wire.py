@@ -20,9 +20,10 @@ registry); one left unwaited is waited for at the end of the call (`wait_functio
 
 Each posted collective also gets an `op_code`: its wire class, reduce op and root (for the rooted ones) in
 one int, so two members' n-th collectives on a group can be compared field by field (`codes_agree`): a
-broadcast whose ranks disagree on `src` pairs on the wire and then hangs (measured), and an all-reduce
-with SUM on one rank and MAX on another pairs and gives neither. A field a route does not say (the
-functional ops pass their root and op in their own forms) is 0: unknown, and agrees with anything.
+broadcast whose ranks disagree on `src` pairs on the wire and then hangs, and an all-reduce with SUM on
+one rank and MAX on the other finishes silently with one rank's op applied on both (measured on two
+ranks: both got the sum). A field a route does not say (the functional ops pass their root and op in
+their own forms) is 0: unknown, and agrees with anything.
 """
 from __future__ import annotations
 
