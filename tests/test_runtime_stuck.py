@@ -121,6 +121,8 @@ def test_two_ranks_whose_nth_collectives_on_a_group_disagree_are_stuck_before_ei
     finished = {1: counts(2, posted=on_world(1, [(1, ALL_REDUCE)]))}
     err = stuck(3, {0: zero}, finished, LAST)
     assert (err.rank, err.ranks) == (0, (0, 1)) and "rank 0 posted broadcast from rank 0, rank 1 all_reduce" in str(err)
+    err = stuck(3, {1: zero}, {0: counts(2, posted=on_world(1, [(1, ALL_REDUCE)]))}, LAST)   # rank 0 finished
+    assert (err.rank, err.ranks) == (0, (0, 1)) and "rank 0 posted all_reduce, rank 1 broadcast from rank 0" in str(err)
 
 
 def test_ranks_blocked_on_one_another_are_stuck_only_while_nothing_moves():

@@ -145,8 +145,8 @@ def disagreeing(boards: dict[int, Snapshot], finished: dict[int, tuple]) -> tupl
             for other, code in theirs:
                 if code and not codes_agree(code, at & 0xFFFFFF):
                     ranks, mine = _members(mask), at & 0xFFFFFF
-                    # the rank to blame is a pending one (a finished one has nothing left to wait for)
-                    (a, ca), (b, cb) = ((r, mine), (other, code)) if other in finished else ((other, code), (r, mine))
+                    # the lower rank first, as the end-of-call check names them, whichever is still pending
+                    (a, ca), (b, cb) = sorted([(r, mine), (other, code)])
                     return a, [a, b], (
                         f"and rank {b} posted different collectives as their collective #{n} on group {ranks}: "
                         f"rank {a} posted {describe_code(ca, tuple(ranks))}, rank {b} "
