@@ -14,6 +14,9 @@ from conftest import alive_after
 from wmdist import runtime
 from wmdist.comm import all_reduce
 from wmdist.runtime import RankFailure, run
+from wmdist.runtime.matching import GroupPosts
+from wmdist.runtime.messages import unmatched_collectives
+from wmdist.runtime.wire import op_code
 
 TRIALS = 20 if os.environ.get("WMDIST_STRESS") == "1" else 2     # the issue's 20 in a row: WMDIST_STRESS=1
 
@@ -43,6 +46,12 @@ def different_ops_same_count(ctx):
     return "ok" if work is not None else "none"
 
 
+def different_reduce_ops(ctx):
+    """Measured on gloo: this finishes, both ranks holding the sum (rank 0's op), with no error."""
+    dist.all_reduce(torch.ones(2), op=dist.ReduceOp.SUM if ctx.rank == 0 else dist.ReduceOp.MAX)
+    return "ok"
+
+
 def correct_sum(ctx):
     x = torch.tensor([float(ctx.rank)])
     all_reduce(ctx, x)
@@ -64,7 +73,10 @@ def _either(op: str, group: str, behind: int) -> str:
     (counted_async_on_rank_0, 2, 0, (0, 1), _either("all_reduce", "0, 1", 1)),
     (raw_broadcast_on_rank_0, 2, 0, (0, 1), _either("broadcast", "0, 1", 1)),
     (async_on_a_subgroup, 3, 2, (1, 2), _either("all_reduce", "1, 2", 1)),
-    (different_ops_same_count, 2, 0, (0, 1), "posted different collectives"),
+    (different_ops_same_count, 2, 0, (0, 1),
+     r"posted different collectives as their collective #1 on group \[0, 1\]: rank 0 posted all_reduce \(SUM\), "
+     r"rank 1 broadcast from rank 1"),
+    (different_reduce_ops, 2, 0, (0, 1), r"rank 0 posted all_reduce \(SUM\), rank 1 all_reduce \(MAX\)"),
 ])
 def test_a_collective_on_only_some_ranks_fails_its_own_call_and_the_next_call_runs(fn, n, culprit, ranks, says):
     for _ in range(TRIALS):
@@ -126,3 +138,41 @@ def test_a_collective_only_one_rank_posts_fails_when_the_other_has_finished_not_
            "the call having posted 0 there" in str(err)
     assert "wait for barrier on group [0, 1] (a raw torch.distributed call" in err.last_comm
     assert run(lambda ctx: ctx.rank, 2) == [0, 1]
+
+
+# --- the end-of-call rule on counts written here (runtime/matching.py) ---------------------------------------
+
+AR, BC0, BC1 = (op_code("all_reduce", (), {}), op_code("broadcast", (0,), {}), op_code("broadcast", (1,), {}))
+
+
+def posts(slots: int, visible: dict[int, int], *, crc: int = 0) -> GroupPosts:
+    """A member's posts on a group: `slots` in all, `visible` = {slot: op code} the ones Python saw."""
+    return GroupPosts(slots, slots - len(visible), crc, tuple((s, "op") for s in visible), tuple(visible.items()))
+
+
+WORLD, SUB = ("0", (0, 1)), ("wmdist-group-0-1", (0, 1))
+
+
+def test_slots_torch_posted_from_cpp_on_one_side_face_visible_ones_on_the_other():
+    """Join: the joined rank's shadow all-reduces (visible) pair with its partner's reducer's (hidden)."""
+    joined = {WORLD: posts(4, {1: AR, 2: AR, 3: AR, 4: AR}, crc=1)}
+    partner = {WORLD: posts(4, {1: AR, 4: AR}, crc=2)}
+    assert unmatched_collectives([joined, partner]) is None
+    culprit, ranks, what = unmatched_collectives([joined, {WORLD: posts(3, {1: AR})}])
+    assert (culprit, ranks) == (0, (0, 1)) and "its collective #4 there" in what and "C++ included" in what
+    culprit, ranks, what = unmatched_collectives([joined, {WORLD: posts(4, {1: AR, 4: BC1})}])
+    assert (culprit, ranks) == (0, (0, 1)) and "collective #4 on group [0, 1]: rank 0 posted all_reduce" in what
+
+
+def test_groups_with_the_same_members_are_matched_each_on_its_own():
+    zero = {WORLD: posts(1, {1: AR}, crc=1), SUB: posts(1, {1: BC0}, crc=2)}
+    one = {SUB: posts(1, {1: BC0}, crc=2), WORLD: posts(1, {1: AR}, crc=1)}
+    assert unmatched_collectives([zero, one]) is None
+    _, _, what = unmatched_collectives([zero, {SUB: posts(1, {1: BC1}, crc=2), WORLD: posts(1, {1: AR}, crc=1)}])
+    assert "on group [0, 1] (torch's group 'wmdist-group-0-1')" in what and "broadcast from rank 1" in what
+    _, _, what = unmatched_collectives([zero, {SUB: posts(2, {1: BC0, 2: BC0}, crc=2), WORLD: zero[WORLD]}])
+    assert "posted op on group [0, 1] (torch's group 'wmdist-group-0-1') (its collective #2 there)" in what
+    # nothing hidden: the whole sequence of wire classes counts, past the slots compared one by one
+    _, _, what = unmatched_collectives([{WORLD: posts(1, {}, crc=1)._replace(hidden=0)}, {WORLD: posts(1, {}, crc=2)
+                                                                                          ._replace(hidden=0)}])
+    assert "posted different collectives in this call" in what

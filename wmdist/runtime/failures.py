@@ -132,5 +132,17 @@ def timeout_failure(pending: list[int], last_comms: list[str], *, start_timeout:
     if start_timeout is not None:
         return RankFailure(culprit, "start", f"did not finish starting: {_slow_start(len(last_comms), start_timeout)}"
                            + lines, last_comms[culprit], tuple(pending))
-    return RankFailure(culprit, "timeout", "did not finish within the timeout" + lines, last_comms[culprit],
-                       tuple(pending))
+    return RankFailure(culprit, "timeout", "did not finish within the timeout" + lines + "\n" + _unknowable(
+        culprit, waiting(culprit), last_comms[culprit]), last_comms[culprit], tuple(pending))
+
+
+def _unknowable(culprit: int, waiting: bool, last: str) -> str:
+    """Why the pool could not fail this call sooner (stuck.py finds what can be known while a call runs)."""
+    if not waiting and last != AT_END_OF_CALL:
+        return (f"(no mismatch could be known before the timeout: rank {culprit} was running its own code, "
+                f"and could still have posted what the others wait for)")
+    return ("(no mismatch could be known before the timeout: every pending rank waits in a communication, but not "
+            "one the pool can rule unmatchable: a wait inside torch's C++ (DDP's reducer, a functional "
+            "collective's wait_tensor), the making of a group, a group of ranks past 32 or a rank in more than "
+            "8 groups, ops that the other side did post but a busy machine is slow to finish, or sizes or tags "
+            "that do not match)")

@@ -21,17 +21,19 @@ Collectives are the same trap: gloo pairs the n-th collective posted on a
 group on one rank with the n-th on every other member, so an async
 all-reduce that only rank 0 posted (ranks that disagree on their bucket
 count) makes the *next* call's first all-reduce pair with it. The same
-wrapper counts every collective each rank posts on each group (by the
-group's global ranks, with a checksum of the ops' wire classes in order:
-wire.py, where the functional collectives DTensor uses are counted too); the
-parent checks that every member of every group posted the same sequence,
-and otherwise fails the call naming the ranks and the op.
+wrapper counts every collective each rank posts on each group (by torch's
+group name and the group's global ranks, from torch's own sequence numbers so
+that those posted from C++ count too: slots.py; with each op's wire class,
+reduce op and root: wire.py, where the functional collectives DTensor uses are
+counted too); the parent checks the members agree (matching.py), and
+otherwise fails the call naming the ranks and the op. Every post is written to
+the rank's board (stuck.py) before torch gets it, and every wait on one of them
+marks the rank blocked, so the pool can find a mismatch while the call runs.
 """
 from __future__ import annotations
 
 import time
 import zlib
-from collections import deque
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -39,91 +41,22 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from wmdist.runtime.stuck import COLLECTIVE, RECEIVE, SEND, group_mask
-from wmdist.runtime.wire import COLLECTIVES, count_functional, wait_functional, work_registry_size
+from wmdist.runtime.matching import mismatched_sizes, unmatched, unmatched_collectives
+from wmdist.runtime.slots import GroupCounts, sequence_number
+from wmdist.runtime.stuck import ANY, COLLECTIVE, RECEIVE, SEND, PostBoard
+from wmdist.runtime.wire import COLLECTIVES, count_functional, op_code, wait_functional, work_registry_size
 
 if TYPE_CHECKING:
     from wmdist.comm import Ledger
 
 DRAIN_TIMEOUT_S = 30.0    # matched transfers finish in milliseconds; only disagreeing tags take this long
 DRAIN_AT_LEAST_S = 0.5    # ... and are given this long even when the call's own timeout is (nearly) spent
-TAIL = 16                 # the last collectives kept per group, to name the one another rank lacks
-# Per group (its global ranks): (collectives posted, checksum of their names in order, the last TAIL as (index, name)).
-Posted = dict[tuple[int, ...], tuple[int, int, list[tuple[int, str]]]]
+BLOCKING = ("monitored_barrier",)   # collectives that wait inside torch's call, not in a Work.wait
+__all__ = ["MessageAudit", "mismatched_sizes", "unmatched", "unmatched_collectives"]
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def mismatched_sizes(sizes: list[tuple[list[list[int]], list[list[int]]]], any_source: list[int]) -> \
-        tuple[int, str] | None:
-    """The first receiver whose buffers differ in size from the messages sent to it: (its rank, what), or None.
-
-    gloo delivers a smaller message into a larger buffer without a word, and the
-    tail keeps stale values, so a buffer must be exactly the size of its message.
-    Checked once every count matched; not for a rank that received from any rank.
-    """
-    n = len(sizes)
-    for j in range(n):
-        for i in range(n):
-            sent, buffers = sizes[i][0][j], sizes[j][1][i]
-            if not any_source[j] and sent != buffers:
-                return j, (f"received {sent[0]} B in messages from rank {i} into receive buffers of {buffers[0]} B "
-                           f"(each buffer must be the size of the message it receives: a larger one keeps stale "
-                           f"values past what arrived, and the ledger would count bytes that never came)")
-    return None
-
-
-def unmatched_collectives(posted: list[Posted]) -> tuple[int, tuple[int, ...], str] | None:
-    """The first group whose members posted different collectives: (rank to blame, ranks involved, what), or None.
-
-    posted[r] is rank r's Posted; a member that never used the group posted nothing on it.
-    """
-    n = len(posted)
-    for key in sorted({k for p in posted for k in p}):
-        members = [r for r in key if r < n]
-        seen = {r: posted[r].get(key, (0, 0, [])) for r in members}
-        if len({(count, crc) for count, crc, _ in seen.values()}) <= 1:
-            continue
-        counts = {r: seen[r][0] for r in members}
-        fewest, most = min(counts.values()), max(counts.values())
-        if most > fewest:
-            culprit = next(r for r in members if counts[r] == most)
-            behind = [r for r in members if counts[r] == fewest]
-            op = dict(seen[culprit][2]).get(fewest, "a collective")
-            return culprit, tuple(members), (
-                f"posted {op} on group {list(key)} (its collective #{fewest + 1} there) that rank(s) "
-                f"{', '.join(map(str, behind))} never posted; collectives posted on that group in this call, by rank: "
-                f"{counts}")
-        names = {r: [name for _, name in seen[r][2]] for r in members}
-        return members[0], tuple(members), (f"and the other members of group {list(key)} posted different "
-                                            f"collectives in this call (last ones, by rank: {names})")
-    return None
-
-
-def unmatched(sent: list[list[int]], received: list[list[int]], any_source: list[int]) -> tuple[int, str] | None:
-    """The first unmatched message as (rank to blame, what it did), or None.
-
-    sent[i][j]: sends rank i posted to rank j; received[j][i]: receives rank j
-    posted from rank i; any_source[j]: receives rank j posted from any rank.
-    """
-    n = len(sent)
-    for j in range(n):
-        extra = {i: sent[i][j] - received[j][i] for i in range(n) if sent[i][j] > received[j][i]}
-        missing = {i: received[j][i] - sent[i][j] for i in range(n) if received[j][i] > sent[i][j]}
-        if missing:
-            i, k = next(iter(missing.items()))
-            return j, (f"posted {k} receive(s) from rank {i} that rank {i} never sent "
-                       f"(an irecv/recv without a matching send)")
-        spare = any_source[j] - sum(extra.values())
-        if spare < 0:
-            i = next(iter(extra))
-            return i, (f"sent {extra[i]} message(s) to rank {j} that rank {j} never received "
-                       f"(an isend/send without a matching recv/irecv)")
-        if spare > 0:
-            return j, f"posted {spare} receive(s) from any rank that no message matched"
-    return None
 
 
 class MessageAudit:
@@ -133,45 +66,58 @@ class MessageAudit:
         self.rank, self.world_size = rank, world_size
         self.begin()
 
-    def begin(self, *, ledger: Ledger | None = None, on_post: Callable[[int, int, int], None] | None = None) -> None:
+    def begin(self, *, ledger: Ledger | None = None, board: PostBoard | None = None) -> None:
         """Start a call with nothing counted; a raw dist op is noted in `ledger` as the rank's last op, and each
-        post is told to `on_post(kind, n, who)` (stuck.PostBoard.post)."""
+        post and wait is written to `board` (stuck.py)."""
         self.sent = [0] * self.world_size
         self.received = [0] * self.world_size
         self.any_source = 0
         # Per peer: [bytes, sum of crc32(size)]: an order-free fingerprint of the message sizes (sizes_in: buffers).
         self.sizes_out = [[0, 0] for _ in range(self.world_size)]
         self.sizes_in = [[0, 0] for _ in range(self.world_size)]
-        self.pending: list[tuple[Any, str]] = []     # (Work, description) not yet completed
-        self.collectives: dict[tuple[int, ...], list] = {}   # group's global ranks: [count, crc, tail]
-        self._ranks: dict[int, tuple[int, ...] | None] = {}  # id(group) -> its global ranks, this call
+        # (Work, description, (kind, n, who, at) for the board) not yet completed
+        self.pending: list[tuple[Any, str, tuple[int, int, int, int]]] = []
+        self.groups = GroupCounts()
         self.functional: list[tuple[Any, str]] = []          # (result, description) of each functional collective
-        self.ledger, self.on_post = ledger, on_post
+        self.ledger, self.board = ledger, board
 
     def _group_ranks(self, group: Any) -> tuple[int, ...] | None:
-        key = self._ranks.get(id(group), ())
-        if key == ():
-            try:
-                key = tuple(dist.get_process_group_ranks(group))
-            except (ValueError, RuntimeError):
-                key = None         # a group torch does not know the ranks of: cannot be attributed
-            self._ranks[id(group)] = key
-        return key
+        count = self.groups.of(group)
+        return None if count is None else count.key[1]
 
-    def collective(self, name: str, wire: str, group: Any, work: Any) -> tuple[int, ...] | None:
-        """Count one posted collective on `group`, named `name`, of wire class `wire` (wire.py); its group's ranks."""
-        key = self._group_ranks(group)
-        if key is None:
-            return None
-        entry = self.collectives.setdefault(key, [0, 0, deque(maxlen=TAIL)])
-        entry[2].append((entry[0], name))
-        entry[0] += 1
-        entry[1] = zlib.crc32(wire.encode(), entry[1])
-        mask = group_mask(key)
-        if self.on_post is not None and mask is not None:
-            self.on_post(COLLECTIVE, entry[0], mask)
-        self._keep(work, f"its {name} on group {list(key)}")
-        return key
+    def _blocked(self, post: tuple[int, int, int, int]) -> None:
+        if self.board is not None:
+            self.board.blocked(*post, self.groups.table(), self.sent, self.received, self.any_source)
+
+    def collective(self, name: str, wire: str, group: Any, call: Callable[[], Any], code: int) -> Any:
+        """Post one collective on `group` (`call()` posts it), named `name`, of wire class `wire` and op code
+        `code` (wire.py): counted, on the board first; returns what `call()` returns."""
+        count = self.groups.of(group)
+        text = f"{name} on group {list(count.key[1]) if count else []}"
+        if count is None:
+            return self._raw(f"dist.{text}", call)
+        before = sequence_number(group)
+        slot = count.slots(before) + 1
+        post = (COLLECTIVE, slot, count.mask, count.gid << 32 | code)
+        on_board = self.board is not None and count.mask is not None
+        blocking = on_board and wire in BLOCKING
+        if on_board:
+            self.board.post(*post)
+        if blocking:
+            self._blocked(post)
+        try:
+            work = self._raw(f"dist.{text}", call)
+        except BaseException:
+            if on_board:
+                self.board.undo()               # refused by torch: never posted
+            raise
+        finally:
+            if blocking:
+                self.board.unblocked()
+        count.seen(before, sequence_number(group), collective=True)
+        count.record(slot, name, wire, code)
+        self._keep(work, f"its {text}", post)
+        return work
 
     def _functional(self, name: str, wire: str, group: Any, call: Callable[[], Any]) -> Any:
         """Post one functional collective (`group` is a group or its name) and count it; keep its result."""
@@ -182,18 +128,17 @@ class MessageAudit:
                 return call()              # a group torch cannot find: torch's own error, or not ours to count
         if self.functional and work_registry_size() == 0:
             self.functional.clear()        # all waited for: keep no result alive (a loop of them would hold all)
-        text = f"{name} on group {list(self._group_ranks(group) or ())}"
-        result = self._raw(text, call)
-        key = self.collective(name, wire, group, None)
-        if key is not None:
-            self.functional.append((result, f"its {name} on group {list(key)}"))
+        result = self.collective(name, wire, group, call, op_code(wire, (), {}))
+        ranks = self._group_ranks(group)
+        if ranks is not None:
+            self.functional.append((result, f"its {name} on group {list(ranks)}"))
         return result
 
-    def _keep(self, work: Any, what: str) -> None:
-        if work is not None and not work.is_completed():
+    def _keep(self, work: Any, what: str, post: tuple[int, int, int, int]) -> None:
+        if isinstance(work, dist.Work) and not work.is_completed():
             if len(self.pending) >= 64:
-                self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
-            self.pending.append((work, what))
+                self.pending = [p for p in self.pending if not p[0].is_completed()]
+            self.pending.append((work, what, post))
 
     def _raw(self, text: str, call: Callable[[], Any]) -> Any:
         """Run a dist op, noted as the rank's last op unless a counted op already is (so a hang names it)."""
@@ -205,25 +150,42 @@ class MessageAudit:
         ledger.leave()
         return work
 
-    def posted(self, kind: str, group: Any, peer: int | None, tag: int, work: Any, *, size: int = 0) -> None:
-        """Count one posted op of `size` bytes (`peer` is a group rank; None: a receive from any rank)."""
+    def point_to_point(self, kind: str, group: Any, peer: int | None, tag: int, call: Callable[[], Any], *,
+                       size: int = 0) -> Any:
+        """Post one send or receive of `size` bytes (`peer` is a group rank; None: a receive from any rank)."""
+        text = (f"dist.send to group rank {peer}" if kind == "send" else
+                f"dist.recv from {'any rank' if peer is None else f'group rank {peer}'}") + f" (tag {tag})"
         if peer is None:
-            self.any_source += 1
-            where = "any rank"
+            who, where, n = ANY, "any rank", self.any_source + 1
         else:
             try:
-                peer = dist.get_global_rank(group, peer)
+                who = dist.get_global_rank(group, peer)
             except (ValueError, RuntimeError):
-                return    # a group torch does not know the ranks of: cannot be attributed
+                return self._raw(text, call)    # a group torch does not know the ranks of: cannot be attributed
             counts = self.sent if kind == "send" else self.received
-            counts[peer] += 1
-            if self.on_post is not None:
-                self.on_post(SEND if kind == "send" else RECEIVE, counts[peer], peer)
-            sizes = (self.sizes_out if kind == "send" else self.sizes_in)[peer]
+            where, n = f"rank {who}", counts[who] + 1
+        post = (SEND if kind == "send" else RECEIVE, n, who, 0)
+        if self.board is not None:
+            self.board.post(*post)
+        count = self.groups.of(group)
+        before = sequence_number(group) if count is not None else None
+        try:
+            work = self._raw(text, call)
+        except BaseException:
+            if self.board is not None:
+                self.board.undo()               # refused by torch: never posted
+            raise
+        if count is not None:
+            count.seen(before, sequence_number(group), collective=False)
+        if peer is None:
+            self.any_source += 1
+        else:
+            counts[who] += 1
+            sizes = (self.sizes_out if kind == "send" else self.sizes_in)[who]
             sizes[0] += size
             sizes[1] = (sizes[1] + zlib.crc32(size.to_bytes(8, "little"))) % (1 << 64)
-            where = f"rank {peer}"
-        self._keep(work, f"its {kind} {'to' if kind == 'send' else 'from'} {where} (tag {tag})")
+        self._keep(work, f"its {kind} {'to' if kind == 'send' else 'from'} {where} (tag {tag})", post)
+        return work
 
     def install(self) -> MessageAudit:
         """Count every send/recv and collective posted in this process from now on (once per rank process)."""
@@ -232,25 +194,28 @@ class MessageAudit:
         audit = self
 
         def counted_send(group: Any, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
-            work = audit._raw(f"dist.send to group rank {dst} (tag {tag})", lambda: send(group, tensors, dst, tag))
-            audit.posted("send", group, dst, tag, work, size=_bytes(tensors))
-            return work
+            return audit.point_to_point("send", group, dst, tag, lambda: send(group, tensors, dst, tag),
+                                        size=_bytes(tensors))
 
         def counted_recv(group: Any, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
-            work = audit._raw(f"dist.recv from group rank {src} (tag {tag})", lambda: recv(group, tensors, src, tag))
-            audit.posted("receive", group, src, tag, work, size=_bytes(tensors))
-            return work
+            return audit.point_to_point("receive", group, src, tag, lambda: recv(group, tensors, src, tag),
+                                        size=_bytes(tensors))
 
         def counted_recv_any(group: Any, tensors: list[torch.Tensor], tag: int = 0) -> Any:
-            work = audit._raw(f"dist.recv from any rank (tag {tag})", lambda: recv_any(group, tensors, tag))
-            audit.posted("receive", group, None, tag, work)
-            return work
+            return audit.point_to_point("receive", group, None, tag, lambda: recv_any(group, tensors, tag))
 
         cls.send, cls.recv, cls.recv_anysource = counted_send, counted_recv, counted_recv_any
         wait = dist.Work.wait
 
         def noted_wait(work: Any, *args: Any, **kwargs: Any) -> Any:     # dist.barrier() etc. wait inside torch
-            what = next((text[4:] for w, text in audit.pending if w is work), "a torch.distributed op")
+            mine = next((p for p in audit.pending if p[0] is work), None)
+            what = mine[1][4:] if mine else "a torch.distributed op"
+            if mine is not None and audit.board is not None and not work.is_completed():
+                audit._blocked(mine[2])
+                try:
+                    return audit._raw(f"wait for {what}", lambda: wait(work, *args, **kwargs))
+                finally:
+                    audit.board.unblocked()
             return audit._raw(f"wait for {what}", lambda: wait(work, *args, **kwargs))
 
         dist.Work.wait = noted_wait
@@ -262,31 +227,28 @@ class MessageAudit:
 
     def _counting(self, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
         audit = self
-
         name, wire = COLLECTIVES[method]
 
         def counted_collective(group: Any, *args: Any, **kwargs: Any) -> Any:
-            text = f"dist.{name} on group {list(audit._group_ranks(group) or ())}"
-            work = audit._raw(text, lambda: original(group, *args, **kwargs))
-            audit.collective(name, wire, group, work)
-            return work
+            return audit.collective(name, wire, group, lambda: original(group, *args, **kwargs),
+                                    op_code(wire, args, kwargs))
 
         return counted_collective
 
-    def counts(self) -> tuple[list[int], list[int], int, int, Posted, tuple[list[list[int]], list[list[int]]]]:
+    def counts(self) -> tuple[list[int], list[int], int, int, dict, tuple[list[list[int]], list[list[int]]]]:
         """(sends posted to each rank, receives posted from each rank, receives from any rank, ops never waited
-        for, collectives posted on each group, (sizes sent to, buffers posted from each rank))."""
-        unwaited = sum(1 for work, _ in self.pending if not work.is_completed())
+        for, collectives posted on each group (matching.Posted), (sizes sent to, buffers posted from each rank))."""
+        unwaited = sum(1 for p in self.pending if not p[0].is_completed())
         unwaited += work_registry_size() if self.functional else 0
-        posted = {key: (count, crc, list(tail)) for key, (count, crc, tail) in self.collectives.items()}
-        return self.sent, self.received, self.any_source, unwaited, posted, (self.sizes_out, self.sizes_in)
+        return self.sent, self.received, self.any_source, unwaited, self.groups.posted(), (self.sizes_out,
+                                                                                            self.sizes_in)
 
     def drain(self, *, within: float = DRAIN_TIMEOUT_S) -> str | None:
         """Wait up to `within` seconds for the ops the call never waited for (all matched); describe one that
         does not finish, or None."""
-        self.ledger = None              # the call is over: its ledger no longer names what this rank does
+        self.ledger, self.board = None, None    # the call is over: its ledger no longer names what this rank does
         deadline = time.monotonic() + within
-        for work, what in self.pending:
+        for work, what, _ in self.pending:
             if work.is_completed():      # waited for by the call (a gloo work must be waited for only once)
                 continue
             try:

@@ -183,7 +183,7 @@ class Pool:
         pending = set(ranks)
         procs, conns = self._procs, self._conns
         while pending:
-            if call is not None and replies:
+            if call is not None:
                 failure = stuck(call, {r: self._boards[r].read() for r in pending},
                                 {r: body[1] for r, body in replies.items()}, [self._last_comm(r) for r in ranks])
                 if failure is not None:
@@ -195,7 +195,7 @@ class Pool:
             waitables = {conns[r]: r for r in pending}
             waitables.update({procs[r].sentinel: r for r in pending})
             try:
-                ready = wait(list(waitables), timeout=min(remaining, STUCK_POLL_S) if call and replies else remaining)
+                ready = wait(list(waitables), timeout=min(remaining, STUCK_POLL_S) if call else remaining)
             except (OSError, ValueError):
                 raise RankFailure(min(pending), "closed", "was shut down while the call ran", None) from None
             # Replies first: a rank may send its result and exit in the same instant.

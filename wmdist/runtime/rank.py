@@ -161,7 +161,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
         publish("")
         calls += 1
         board.begin(calls)
-        audit.begin(ledger=ledger, on_post=board.post)
+        audit.begin(ledger=ledger, board=board)
         try:
             fn, args, kwargs = cloudpickle.loads(message)
             with main_names(fn):

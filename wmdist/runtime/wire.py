@@ -17,6 +17,13 @@ OpOverload, and both call the op's `_op`, so `count_functional` wraps that (keep
 files ops in tables by it). The legacy `c10d_functional` ops call the new ones from Python, so they
 are counted there, once. A functional op's result carries its unfinished work (torch's work
 registry); one left unwaited is waited for at the end of the call (`wait_functional`).
+
+Each posted collective also gets an `op_code`: its wire class, reduce op and root (for the rooted ones) in
+one int, so two members' n-th collectives on a group can be compared field by field (`codes_agree`): a
+broadcast whose ranks disagree on `src` pairs on the wire and then hangs, and an all-reduce with SUM on
+one rank and MAX on the other finishes silently with one rank's op applied on both (measured on two
+ranks: both got the sum). A field a route does not say (the functional ops pass their root and op in
+their own forms) is 0: unknown, and agrees with anything.
 """
 from __future__ import annotations
 
@@ -60,6 +67,52 @@ FUNCTIONAL = {
         ("all_gather_into_tensor", "all_gather"), ("reduce_scatter_tensor", "reduce_scatter_tensor"),
         ("all_to_all_single", "all_to_all"))},
 }
+
+WIRE_CLASSES = ("all_reduce", "all_gather", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "broadcast",
+                "reduce", "gather", "scatter", "barrier", "monitored_barrier")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+REDUCING = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce")
+REDUCE_OPS = tuple(torch.distributed.ReduceOp.RedOpType.__members__)     # SUM, AVG, ... in torch's order
+
+
+def op_code(wire: str, args: tuple, kwargs: dict) -> int:
+    """An int of 24 bits: (wire class + 1) << 16 | (reduce op + 1) << 8 | (group root + 1); 0 fields: unknown.
+
+    `args`, `kwargs`: what a ProcessGroup method was called with (its options object, or the root and
+    op of its short overloads)."""
+    root = op = None
+    for value in (*args, *kwargs.values()):
+        if hasattr(value, "rootRank"):
+            root = value.rootRank
+        if hasattr(value, "reduceOp"):
+            op = value.reduceOp
+        elif isinstance(value, (torch.distributed.ReduceOp, torch.distributed.ReduceOp.RedOpType)):
+            op = value
+        elif isinstance(value, int) and not isinstance(value, bool) and wire in ROOTED:
+            root = value
+    op_index = int(getattr(op, "op", op)) + 1 if op is not None and wire in REDUCING else 0
+    root_index = root + 1 if root is not None and wire in ROOTED and 0 <= root < 255 else 0
+    return (WIRE_CLASSES.index(wire) + 1) << 16 | min(op_index, 255) << 8 | root_index
+
+
+def codes_agree(a: int, b: int) -> bool:
+    """Whether two members' op codes can pair: the same wire class, and the same op and root where both say."""
+    for shift in (16, 8, 0):
+        x, y = a >> shift & 0xFF, b >> shift & 0xFF
+        if x and y and x != y:
+            return False
+    return True
+
+
+def describe_code(code: int, ranks: tuple[int, ...]) -> str:
+    """'broadcast from rank 1', 'all_reduce (MAX)': what an op code says, roots as global ranks of `ranks`."""
+    wire, op, root = code >> 16 & 0xFF, code >> 8 & 0xFF, code & 0xFF
+    text = WIRE_CLASSES[wire - 1] if 0 < wire <= len(WIRE_CLASSES) else "a collective"
+    if op:
+        text += f" ({REDUCE_OPS[op - 1] if op <= len(REDUCE_OPS) else op - 1})"
+    if root:
+        text += f" from rank {ranks[root - 1] if root <= len(ranks) else f'(group rank {root - 1})'}"
+    return text
 
 
 class _Counted:
