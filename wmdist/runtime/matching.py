@@ -44,7 +44,7 @@ EMPTY = GroupPosts(0, 0, 0, (), ())
 Posted = dict[GroupKey, GroupPosts]
 
 
-def describe_group(key: GroupKey, keys: set[GroupKey] | None = None) -> str:
+def describe_group(key: GroupKey, *, keys: set[GroupKey] | None = None) -> str:
     """'group [0, 1]', with torch's name when another group in `keys` has the same members."""
     name, ranks = key
     same = keys is not None and any(k[1] == ranks and k != key for k in keys)
@@ -61,7 +61,7 @@ def unmatched_collectives(posted: list[Posted]) -> tuple[int, tuple[int, ...], s
     for key in sorted(keys, key=lambda k: (k[1], k[0])):
         members = [r for r in key[1] if r < n]
         seen = {r: posted[r].get(key, EMPTY) for r in members}
-        where = describe_group(key, keys)
+        where = describe_group(key, keys=keys)
         counts = {r: seen[r].slots for r in members}
         fewest, most = min(counts.values()), max(counts.values())
         hidden = any(p.hidden for p in seen.values())

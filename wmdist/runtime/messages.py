@@ -97,7 +97,7 @@ class MessageAudit:
         if count is None:
             return self._raw(f"dist.{text}", call)
         before = sequence_number(group)
-        slot = count.slots(before) + 1
+        slot = count.slots(now=before) + 1
         post = (COLLECTIVE, slot, count.mask, count.gid << 32 | code)
         on_board = self.board is not None and count.mask is not None
         blocking = on_board and wire in BLOCKING

@@ -46,7 +46,7 @@ class GroupCount:
         self.tail: deque[tuple[int, str]] = deque(maxlen=TAIL)
         self.records: list[tuple[int, int]] = []
 
-    def slots(self, now: int | None = None) -> int:
+    def slots(self, *, now: int | None = None) -> int:
         """Collectives posted on the group so far in this call (`now`: its sequence number, if just read)."""
         now = sequence_number(self.group) if now is None and self.base is not None else now
         if self.base is None or now is None:

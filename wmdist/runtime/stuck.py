@@ -121,7 +121,7 @@ class PostBoard:
         """A new call: nothing posted yet."""
         self._write(CALL, [call] + [0] * (WORDS - POST))
 
-    def post(self, kind: int, n: int, who: int, at: int = 0) -> None:
+    def post(self, kind: int, n: int, who: int, at: int) -> None:
         """This rank's latest post (`at`: gid << 32 | op code, for a collective)."""
         if 0 < n < 1 << _N_BITS and 0 <= who < 1 << 32:
             self._previous = [self.array[POST], self.array[POST_AT]]
@@ -152,11 +152,11 @@ class PostBoard:
             before = self.array[VERSION]
             words = self.array[:]
             if before % 2 == 0 and self.array[VERSION] == before:
-                return snapshot(words, self)
+                return snapshot(words, board=self)
         return None
 
 
-def snapshot(words: list[int], board: PostBoard | None = None) -> Snapshot:
+def snapshot(words: list[int], *, board: PostBoard | None = None) -> Snapshot:
     """The Snapshot of a board's words."""
     u = [w & ((1 << 64) - 1) for w in words]
     count = words[GROUPS]
