@@ -156,7 +156,7 @@ def _replica(ref, spec, grad0, params) -> ReplicaResult:
 
 
 def _dp_results(spec, grad0, params):
-    ref = one_process(spec.work)
+    ref = one_process(spec.work, spec.world_size)
     ddp = TorchResult(params=(ref.params,), grad0=ref.grad0, sent={"ddp/grads": 0}, calls={})
     return [dp_check.OursAndDDP(_replica(ref, spec, grad0, params), ddp) for _ in range(spec.world_size)]
 
@@ -170,7 +170,7 @@ def _moved(t: torch.Tensor, at: int, by: float) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def gru_on_2():
     spec = prepare(gru_work(optimizer="adam"), 2)
-    ref = one_process(spec.work)
+    ref = one_process(spec.work, spec.world_size)
     return spec, ref, param_tolerance(spec.work, ref)
 
 

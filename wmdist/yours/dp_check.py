@@ -73,7 +73,7 @@ def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
     """Ours and DDP against one process and each other; ring bytes and rounds, DDP's payload, exact."""
     n, numel = spec.world_size, spec.numel
     ours, ddp = [r.ours for r in results], [r.ddp for r in results]
-    ref = one_process(spec.work)
+    ref = one_process(spec.work, spec.world_size)
     tol = param_tolerance(spec.work, ref)
     one = n == 1
     checks = [grad_check("step-0 gradient == one process (in units of its rounding bound)", ours[0].grad0, ref, n),

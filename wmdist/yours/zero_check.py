@@ -94,7 +94,7 @@ def compare_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
     """Our ZeRO and torch's against one process and each other; ring bytes, rounds, held bytes, torch's payload."""
     n, stage = spec.world_size, spec.stage
     ours, theirs = [r.ours for r in results], [r.theirs for r in results]
-    ref = one_process(spec.work)
+    ref = one_process(spec.work, spec.world_size)
     tol = param_tolerance(spec.work, ref)
     got = torch.cat([o.chunk for o in ours])
     torch_params = theirs[0].params[0] if stage == 1 else joined_shards(theirs)
