@@ -46,6 +46,7 @@ import torch
 from wmdist import costs
 from wmdist.compare import one_thread
 from wmdist.models import flat_grads, flat_params, set_flat_grads
+from wmdist.yours.refusals import require_finite
 from wmdist.yours.training import make_optimizer
 from wmdist.yours.workload import Workload, batch_size, build_model, rows
 
@@ -123,7 +124,9 @@ def one_process(work: Workload, world_size: int, *,
             batch = work.batch(step)
             b = batch_size(batch, where="batch")
             opt.zero_grad()
-            (work.loss(model, batch).sum() / b).backward()
+            losses = work.loss(model, batch)
+            require_finite(losses, step=step, where="the one-process reference" + (", a tolerance probe" if perturb else ""))
+            (losses.sum() / b).backward()
             grad = flat_grads(model)
             if step == 0:
                 grad0 = grad.clone()

@@ -45,10 +45,12 @@ def _counted_average(ctx, bucket):   # no annotations: DDP rejects string (postp
     return pending.future().then(lambda f: f.value()[0])
 
 
-def _local_mean(spec: WorkloadSpec, model: nn.Module, batch: Any, world_size: int, rank: int) -> torch.Tensor:
+def _local_mean(spec: WorkloadSpec, model: nn.Module, batch: Any, world_size: int, rank: int, *, step: int,
+                where: str) -> torch.Tensor:
     """torch's convention: the mean loss of this rank's B/N examples (DDP and FSDP2 then average over ranks)."""
     mine = shard(batch, world_size, rank)
-    return shard_loss(spec.work, model, mine, batch_size(mine, where="batch"))
+    return shard_loss(spec.work, model, mine, batch_size(mine, where="batch"), step=step,
+                      where=f"rank {rank}, {where}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +80,8 @@ def ddp_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
     opt = make_optimizer(model, work)
     for step in range(work.steps):
         opt.zero_grad()
-        _local_mean(spec, ddp, work.batch(step), ctx.world_size, ctx.rank).backward()    # through DDP: its hooks
+        _local_mean(spec, ddp, work.batch(step), ctx.world_size, ctx.rank, step=step,
+                    where="torch's DDP").backward()                                      # through DDP: its hooks
         if step == 0:
             grad0 = flat_grads(model)
         opt.step()
@@ -98,7 +101,8 @@ def zero_redundancy_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
     for step in range(work.steps):
         batch = work.batch(step)
         opt.zero_grad()
-        shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch")).backward()
+        shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"), step=step,
+                   where=f"rank {ctx.rank}, torch's ZeroRedundancyOptimizer").backward()
         flat = all_reduce(ctx, flat_grads(model), phase="gradient all-reduce")
         torch.nn.utils.vector_to_parameters(flat, [p.grad for p in model.parameters()])
         with counted(ctx, "ZeroRedundancyOptimizer.step (not observed: bytes computed from parameter ownership)",
@@ -155,7 +159,7 @@ def fsdp2_train(ctx: Context, spec: WorkloadSpec, *, reshard: bool) -> TorchResu
     opt = make_optimizer(model, work)
     for step in range(work.steps):
         opt.zero_grad()
-        _local_mean(spec, model, work.batch(step), ctx.world_size, ctx.rank).backward()
+        _local_mean(spec, model, work.batch(step), ctx.world_size, ctx.rank, step=step, where="torch's FSDP2").backward()
         opt.step()
     local = tuple(p.to_local().detach().clone() for p in model.parameters())     # this rank's dim-0 shards
     sent, calls = _ledger(ctx, ("fsdp2/all-gather", "fsdp2/reduce-scatter"))
