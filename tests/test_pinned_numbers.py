@@ -196,8 +196,8 @@ def test_the_yours_gradient_bound_is_its_formula_written_out(no_processes, n):
                                for r in range(n)))
         by_hand = (torch.stack([(lay - whole).abs() for lay in layouts]).amax(0)
                    + (2 * (b - 1) + 3) * U32 * torch.stack([g.abs() for g in ones]).sum(0))
-    got = one_process(work, n).grad_bounds[0]
-    assert float(by_hand.max()) > 0 and torch.allclose(got, by_hand, rtol=1e-9, atol=0)
+    got = one_process(work, n).grad_bounds[0].double()             # stored in float32, rounded up
+    assert float(by_hand.max()) > 0 and bool((got >= by_hand).all()) and bool((got <= by_hand * (1 + 2 ** -21)).all())
 
 
 def test_the_yours_parameter_tolerance_is_its_formula_written_out(no_processes):

@@ -16,6 +16,7 @@ from wmdist import costs
 from wmdist.yours import Workload, data_parallel, tensor_parallel, zero
 from wmdist.yours import dp_check, tp_check, zero_check
 from wmdist.yours.reference import one_process, param_tolerance
+from wmdist.yours.refusals import digest
 from wmdist.yours.training import ReplicaResult, ZeroResult
 from wmdist.yours.versus_torch import TorchResult
 from wmdist.yours.workload import prepare
@@ -151,7 +152,7 @@ def test_functions_defined_in_the_test_body_reach_the_ranks():
 
 def _replica(ref, spec, grad0, params) -> ReplicaResult:
     n = spec.world_size
-    return ReplicaResult(grad0=grad0, params=params, bytes_per_step=(0,) * spec.work.steps,
+    return ReplicaResult(grad0=grad0, params=params, digest=digest(params), bytes_per_step=(0,) * spec.work.steps,
                          rounds_per_step=(2 * (n - 1),) * spec.work.steps)
 
 

@@ -39,6 +39,7 @@ written out in tests/test_pinned_numbers.py). Measured, not derived, and the che
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,7 @@ import torch
 from wmdist import costs
 from wmdist.compare import one_thread
 from wmdist.models import flat_grads, flat_params, set_flat_grads
+from wmdist.yours.footprint import release_freed_memory
 from wmdist.yours.refusals import require_finite
 from wmdist.yours.training import make_optimizer
 from wmdist.yours.workload import Workload, batch_size, build_model, rows
@@ -59,53 +61,88 @@ class OneProcessRun:
     """The reference's result: the step-0 gradient, the final parameters, each step's gradient bound."""
     grad0: torch.Tensor                       # (P,) the whole batch's mean-loss gradient at step 0
     params: torch.Tensor                      # (P,) after the last step
-    grad_bounds: tuple[torch.Tensor, ...]     # per step, (P,) float64: how far rounding may move a split gradient
+    grad_bounds: tuple[torch.Tensor, ...]     # per step, (P,) float32 (rounded up): how far a split gradient may move
 
 
-def _gradient(work: Workload, model: torch.nn.Module, part: object, scale: float, *,
-              then_divide: int = 1) -> torch.Tensor:
-    """The gradient of sum(loss(model, part)) * scale (then / then_divide, in float32 as DDP's bucket is): (P,),
-    float64."""
-    params = list(model.parameters())
-    grads = torch.autograd.grad(work.loss(model, part).sum() * scale, params)
-    return (torch.cat([g.reshape(-1) for g in grads]) / then_divide).double()
+def _gradients(work: Workload, model: torch.nn.Module, part: object, scale: float, *,
+               then_divide: int = 1) -> tuple[torch.Tensor, ...]:
+    """The gradient of sum(loss(model, part)) * scale, per parameter (then / then_divide, in float32 as DDP's
+    bucket is)."""
+    grads = torch.autograd.grad(work.loss(model, part).sum() * scale, list(model.parameters()))
+    return tuple(g / then_divide for g in grads) if then_divide != 1 else grads
+
+
+def _up(t: torch.Tensor) -> torch.Tensor:
+    """float64 -> float32 rounded up, never down: a bound stored in half the bytes is still a bound."""
+    low = t.float()
+    return torch.where(low.double() < t, torch.nextafter(low, torch.tensor(torch.inf)), low)
+
+
+CHUNK = 1 << 18             # elements per piece of an elementwise float64 step: its temporaries stay ~2 MiB
 
 
 @dataclass(frozen=True, kw_only=True)
 class GradientTerms:
-    """What one step's gradient bound is made of, per entry, (P,) float64 each (see the module doc)."""
-    abs_sum: torch.Tensor        # sum_i |g_i| / B: the examples' contributions, one at a time
-    kernel: torch.Tensor         # max over the layouts of |layout's sum - the whole batch's gradient|
+    """What one step's gradient bound is made of, per entry, (P,) float32 each, rounded up (see the module doc)."""
+    abs_sum: torch.Tensor        # sum_i |g_i| / B, the examples' contributions one at a time (summed in float64)
+    kernel: torch.Tensor         # max over the layouts of |layout's sum - the whole batch's| (float64 sums)
+
+
+def _max_gap_into(kernel: torch.Tensor, total: torch.Tensor, whole: torch.Tensor) -> None:
+    """kernel = max(kernel, |total - whole| rounded up), piece by piece: kernel and whole float32, total float64,
+    all flat views of one parameter."""
+    for start in range(0, total.numel(), CHUNK):
+        piece = slice(start, start + CHUNK)
+        gap = _up((total[piece] - whole[piece].double()).abs_())
+        torch.maximum(kernel[piece], gap, out=kernel[piece])
 
 
 def gradient_terms(work: Workload, model: torch.nn.Module, batch: object, world_size: int,
                    whole: torch.Tensor) -> GradientTerms:
     """The step's gradient laid out one example at a time and as world_size shards, against `whole` (the whole
-    batch's gradient at these parameters)."""
+    batch's (P,) gradient at these parameters). Per parameter, in running float64 sums (P float64 each, the
+    one-at-a-time sum of |g_i| freed before the shards): one example's (or shard's) gradient held at a time."""
     b = batch_size(batch, where="batch")
     each = b // world_size
-    abs_sum, one_at_a_time = torch.zeros_like(whole, dtype=torch.float64), torch.zeros_like(whole, dtype=torch.float64)
-    for i in range(b):                                 # running sums: one example's gradient held at a time
-        g = _gradient(work, model, rows(batch, i, i + 1), 1 / b)
-        abs_sum += g.abs()
-        one_at_a_time += g
-    layouts = [one_at_a_time]
-    layouts.append(sum(_gradient(work, model, rows(batch, r * each, (r + 1) * each), 1 / b)
-                       for r in range(world_size)))
-    if world_size & (world_size - 1):                  # torch's 1/(B/N), / N rounds otherwise than 1/B
-        layouts.append(sum(_gradient(work, model, rows(batch, r * each, (r + 1) * each), 1 / each,
-                                     then_divide=world_size) for r in range(world_size)))
-    reference = whole.double()
-    kernel = torch.zeros_like(reference)
-    for layout in layouts:
-        torch.maximum(kernel, (layout - reference).abs_(), out=kernel)
-    return GradientTerms(abs_sum=abs_sum, kernel=kernel)
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+    abs_out, kernel = torch.empty(sum(sizes)), torch.zeros(sum(sizes))
+    abs_parts, kernel_parts = torch.split(abs_out, sizes), torch.split(kernel, sizes)
+    wholes = torch.split(whole, sizes)
+    abs_sum = [torch.zeros(n, dtype=torch.float64) for n in sizes]
+    total = [torch.zeros(n, dtype=torch.float64) for n in sizes]
+    for i in range(b):
+        for a, t, g in zip(abs_sum, total, _gradients(work, model, rows(batch, i, i + 1), 1 / b)):
+            a += g.reshape(-1).abs()
+            t += g.reshape(-1)
+    for out, a in zip(abs_parts, abs_sum):
+        for start in range(0, a.numel(), CHUNK):
+            out[start:start + CHUNK] = _up(a[start:start + CHUNK])
+    del abs_sum
+    for k, t, w in zip(kernel_parts, total, wholes):
+        _max_gap_into(k, t, w)
+    layouts = [(1 / b, 1)] + ([(1 / each, world_size)] if world_size & (world_size - 1) else [])
+    for scale, divide in layouts:              # torch's 1/(B/N), / N rounds otherwise than 1/B when N is no 2^k
+        for t in total:
+            t.zero_()
+        for r in range(world_size):
+            part = rows(batch, r * each, (r + 1) * each)
+            for t, g in zip(total, _gradients(work, model, part, scale, then_divide=divide)):
+                t += g.reshape(-1)
+        for k, t, w in zip(kernel_parts, total, wholes):
+            _max_gap_into(k, t, w)
+    return GradientTerms(abs_sum=abs_out, kernel=kernel)
 
 
 def gradient_bound(b: int, terms: GradientTerms) -> torch.Tensor:
     """Per entry, how far a data-parallel gradient of a batch of b may differ from the whole batch's: (P,),
-    float64. kernel + (2(b-1) + GRAD_EXTRA_ROUNDINGS) u abs_sum (the module doc derives it)."""
-    return terms.kernel + costs.reordered_sum_bound(b, 1.0, extra_roundings=GRAD_EXTRA_ROUNDINGS) * terms.abs_sum
+    float32 rounded up. kernel + (2(b-1) + GRAD_EXTRA_ROUNDINGS) u abs_sum (the module doc derives it)."""
+    order = costs.reordered_sum_bound(b, 1.0, extra_roundings=GRAD_EXTRA_ROUNDINGS)
+    out = torch.empty_like(terms.kernel)
+    for start in range(0, out.numel(), CHUNK):
+        piece = slice(start, start + CHUNK)
+        out[piece] = _up(terms.kernel[piece].double() + order * terms.abs_sum[piece].double())
+    return out
 
 
 def one_process(work: Workload, world_size: int, *,
@@ -133,27 +170,31 @@ def one_process(work: Workload, world_size: int, *,
             if perturb is None:
                 bounds.append(gradient_bound(b, gradient_terms(work, model, batch, world_size, grad)))
             else:
-                set_flat_grads(model, (grad.double() + perturb[1] * perturb[0][step]).float())
+                set_flat_grads(model, (grad.double() + perturb[1] * perturb[0][step]).float())   # sign * bound: exact
             opt.step()
     return OneProcessRun(grad0=grad0, params=flat_params(model), grad_bounds=tuple(bounds))
 
 
-def probe_signs(numel: int) -> list[torch.Tensor]:
+def probe_signs(numel: int) -> Iterator[torch.Tensor]:
     """The sign patterns param_tolerance perturbs with: per seed of PROBE_SEEDS a random (numel,) pattern of +-1,
     and its negation. Each is kept at every step: an entry's rounding error can have the same sign step after
     step and add up (Adam moves an entry whose |g| is near eps by up to lr per step), which signs redrawn each
-    step would mostly cancel."""
-    out = []
+    step would mostly cancel. (numel,) float32 each, made one at a time."""
     for seed in PROBE_SEEDS:
-        sign = (torch.randint(0, 2, (numel,), generator=torch.Generator().manual_seed(seed)) * 2 - 1).double()
-        out += [sign, -sign]
-    return out
+        sign = (torch.randint(0, 2, (numel,), generator=torch.Generator().manual_seed(seed)) * 2 - 1).float()
+        yield sign
+        yield sign.neg_()
 
 
 def probe_displacement(work: Workload, reference: OneProcessRun) -> float:
     """The largest |final parameter - reference's| over the probe runs (bounds applied with probe_signs)."""
-    return max(float((one_process(work, 1, perturb=(reference.grad_bounds, sign)).params - reference.params)
-                     .abs().max()) for sign in probe_signs(reference.params.numel()))
+    moved = 0.0
+    for sign in probe_signs(reference.params.numel()):
+        probe = one_process(work, 1, perturb=(reference.grad_bounds, sign))
+        moved = max(moved, float((probe.params - reference.params).abs().max()))
+        del probe
+        release_freed_memory()
+    return moved
 
 
 def param_tolerance(work: Workload, reference: OneProcessRun) -> float:

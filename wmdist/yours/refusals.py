@@ -75,10 +75,15 @@ def require_finite_batch(batch: Any, tensors: list[torch.Tensor], *, step: int) 
                              "loss after it would be too")
 
 
-def _digests(model: nn.Module) -> dict[str, bytes]:
+def digest(t: torch.Tensor) -> str:
+    """A digest of a CPU tensor's bytes: equal exactly when the bytes are (up to a 128-bit hash collision). What a
+    rank sends instead of a second copy of its parameters when only their equality is checked."""
+    return hashlib.blake2b(t.detach().contiguous().numpy().tobytes(), digest_size=16).hexdigest()
+
+
+def _digests(model: nn.Module) -> dict[str, str]:
     """A digest of each parameter's bytes (one parameter copied at a time, not the model)."""
-    return {name: hashlib.blake2b(p.detach().contiguous().numpy().tobytes(), digest_size=16).digest()
-            for name, p in model.named_parameters()}
+    return {name: digest(p) for name, p in model.named_parameters()}
 
 
 def check_loss(model: nn.Module, loss: Loss, batch: Any, b: int) -> None:

@@ -31,7 +31,7 @@ from torch import nn
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.memory.zero import Update, ZeroConfig, ZeroRankState, adam_update, flat_layout, shard_range, zero_step
 from wmdist.models import flat_grads, flat_params, on_meta, set_flat_grads
-from wmdist.yours.refusals import require_finite
+from wmdist.yours.refusals import digest, require_finite
 from wmdist.yours.workload import Workload, WorkloadSpec, batch_size, build_model, shard
 
 
@@ -53,9 +53,11 @@ def shard_loss(work: Workload, model: nn.Module, mine: Any, global_batch: int, *
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicaResult:
-    """What one data-parallel rank ends with."""
-    grad0: torch.Tensor                  # (P,) the summed step-0 gradient it applied
-    params: torch.Tensor                 # (P,) its parameters after the last step
+    """What one data-parallel rank ends with: the tensors from rank 0 only (each other rank's would be a copy the
+    parent holds just to compare bytes), and from every rank the digest of its final parameters."""
+    grad0: torch.Tensor | None           # (P,) the summed step-0 gradient it applied (rank 0)
+    params: torch.Tensor | None          # (P,) its parameters after the last step (rank 0)
+    digest: str                          # refusals.digest of its final parameters
     bytes_per_step: tuple[int, ...]      # ring bytes it sent in each step's gradient all-reduce
     rounds_per_step: tuple[int, ...]     # ring rounds of each step
 
@@ -80,7 +82,10 @@ def replica_train(ctx: Context, spec: WorkloadSpec) -> ReplicaResult:
         opt.step()
         if step == 0:
             grad0 = synced
-    return ReplicaResult(grad0=grad0, params=flat_params(model), bytes_per_step=tuple(sent),
+    final = flat_params(model)
+    first = ctx.rank == 0
+    return ReplicaResult(grad0=grad0 if first else None, params=final if first else None, digest=digest(final),
+                         bytes_per_step=tuple(sent),
                          rounds_per_step=tuple(rounds))
 
 

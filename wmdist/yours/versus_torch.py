@@ -34,6 +34,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 
 from wmdist.comm import Context, all_gather, all_reduce, counted, reduce_scatter
 from wmdist.models import flat_grads, flat_params
+from wmdist.yours.refusals import digest
 from wmdist.yours.training import make_optimizer, shard_loss
 from wmdist.yours.workload import WorkloadSpec, batch_size, build_model, shard
 
@@ -56,10 +57,12 @@ def _local_mean(spec: WorkloadSpec, model: nn.Module, batch: Any, world_size: in
 @dataclass(frozen=True, kw_only=True)
 class TorchResult:
     """What one rank ends torch's run with."""
-    params: tuple[torch.Tensor, ...]     # its parameters, whole (DDP, ZeroRedundancyOptimizer) or its local shards
-    grad0: torch.Tensor | None           # (P,) the averaged step-0 gradient (DDP), else None
+    params: tuple[torch.Tensor, ...]     # its parameters, whole (DDP, ZeroRedundancyOptimizer: rank 0 only, else ())
+                                         # or its local shards (FSDP2, every rank)
+    grad0: torch.Tensor | None           # (P,) the averaged step-0 gradient (DDP, rank 0), else None
     sent: dict[str, int]                 # payload bytes sent, by phase, all steps
     calls: dict[str, int]                # collectives called, by phase, all steps
+    digest: str = ""                     # refusals.digest of its whole final parameters (DDP, ZeroRedundancyOptimizer)
 
 
 def _ledger(ctx: Context, phases: tuple[str, ...]) -> tuple[dict[str, int], dict[str, int]]:
@@ -86,7 +89,15 @@ def ddp_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
             grad0 = flat_grads(model)
         opt.step()
     sent, calls = _ledger(ctx, ("ddp/grads",))
-    return TorchResult(params=(flat_params(model),), grad0=grad0, sent=sent, calls=calls)
+    return _whole(ctx, flat_params(model), grad0, sent, calls)
+
+
+def _whole(ctx: Context, final: torch.Tensor, grad0: torch.Tensor | None, sent: dict[str, int],
+           calls: dict[str, int]) -> TorchResult:
+    """A whole-parameter run's result: the tensors from rank 0, the digest from every rank."""
+    first = ctx.rank == 0
+    return TorchResult(params=(final,) if first else (), grad0=grad0 if first else None, sent=sent, calls=calls,
+                       digest=digest(final))
 
 
 def zero_redundancy_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
@@ -109,7 +120,7 @@ def zero_redundancy_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
                      "parameter broadcast", sent=owned, recv=total - owned):
             opt.step()
     sent, calls = _ledger(ctx, ("gradient all-reduce", "parameter broadcast"))
-    return TorchResult(params=(flat_params(model),), grad0=None, sent=sent, calls=calls)
+    return _whole(ctx, flat_params(model), None, sent, calls)
 
 
 class _CountedGather(AllGather):
