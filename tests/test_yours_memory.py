@@ -17,12 +17,12 @@ from wmdist.yours.footprint import MiB, Estimate, available_bytes, estimate_byte
 from wmdist.yours.workload import prepare
 
 
-@pytest.mark.parametrize("stage,results,rank_copies", [(0, 4, 14), (1, 3, 18), (2, 3, 25), (3, 3, 30)])
+@pytest.mark.parametrize("stage,results,rank_copies", [(0, 4, 14), (1, 3, 18), (2, 3, 25), (3, 3, 31)])
 def test_the_estimate_is_its_formula_written_out(stage, results, rank_copies):
     p, n, slots, steps = 4_197_376, 4, 2, 3
     e = estimate_bytes(p, n, stage=stage, slots=slots, steps=steps)
-    assert e.parent == (2 * results + (2 + 2 + 7) + slots + steps) * 4 * p + 64 * MiB
-    assert e.per_rank == rank_copies * 4 * p + 128 * MiB
+    assert e.parent == (2 * results + (2 + 2 + 7) + slots + steps) * 4 * p + 32 * MiB
+    assert e.per_rank == rank_copies * 4 * p + 48 * MiB
     assert e.total == e.parent + n * e.per_rank
 
 
