@@ -163,3 +163,81 @@ def test_the_plain_hook_check_is_tight_at_its_bound():
                         abs_mean=abs_mean, losses=(1.0, 0.9, 0.8))
         ratio = _ratio(run, "none", n, range(2))
         assert (ratio <= 1.0) is passes, (times, ratio)
+
+
+# --- wmdist.yours: the gradient bound and the parameter tolerance, written out (issue 35 §5) -----------------
+
+def _yours_grad(work, model, part, scale, divide=1):
+    import torch
+    grads = torch.autograd.grad(work.loss(model, part).sum() * scale, list(model.parameters()))
+    return (torch.cat([g.reshape(-1) for g in grads]) / divide).double()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_yours_gradient_bound_is_its_formula_written_out(no_processes, n):
+    """bound = max over layouts |layout - whole| + (2(B-1) + 3) u sum_i |g_i| / B, the layouts being one example
+    at a time, the N shards at 1/B, and (N not a power of two) the N shards at torch's 1/(B/N) then / N."""
+    import torch
+
+    from test_yours_small_batch import mlp_work
+    from wmdist.compare import one_thread
+    from wmdist.yours.reference import one_process
+    from wmdist.yours.workload import build_model, rows
+    work = mlp_work(2, n)
+    b, each = 2 * n, 2
+    with one_thread():
+        model, batch = build_model(work), work.batch(0)
+        whole = _yours_grad(work, model, batch, 1 / b).float().double()
+        ones = [_yours_grad(work, model, rows(batch, i, i + 1), 1 / b) for i in range(b)]
+        layouts = [sum(ones), sum(_yours_grad(work, model, rows(batch, r * each, (r + 1) * each), 1 / b)
+                                  for r in range(n))]
+        if n == 3:
+            layouts.append(sum(_yours_grad(work, model, rows(batch, r * each, (r + 1) * each), 1 / each, divide=n)
+                               for r in range(n)))
+        by_hand = (torch.stack([(lay - whole).abs() for lay in layouts]).amax(0)
+                   + (2 * (b - 1) + 3) * U32 * torch.stack([g.abs() for g in ones]).sum(0))
+    got = one_process(work, n).grad_bounds[0].double()             # stored in float32, rounded up
+    assert float(by_hand.max()) > 0 and bool((got >= by_hand).all()) and bool((got <= by_hand * (1 + 2 ** -21)).all())
+
+
+def test_the_yours_parameter_tolerance_is_its_formula_written_out(no_processes):
+    """One plain SGD step moves every entry by lr * (its gradient bound) under the probe, whatever the signs:
+    tolerance = lr * max_j bound_j + 1 * u * max|theta|, up to float32's rounding of theta (a 100x looser one
+    is outside)."""
+    import torch
+
+    from test_yours_small_batch import mlp_work
+    from wmdist.yours.reference import one_process, param_tolerance
+    work = mlp_work(2, 2, steps=1, lr=1.0)
+    ref = one_process(work, 2)
+    theta, g = float(ref.params.abs().max()), float(ref.grad0.abs().max())
+    by_hand = work.lr * float(ref.grad_bounds[0].max()) + U32 * theta
+    slack = 2 * U32 * theta + work.lr * U32 * g            # theta rounded in both runs; g + bound cast to float32
+    assert work.lr * float(ref.grad_bounds[0].max()) > 4 * slack         # the bound's own term is resolved
+    assert abs(param_tolerance(work, ref) - by_hand) <= slack, (param_tolerance(work, ref), by_hand, slack)
+
+
+@pytest.mark.parametrize("factor,passes", [(0.95, True), (1.05, False)])
+def test_the_yours_checks_are_tight_at_their_tolerances(no_processes, factor, passes):
+    """An entry moved by 0.95 of its bound (of the parameter tolerance) passes, by 1.05 fails: each check
+    compares with the very tolerance pinned above, at an entry whose float32 spacing is far below 5% of it."""
+    import torch
+
+    from test_yours import _dp_results
+    from test_yours_small_batch import mlp_work
+    from wmdist.yours import dp_check
+    from wmdist.yours.reference import one_process, param_tolerance
+    from wmdist.yours.workload import prepare
+    spec = prepare(mlp_work(2, 2, optimizer="adam"), 2)
+    ref = one_process(spec.work, 2)
+    tol, bound = param_tolerance(spec.work, ref), ref.grad_bounds[0]
+    j = int((bound / (ref.grad0.double().abs() + 1e-30)).argmax())       # the bound widest next to |g_j|
+    k = int(ref.params.abs().argmin())
+    grad0, params = ref.grad0.clone(), ref.params.clone()
+    grad0[j] += factor * float(bound[j])
+    params[k] += factor * tol
+    checks = {c.name: c for c in dp_check.compare_dp(spec, _dp_results(spec, grad0, params)).checks}
+    grad = checks["step-0 gradient == one process (in units of its rounding bound)"]
+    param = checks["final parameters == one process (rank 0)"]
+    assert grad.passed is passes and grad.error == pytest.approx(factor, rel=0.01)
+    assert param.passed is passes and param.tolerance == tol and param.error == pytest.approx(factor * tol, rel=0.01)

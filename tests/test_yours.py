@@ -16,6 +16,7 @@ from wmdist import costs
 from wmdist.yours import Workload, data_parallel, tensor_parallel, zero
 from wmdist.yours import dp_check, tp_check, zero_check
 from wmdist.yours.reference import one_process, param_tolerance
+from wmdist.yours.refusals import digest
 from wmdist.yours.training import ReplicaResult, ZeroResult
 from wmdist.yours.versus_torch import TorchResult
 from wmdist.yours.workload import prepare
@@ -151,12 +152,12 @@ def test_functions_defined_in_the_test_body_reach_the_ranks():
 
 def _replica(ref, spec, grad0, params) -> ReplicaResult:
     n = spec.world_size
-    return ReplicaResult(grad0=grad0, params=params, bytes_per_step=(0,) * spec.work.steps,
+    return ReplicaResult(grad0=grad0, params=params, digest=digest(params), bytes_per_step=(0,) * spec.work.steps,
                          rounds_per_step=(2 * (n - 1),) * spec.work.steps)
 
 
 def _dp_results(spec, grad0, params):
-    ref = one_process(spec.work)
+    ref = one_process(spec.work, spec.world_size)
     ddp = TorchResult(params=(ref.params,), grad0=ref.grad0, sent={"ddp/grads": 0}, calls={})
     return [dp_check.OursAndDDP(_replica(ref, spec, grad0, params), ddp) for _ in range(spec.world_size)]
 
@@ -170,7 +171,7 @@ def _moved(t: torch.Tensor, at: int, by: float) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def gru_on_2():
     spec = prepare(gru_work(optimizer="adam"), 2)
-    ref = one_process(spec.work)
+    ref = one_process(spec.work, spec.world_size)
     return spec, ref, param_tolerance(spec.work, ref)
 
 

@@ -17,8 +17,9 @@ Functions defined in a notebook cell work: they travel to the ranks by value.
 The algorithm is in training.py (data parallelism and ZeRO on any module) and
 wmdist/tensor_parallel/layers.py (chapter 04's column and row layers); neither imports the harness
 itself (this file does, to offer the checked functions at the top). The rest checks it: workload.py
-(what a workload is, checked), reference.py (one process, the gradient bound and the measured
-parameter tolerance), versus_torch.py (DDP, ZeroRedundancyOptimizer, FSDP2, counted), dp_check.py,
+(what a workload is, checked), refusals.py (what is refused before any process starts, named as found),
+footprint.py (the memory a check takes, estimated and compared with what is available up front),
+reference.py (one process, the gradient bound and the measured parameter tolerance), versus_torch.py (DDP, ZeroRedundancyOptimizer, FSDP2, counted), dp_check.py,
 zero_check.py and tp_check.py (the public functions, their Experiments and Reports).
 """
 from wmdist.yours.dp_check import data_parallel

@@ -31,6 +31,7 @@ from torch import nn
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.memory.zero import Update, ZeroConfig, ZeroRankState, adam_update, flat_layout, shard_range, zero_step
 from wmdist.models import flat_grads, flat_params, on_meta, set_flat_grads
+from wmdist.yours.refusals import digest, require_finite
 from wmdist.yours.workload import Workload, WorkloadSpec, batch_size, build_model, shard
 
 
@@ -41,16 +42,22 @@ def make_optimizer(model: nn.Module, work: Workload) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=work.lr)
 
 
-def shard_loss(work: Workload, model: nn.Module, mine: Any, global_batch: int) -> torch.Tensor:
-    """sum(this rank's per-example losses) / B: summed over ranks, the whole batch's mean loss."""
-    return work.loss(model, mine).sum() / global_batch
+def shard_loss(work: Workload, model: nn.Module, mine: Any, global_batch: int, *, step: int,
+               where: str) -> torch.Tensor:
+    """sum(this rank's per-example losses) / B: summed over ranks, the whole batch's mean loss. A NaN or inf
+    loss raises FloatingPointError naming the step and `where` (the rank, whose run)."""
+    losses = work.loss(model, mine)
+    require_finite(losses, step=step, where=where)
+    return losses.sum() / global_batch
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicaResult:
-    """What one data-parallel rank ends with."""
-    grad0: torch.Tensor                  # (P,) the summed step-0 gradient it applied
-    params: torch.Tensor                 # (P,) its parameters after the last step
+    """What one data-parallel rank ends with: the tensors from rank 0 only (each other rank's would be a copy the
+    parent holds just to compare bytes), and from every rank the digest of its final parameters."""
+    grad0: torch.Tensor | None           # (P,) the summed step-0 gradient it applied (rank 0)
+    params: torch.Tensor | None          # (P,) its parameters after the last step (rank 0)
+    digest: str                          # refusals.digest of its final parameters
     bytes_per_step: tuple[int, ...]      # ring bytes it sent in each step's gradient all-reduce
     rounds_per_step: tuple[int, ...]     # ring rounds of each step
 
@@ -64,7 +71,8 @@ def replica_train(ctx: Context, spec: WorkloadSpec) -> ReplicaResult:
     for step in range(work.steps):
         batch = work.batch(step)
         opt.zero_grad()
-        shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch")).backward()
+        shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"), step=step,
+                   where=f"rank {ctx.rank}, our data parallelism").backward()
         phase = f"step {step}/gradient all-reduce"
         synced = ring_all_reduce(ctx, flat_grads(model), phase=phase)                 # (P,) summed over ranks
         totals = ctx.ledger.totals(phase=phase, prefix=True)
@@ -74,7 +82,10 @@ def replica_train(ctx: Context, spec: WorkloadSpec) -> ReplicaResult:
         opt.step()
         if step == 0:
             grad0 = synced
-    return ReplicaResult(grad0=grad0, params=flat_params(model), bytes_per_step=tuple(sent),
+    final = flat_params(model)
+    first = ctx.rank == 0
+    return ReplicaResult(grad0=grad0 if first else None, params=final if first else None, digest=digest(final),
+                         bytes_per_step=tuple(sent),
                          rounds_per_step=tuple(rounds))
 
 
@@ -83,13 +94,17 @@ def replica_train(ctx: Context, spec: WorkloadSpec) -> ReplicaResult:
 class _YourLoss(nn.Module):
     """Your model and loss as one module, so functional_call can run loss(model, batch) on other parameters."""
 
-    def __init__(self, model: nn.Module, loss: Any):
+    def __init__(self, model: nn.Module, loss: Any, where: str):
         super().__init__()
         self.model = model
         self.loss = loss
+        self.where = where
+        self.step = 0                 # set by zero_train before each step: named if the loss is NaN or inf
 
     def forward(self, batch: Any) -> torch.Tensor:
-        return self.loss(self.model, batch)
+        losses = self.loss(self.model, batch)
+        require_finite(losses, step=self.step, where=self.where)
+        return losses
 
 
 def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroRankState:
@@ -105,7 +120,7 @@ def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroRankState:
                          params=flat[start:stop].clone() if stage == 3 else flat,
                          grads=torch.zeros(offset if stage == 1 else stop - start),
                          moments=[torch.zeros(stop - start) for _ in range(slots)], step=0,
-                         loss_module=_YourLoss(on_meta(model), work.loss), layout=layout, buffers=buffers)
+                         loss_module=_YourLoss(on_meta(model), work.loss, f"rank {ctx.rank}, our ZeRO-{stage}"), layout=layout, buffers=buffers)
 
 
 def sgd_update(param: torch.Tensor, grad: torch.Tensor, moments: list[torch.Tensor], step: int,
@@ -146,6 +161,7 @@ def zero_train(ctx: Context, spec: WorkloadSpec) -> ZeroResult:
     for step in range(work.steps):
         before = len(ctx.ledger.records)
         batch = work.batch(step)
+        state.loss_module.step = step
         grad = zero_step(ctx, state, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"),
                          update).clone()
         if step == 0:

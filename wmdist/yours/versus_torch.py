@@ -34,6 +34,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 
 from wmdist.comm import Context, all_gather, all_reduce, counted, reduce_scatter
 from wmdist.models import flat_grads, flat_params
+from wmdist.yours.refusals import digest
 from wmdist.yours.training import make_optimizer, shard_loss
 from wmdist.yours.workload import WorkloadSpec, batch_size, build_model, shard
 
@@ -45,19 +46,23 @@ def _counted_average(ctx, bucket):   # no annotations: DDP rejects string (postp
     return pending.future().then(lambda f: f.value()[0])
 
 
-def _local_mean(spec: WorkloadSpec, model: nn.Module, batch: Any, world_size: int, rank: int) -> torch.Tensor:
+def _local_mean(spec: WorkloadSpec, model: nn.Module, batch: Any, world_size: int, rank: int, *, step: int,
+                where: str) -> torch.Tensor:
     """torch's convention: the mean loss of this rank's B/N examples (DDP and FSDP2 then average over ranks)."""
     mine = shard(batch, world_size, rank)
-    return shard_loss(spec.work, model, mine, batch_size(mine, where="batch"))
+    return shard_loss(spec.work, model, mine, batch_size(mine, where="batch"), step=step,
+                      where=f"rank {rank}, {where}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TorchResult:
     """What one rank ends torch's run with."""
-    params: tuple[torch.Tensor, ...]     # its parameters, whole (DDP, ZeroRedundancyOptimizer) or its local shards
-    grad0: torch.Tensor | None           # (P,) the averaged step-0 gradient (DDP), else None
+    params: tuple[torch.Tensor, ...]     # its parameters, whole (DDP, ZeroRedundancyOptimizer: rank 0 only, else ())
+                                         # or its local shards (FSDP2, every rank)
+    grad0: torch.Tensor | None           # (P,) the averaged step-0 gradient (DDP, rank 0), else None
     sent: dict[str, int]                 # payload bytes sent, by phase, all steps
     calls: dict[str, int]                # collectives called, by phase, all steps
+    digest: str = ""                     # refusals.digest of its whole final parameters (DDP, ZeroRedundancyOptimizer)
 
 
 def _ledger(ctx: Context, phases: tuple[str, ...]) -> tuple[dict[str, int], dict[str, int]]:
@@ -78,12 +83,21 @@ def ddp_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
     opt = make_optimizer(model, work)
     for step in range(work.steps):
         opt.zero_grad()
-        _local_mean(spec, ddp, work.batch(step), ctx.world_size, ctx.rank).backward()    # through DDP: its hooks
+        _local_mean(spec, ddp, work.batch(step), ctx.world_size, ctx.rank, step=step,
+                    where="torch's DDP").backward()                                      # through DDP: its hooks
         if step == 0:
             grad0 = flat_grads(model)
         opt.step()
     sent, calls = _ledger(ctx, ("ddp/grads",))
-    return TorchResult(params=(flat_params(model),), grad0=grad0, sent=sent, calls=calls)
+    return _whole(ctx, flat_params(model), grad0, sent, calls)
+
+
+def _whole(ctx: Context, final: torch.Tensor, grad0: torch.Tensor | None, sent: dict[str, int],
+           calls: dict[str, int]) -> TorchResult:
+    """A whole-parameter run's result: the tensors from rank 0, the digest from every rank."""
+    first = ctx.rank == 0
+    return TorchResult(params=(final,) if first else (), grad0=grad0 if first else None, sent=sent, calls=calls,
+                       digest=digest(final))
 
 
 def zero_redundancy_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
@@ -98,14 +112,15 @@ def zero_redundancy_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
     for step in range(work.steps):
         batch = work.batch(step)
         opt.zero_grad()
-        shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch")).backward()
+        shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"), step=step,
+                   where=f"rank {ctx.rank}, torch's ZeroRedundancyOptimizer").backward()
         flat = all_reduce(ctx, flat_grads(model), phase="gradient all-reduce")
         torch.nn.utils.vector_to_parameters(flat, [p.grad for p in model.parameters()])
         with counted(ctx, "ZeroRedundancyOptimizer.step (not observed: bytes computed from parameter ownership)",
                      "parameter broadcast", sent=owned, recv=total - owned):
             opt.step()
     sent, calls = _ledger(ctx, ("gradient all-reduce", "parameter broadcast"))
-    return TorchResult(params=(flat_params(model),), grad0=None, sent=sent, calls=calls)
+    return _whole(ctx, flat_params(model), None, sent, calls)
 
 
 class _CountedGather(AllGather):
@@ -155,7 +170,7 @@ def fsdp2_train(ctx: Context, spec: WorkloadSpec, *, reshard: bool) -> TorchResu
     opt = make_optimizer(model, work)
     for step in range(work.steps):
         opt.zero_grad()
-        _local_mean(spec, model, work.batch(step), ctx.world_size, ctx.rank).backward()
+        _local_mean(spec, model, work.batch(step), ctx.world_size, ctx.rank, step=step, where="torch's FSDP2").backward()
         opt.step()
     local = tuple(p.to_local().detach().clone() for p in model.parameters())     # this rank's dim-0 shards
     sent, calls = _ledger(ctx, ("fsdp2/all-gather", "fsdp2/reduce-scatter"))

@@ -10,11 +10,12 @@
 
 `prepare(work, world_size, stage=...)` builds the model once in this process and runs the loss on the
 step-0 batch, so everything that would make the ranks compute another function than one process is
-refused here, with a ValueError or TypeError naming what is wrong: a BatchNorm in training mode (it
-mixes the examples of a batch), dropout or any other randomness (each shard would draw other numbers),
-a forward that changes a buffer, a parameter that gets no gradient, a loss of the wrong shape, a batch
-world_size does not divide, and for data_parallel a loss that reaches into the model (model.enc(x))
-instead of calling it (DDP sees only the call). Tied parameters (one weight in two layers) are one
+refused here, with a ValueError or TypeError naming what was found (refusals.py): a model off the CPU
+(the meta device, a GPU), a BatchNorm in training mode (it mixes the examples of a batch), dropout or
+any other randomness (each shard would draw other numbers), a forward that changes a parameter or a
+buffer, a NaN or inf in a batch or a step-0 loss, a parameter that gets no gradient, a loss of the
+wrong shape, a batch world_size does not divide, and for data_parallel a loss that reaches into the
+model (model.enc(x)) instead of calling it (DDP sees only the call). Tied parameters (one weight in two layers) are one
 parameter everywhere: one flat-vector slot, one FSDP2 unit (the root's). A model that mixes examples
 some other way (x - x.mean(0)) is not caught here: its Report fails, which is the finding.
 
@@ -34,6 +35,7 @@ import torch
 from torch import nn
 
 from wmdist import costs
+from wmdist.yours import refusals
 
 Optimizer = Literal["sgd", "adam"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
@@ -160,7 +162,9 @@ def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
     costs.require_choice("stage", stage, (0, 1, 2, 3))
     sizes = []
     for step in range(work.steps):
-        b = batch_size(work.batch(step), where=f"batch({step})")
+        batch = work.batch(step)
+        b = batch_size(batch, where=f"batch({step})")
+        refusals.require_finite_batch(batch, tensors_of(batch, where=f"batch({step})"), step=step)
         if b < n or b % n:
             raise ValueError(f"batch({step}) has {b} examples: world_size {n} must divide it, so that every rank "
                              f"gets B/N >= 1 of them (torch's DDP averages equal shards)")
@@ -168,7 +172,8 @@ def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
     model = build_model(work)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model() must return an nn.Module, got {type(model).__name__}")
-    _refuse_mixing_or_randomness(model)
+    refusals.refuse_off_cpu(model)
+    refusals.refuse_mixing_or_randomness(model)
     params = list(model.named_parameters())
     if not params:
         raise ValueError("model() has no parameters: there is nothing to train")
@@ -176,9 +181,9 @@ def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
         if p.dtype != torch.float32 or not p.requires_grad:
             raise ValueError(f"parameter {name} must be float32 and trainable (the byte formulas count 4-byte "
                              f"elements of every parameter), got {p.dtype}, requires_grad={p.requires_grad}")
-    _check_loss(model, work, work.batch(0), sizes[0])
+    refusals.check_loss(model, work.loss, work.batch(0), sizes[0])
     if stage == 0:
-        _check_loss_calls_the_model(model, work, work.batch(0))
+        refusals.check_loss_calls_the_model(model, work.loss, work.batch(0))
     numel = sum(p.numel() for _, p in params)
     if stage and numel < n:
         raise ValueError(f"the model has {numel} parameter elements, fewer than world_size {n}: a ZeRO rank "
@@ -188,68 +193,6 @@ def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
     return WorkloadSpec(world_size=n, work=work, stage=stage, batch_sizes=tuple(sizes),
                         names=tuple(name for name, _ in params), shapes=tuple(tuple(p.shape) for _, p in params),
                         units=_units(model))
-
-
-def _refuse_mixing_or_randomness(model: nn.Module) -> None:
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training:
-            raise ValueError(f"model mixes examples: {name or 'the model'} is a {type(m).__name__} in training mode, "
-                             "whose statistics are taken over the examples of a shard, so N ranks would compute "
-                             "another function than one process. Use GroupNorm or LayerNorm, or .eval() it in "
-                             "model()")
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0:
-            raise ValueError(f"{name} is a {type(m).__name__}(p={m.p}) in training mode: each shard would draw "
-                             "other masks than one process. Use p=0 or .eval() it in model()")
-
-
-def _check_loss(model: nn.Module, work: Workload, batch: Any, b: int) -> None:
-    """The loss's shape, its determinism, gradients for every parameter, buffers left alone."""
-    before = {name: t.clone() for name, t in model.named_buffers()}
-    with torch.random.fork_rng(devices=[]):
-        first = work.loss(model, batch)
-        again = work.loss(model, batch)
-    if not isinstance(first, torch.Tensor) or tuple(first.shape) != (b,) or not first.dtype.is_floating_point:
-        got = tuple(first.shape) if isinstance(first, torch.Tensor) else type(first).__name__
-        raise ValueError(f"loss(model, batch) must return one float loss per example, shape ({b},), got {got}: "
-                         "return the losses unreduced (e.g. reduction='none', then .mean over the other dims)")
-    if not torch.equal(first.detach(), again.detach()):
-        raise ValueError("loss(model, batch) gives other numbers on the same batch twice: the forward draws "
-                         "random numbers (dropout?), which the shards would draw differently")
-    grads = torch.autograd.grad(first.sum(), [p for _, p in model.named_parameters()], allow_unused=True)
-    unused = [name for (name, _), g in zip(model.named_parameters(), grads) if g is None]
-    if unused:
-        raise ValueError(f"parameters {unused} get no gradient from the loss: DDP and the flat gradient buffer "
-                         "need every parameter used (drop them from the model)")
-    for name, t in model.named_buffers():
-        if not torch.equal(t, before[name]):
-            raise ValueError(f"the forward changes buffer {name}: state computed from the batch differs between "
-                             "a shard and the whole batch")
-
-
-class _LikeDDP(nn.Module):
-    """What torch's DDP hands your loss as `model`: a wrapper whose forward is yours, and nothing else of yours."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.module = model
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-
-def _check_loss_calls_the_model(model: nn.Module, work: Workload, batch: Any) -> None:
-    """data_parallel also runs your loss under DDP, which sees (and syncs gradients for) only model(...) calls.
-
-    The loss has just run on the model itself (_check_loss), so whatever fails here fails on the wrapper.
-    """
-    try:
-        work.loss(_LikeDDP(model), batch)
-    except Exception as err:
-        raise ValueError(f"loss(model, batch) must reach the model only by calling it, model(...): data_parallel "
-                         f"also trains it under torch's DDP, which hands your loss its wrapper, and DDP syncs the "
-                         f"gradients of a forward only when it goes through that call (on a wrapper like DDP's, "
-                         f"the loss raised {type(err).__name__}: {err}). "
-                         f"Return what the loss needs from the model's forward") from None
 
 
 def _units(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:

@@ -22,8 +22,9 @@ from wmdist import costs
 from wmdist.comm import Context
 from wmdist.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
-from wmdist.report import Count, Report, counts_per_rank, exact_check
-from wmdist.yours.dp_check import grad_check, param_check
+from wmdist.report import Count, Report, counts_per_rank
+from wmdist.yours.dp_check import estimate, grad_check, param_check, same_everywhere
+from wmdist.yours.footprint import available_bytes, refuse_if_too_big, release_freed_memory
 from wmdist.yours.reference import one_process, param_tolerance
 from wmdist.yours.training import ZeroResult, zero_train
 from wmdist.yours.versus_torch import TorchResult, fsdp2_step_traffic, fsdp2_train, joined_shards, zero_redundancy_train
@@ -45,9 +46,10 @@ class ZeroAndTorch:
 def ours_and_torch(ctx: Context, spec: WorkloadSpec) -> ZeroAndTorch:
     """Rank function: our ZeRO at spec.stage, then torch's counterpart."""
     ours = zero_train(ctx, spec)
-    if spec.stage == 1:
-        return ZeroAndTorch(ours, zero_redundancy_train(ctx, spec))
-    return ZeroAndTorch(ours, fsdp2_train(ctx, spec, reshard=spec.stage == 3))
+    release_freed_memory()
+    theirs = zero_redundancy_train(ctx, spec) if spec.stage == 1 else fsdp2_train(ctx, spec, reshard=spec.stage == 3)
+    release_freed_memory()
+    return ZeroAndTorch(ours, theirs)
 
 
 def _held(spec: WorkloadSpec, rank: int) -> dict[str, int]:
@@ -94,7 +96,8 @@ def compare_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
     """Our ZeRO and torch's against one process and each other; ring bytes, rounds, held bytes, torch's payload."""
     n, stage = spec.world_size, spec.stage
     ours, theirs = [r.ours for r in results], [r.theirs for r in results]
-    ref = one_process(spec.work)
+    ref = one_process(spec.work, spec.world_size)
+    release_freed_memory()
     tol = param_tolerance(spec.work, ref)
     got = torch.cat([o.chunk for o in ours])
     torch_params = theirs[0].params[0] if stage == 1 else joined_shards(theirs)
@@ -106,9 +109,8 @@ def compare_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
                           bitwise=n == 1),
               param_check(f"our ZeRO-{stage} == {name}", got, torch_params, spec, tol, bitwise=n == 1, times=2)]
     if stage == 1:
-        checks.append(exact_check("every rank holds the same parameters after torch's broadcast",
-                                  [t.params[0] for t in theirs], [theirs[0].params[0]] * n,
-                                  "a broadcast copies exact bytes"))
+        checks.append(same_everywhere("every rank holds the same parameters after torch's broadcast",
+                                      [t.digest for t in theirs], "a broadcast copies exact bytes"))
     exact = _ring_counts(spec, ours) + _torch_counts(spec, theirs)
     params = {"stage": stage, "steps": spec.work.steps, "optimizer": spec.work.optimizer, "lr": spec.work.lr,
               "numel": spec.numel, "torch": name}
@@ -130,4 +132,5 @@ def zero(work: Workload, *, stage: ZeroStage, world_size: int = 2) -> Report:
     """
     costs.require_choice("stage", stage, STAGES)
     spec = prepare(work, world_size, stage=stage)
+    refuse_if_too_big(estimate(spec), available_bytes(), numel=spec.numel, what=f"zero(stage={stage})")
     return experiment(spec).run_spec(spec)
