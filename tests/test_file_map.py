@@ -1,4 +1,4 @@
-"""The file maps cannot go stale: docs/architecture.md names every module, runtime's docstring every file (issue 32 §1).
+"""The file maps cannot go stale: architecture.md names every module, runtime's docstring every file (issue 32 §1).
 
 The map lists each `wmdist/**/*.py` except `__init__.py` (a folder's heading stands for it) under the
 heading of its folder, one line each: "- `path` — what it is for", the path relative to wmdist/.
