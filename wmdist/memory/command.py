@@ -14,7 +14,7 @@ import sys
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from wmdist.costs import require_int
+from wmdist.costs.validate import require_int
 from wmdist.memory.footprint import (DTYPE_BYTES, OPTIMIZER_SLOTS, MemoryConfig, format_breakdown, format_bytes,
                                     local_params, per_rank_bytes)
 from wmdist.memory.presets import PRESETS, preset_fields

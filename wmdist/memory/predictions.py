@@ -5,7 +5,7 @@ reasoning before the learner presses one (issue 33); it runs only at the press.
 """
 from __future__ import annotations
 
-from wmdist import costs
+from wmdist.costs.zero import zero_step_bytes
 from wmdist.memory import zero_demos
 from wmdist.ui.predict import Answer
 
@@ -16,7 +16,7 @@ def zero3_step_bytes(params: int) -> Answer:
     run = zero_demos.zero_memory_report(4, 3)
     if not run.passed:
         raise RuntimeError(f"the ZeRO-3 demo failed its checks:\n{run}")
-    phases = costs.zero_step_bytes(params, 4, 0, 3)           # {collective: bytes rank 0 sends in it}
+    phases = zero_step_bytes(params, 4, 0, 3)           # {collective: bytes rank 0 sends in it}
     return Answer(measured=sum(run.measured(quantity="bytes sent per step", phase=phase)[0] for phase in phases),
                   formula=sum(phases.values()), formula_text="(two all-gathers + one reduce-scatter)",
                   why="stage 3 gathers the weights twice, before forward and again before backward, then "

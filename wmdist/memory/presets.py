@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from wmdist.costs import require_int
+from wmdist.costs.validate import require_int
 
 Preset = Literal["gpt2-xl", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"]   # the names of PRESETS
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wmdist.costs import require_choice, require_int, ring_chunk_size
+from wmdist.costs.collectives import ring_chunk_size
+from wmdist.costs.validate import require_choice, require_int
 from wmdist.memory.footprint import DTYPE_BYTES, MemoryConfig, local_params, per_rank_bytes
 
 POINTS = ("between forward and backward", "after backward", "after the gradient reduction")

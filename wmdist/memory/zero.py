@@ -39,7 +39,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from wmdist import costs
+from wmdist.costs.collectives import ring_chunk_sizes
+from wmdist.costs.validate import require_bool, require_choice, require_int, require_real
+from wmdist.costs.zero import ZERO_STAGES
 from wmdist.comm import Context, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from wmdist.models import flat_params, make_batch, make_model, on_meta, shard_batch
 
@@ -60,19 +62,19 @@ class ZeroConfig:
     keep_gathered: bool = False  # a broken stage 3 that never frees its gathered parameters (a pitfall)
 
     def __post_init__(self) -> None:
-        costs.require_choice("stage", self.stage, costs.ZERO_STAGES)
-        costs.require_bool("keep_gathered", self.keep_gathered)
+        require_choice("stage", self.stage, ZERO_STAGES)
+        require_bool("keep_gathered", self.keep_gathered)
         if self.keep_gathered and self.stage != 3:
             raise ValueError(f"keep_gathered needs stage 3 (only stage 3 gathers parameters), got stage {self.stage}")
-        costs.require_int("steps", self.steps, 0)
-        costs.require_int("batch_size", self.batch_size, 1)
-        costs.require_int("seq_len", self.seq_len, 1)
-        costs.require_real("lr", self.lr)
+        require_int("steps", self.steps, 0)
+        require_int("batch_size", self.batch_size, 1)
+        require_int("seq_len", self.seq_len, 1)
+        require_real("lr", self.lr)
 
 
 def shard_range(numel: int, world_size: int, rank: int) -> tuple[int, int]:
     """[start, stop) of the flat elements rank `rank` owns (tensor_split layout)."""
-    sizes = costs.ring_chunk_sizes(numel, world_size)
+    sizes = ring_chunk_sizes(numel, world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
     start = sum(sizes[:rank])
@@ -204,7 +206,7 @@ Update = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor], int], None]  
 def train_step(ctx: Context, state: ZeroRankState, cfg: ZeroConfig, *, probe: Probe | None = None) -> None:
     """One chapter-03 step: Adam on this rank's rows of the course's batch number state.step."""
     batch = make_batch(cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed + state.step)
-    mine = shard_batch(batch, costs.ring_chunk_sizes(cfg.batch_size, ctx.world_size), ctx.rank)
+    mine = shard_batch(batch, ring_chunk_sizes(cfg.batch_size, ctx.world_size), ctx.rank)
     zero_step(ctx, state, mine, cfg.batch_size, lambda p, g, m, step: adam_update(p, g, m[0], m[1], step, cfg),
               keep_gathered=cfg.keep_gathered, probe=probe)
 
@@ -217,7 +219,7 @@ def zero_step(ctx: Context, state: ZeroRankState, mine: Any, global_batch: int, 
     (all of it at stage 0). `probe(point, held_bytes)` is called at each of PROBE_POINTS with what the rank
     holds right then, transient tensors included. Returns this rank's chunk of the summed gradient (a view).
     """
-    sizes = costs.ring_chunk_sizes(state.numel, ctx.world_size)
+    sizes = ring_chunk_sizes(state.numel, ctx.world_size)
     look = probe or (lambda point, held: None)
     if state.stage == 3:
         leaf = ring_all_gather(ctx, state.params, sizes, phase="forward all-gather").requires_grad_()   # (P,)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from wmdist import costs
+from wmdist.costs.collectives import ring_chunk_sizes
+from wmdist.costs.validate import require_choice, require_int
+from wmdist.costs.zero import ZERO_STAGES, zero_step_bytes, zero_step_rounds
 from wmdist.comm import Context, all_reduce, counted
 from wmdist.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
@@ -41,8 +43,8 @@ class ZeroSpec:
 
 def zero_spec(world_size: int, stage: int, *, cfg: ZeroConfig | None = None) -> ZeroSpec:
     """ZeRO-`stage` on `world_size` ranks, checked: a known stage, `cfg` of that stage, a batch row per rank."""
-    costs.require_int("world_size", world_size, 1)
-    costs.require_choice("stage", stage, costs.ZERO_STAGES)
+    require_int("world_size", world_size, 1)
+    require_choice("stage", stage, ZERO_STAGES)
     cfg = ZeroConfig(stage=stage) if cfg is None else cfg
     if cfg.batch_size < world_size:
         raise ValueError(f"world_size must be <= batch_size {cfg.batch_size} (every rank needs a row), "
@@ -68,12 +70,12 @@ def compare_zero(spec: ZeroSpec, out: list[ZeroRun]) -> Verdict:
     exact = []
     for kind in HELD_KINDS:
         exact += counts_per_rank("held bytes", [o.held[kind] for o in out], [p[kind] for p in predicted], case=kind)
-    phases = [costs.zero_step_bytes(P, world_size, r, stage) for r in range(world_size)]
+    phases = [zero_step_bytes(P, world_size, r, stage) for r in range(world_size)]
     for phase in phases[0]:
         exact += counts_per_rank("bytes sent per step", [o.phases.get(phase, {}).get("bytes_sent", 0) for o in out],
                                  [p[phase] for p in phases], phase=phase)
     exact += counts_per_rank("rounds per step", [o.rounds for o in out],
-                             [costs.zero_step_rounds(world_size, stage)] * world_size)
+                             [zero_step_rounds(world_size, stage)] * world_size)
     exact += _during_step(out, P, world_size, stage)
     return Verdict(checks=checks, exact=exact,
                    params={"stage": stage, "params": P, "steps": cfg.steps, "batch_size": cfg.batch_size,
@@ -83,7 +85,7 @@ def compare_zero(spec: ZeroSpec, out: list[ZeroRun]) -> Verdict:
 ZERO = {s: Experiment(name=f"zero-{s}", chapter="03", world_sizes=(1, 2, 3, 4),
                       title=f"ZeRO-{s}: bytes held per rank and sent per step vs formula, weights vs Adam",
                       spec=functools.partial(zero_spec, stage=s), ranks=zero_ranks, compare=compare_zero)
-        for s in costs.ZERO_STAGES}
+        for s in ZERO_STAGES}
 
 
 def zero_memory_report(world_size: int, stage: int, *, cfg: ZeroConfig | None = None) -> Report:
@@ -130,7 +132,7 @@ def torch_zero_rank(ctx: Context, cfg: ZeroConfig) -> torch.Tensor:
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     for k in range(cfg.steps):
         batch = make_batch(cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed + k)
-        mine = shard_batch(batch, costs.ring_chunk_sizes(cfg.batch_size, ctx.world_size), ctx.rank)
+        mine = shard_batch(batch, ring_chunk_sizes(cfg.batch_size, ctx.world_size), ctx.rank)
         opt.zero_grad()
         (model.per_example_loss(mine).sum() / cfg.batch_size).backward()
         flat = all_reduce(ctx, flat_grads(model), phase="gradient all-reduce")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from wmdist import costs
+from wmdist.costs.rounding import FLOAT32_ROUNDOFF, reordered_sum_bound
+from wmdist.costs.validate import require_int
 from wmdist.memory.zero import ZeroConfig
 from wmdist.models import flat_grads, flat_params, linear_term_sums, make_batch, make_model, set_flat_grads
 
@@ -38,7 +39,7 @@ def reference_run(cfg: ZeroConfig, *, perturb: tuple[list[torch.Tensor], int] | 
         opt.zero_grad()
         terms = linear_term_sums(model, lambda m: m.per_example_loss(batch).sum() / cfg.batch_size)
         rows = cfg.batch_size * cfg.seq_len
-        bounds.append(costs.reordered_sum_bound(rows, 1.0, extra_roundings=EXTRA_ROUNDINGS) * terms)
+        bounds.append(reordered_sum_bound(rows, 1.0, extra_roundings=EXTRA_ROUNDINGS) * terms)
         if perturb is not None:
             sign = torch.randint(0, 2, terms.shape, generator=signs) * 2 - 1            # (P,) of +-1
             set_flat_grads(model, (flat_grads(model).double() + sign * perturb[0][k]).float())
@@ -53,11 +54,11 @@ def reference_adam(cfg: ZeroConfig) -> torch.Tensor:
 
 def adam_tolerance(cfg: ZeroConfig, world_size: int) -> tuple[float, str]:
     """Allowed max |difference| from single-process Adam, and why (measured; see the module docstring)."""
-    costs.require_int("world_size", world_size, 1)
+    require_int("world_size", world_size, 1)
     if world_size == 1:
         return 0.0, "one rank: the same sums in the same order, bitwise equal"
     params, bounds = reference_run(cfg)
     moved = max(float((reference_run(cfg, perturb=(bounds, seed))[0] - params).abs().max()) for seed in PROBE_SEEDS)
-    tol = moved + cfg.steps * costs.FLOAT32_ROUNDOFF * float(params.abs().max())
+    tol = moved + cfg.steps * FLOAT32_ROUNDOFF * float(params.abs().max())
     return tol, (f"measured: single-process Adam moved at most this when every gradient entry of its {cfg.steps} "
                  "steps was perturbed by its full reordering bound (gradient sums in another order)")

@@ -1,0 +1,69 @@
+"""What importing a chapter loads: ZeRO's modules pull in ZeRO's formulas, not every chapter's (issue 32 §3).
+
+`wmdist.costs` names its topics lazily (PEP 562), so importing one topic, or a module that imports
+one, runs the package's __init__ without loading the others. Each closure is measured in a fresh
+interpreter: this one has imported half the package by the time a test runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wmdist import costs
+
+ROOT = Path(__file__).resolve().parents[1]
+# Cost topics of other chapters (04 tensor parallel, 05 pipelines, 06 ring attention, 07 scans,
+# 08 diffusion, 09 meshes, 10 experts, 01's compression and algorithm curves): ZeRO uses none of them.
+OTHER_CHAPTERS = ("allreduce", "compression", "diffusion", "experts", "mesh", "pipeline", "pipeline_stages",
+                  "ring_attention", "scan", "tensor_parallel")
+
+
+def closure(module: str) -> list[str]:
+    """The wmdist modules loaded by `import module` in a fresh interpreter, sorted."""
+    code = (f"import sys, json, {module}\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'wmdist' or m.startswith('wmdist.'))))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, f"import {module} failed:\n{done.stderr}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", ["wmdist.memory.zero", "wmdist.memory.zero_demos", "wmdist.memory.chapter"])
+def test_zero_loads_no_other_chapters_formulas(module):
+    loaded = closure(module)
+    assert "wmdist.costs.zero" in loaded                   # the closure is measured at all: ZeRO's own formulas
+    foreign = [m for m in loaded if m.removeprefix("wmdist.costs.") in OTHER_CHAPTERS]
+    assert foreign == [], f"import {module} loads other chapters' formulas: {foreign}"
+
+
+def test_the_face_alone_loads_no_topic():
+    assert [m for m in closure("wmdist.costs") if m.startswith("wmdist.costs.")] == []
+
+
+def test_topics_are_the_files():
+    files = sorted(p.stem for p in (ROOT / "wmdist" / "costs").glob("*.py") if p.stem != "__init__")
+    assert sorted(costs.TOPICS) == files
+
+
+@pytest.mark.parametrize("name", costs.__all__)
+def test_every_public_name_resolves_to_its_topic(name):
+    value = getattr(costs, name)
+    if name in costs.TOPICS:
+        assert value is sys.modules[f"wmdist.costs.{name}"]
+    else:
+        homes = [t for t in costs.TOPICS if name in vars(getattr(costs, t))]
+        assert homes and all(vars(getattr(costs, t))[name] is value for t in homes)
+    assert name in dir(costs)
+
+
+def test_from_import_and_unknown_names():
+    from wmdist.costs import ring_allreduce_bytes, scan
+    assert ring_allreduce_bytes is costs.collectives.ring_allreduce_bytes and scan.handoff_bytes is not None
+    with pytest.raises(AttributeError, match="'wmdist.costs' has no attribute 'handoff_bytes'"):
+        costs.handoff_bytes                                # a scan formula: reached through costs.scan only
