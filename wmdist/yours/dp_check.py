@@ -5,7 +5,8 @@ all-reduce), torch's DistributedDataParallel (versus_torch.ddp_train), and one p
 (reference.one_process). The Report holds the checks (the step-0 gradient in units of its rounding bound,
 the final parameters to a measured tolerance, every rank's copy bitwise equal) and the exact counts: ring
 bytes sent per step against costs.ring_allreduce_bytes (2(N-1)/N of 4P bytes when N divides P), ring rounds
-against 2(N-1), and DDP's bucket payload against 4P bytes a step. On one rank our run is the reference's
+against 2(N-1), and DDP's bucket payload against 4P bytes a step. P counts the trainable elements: frozen
+parameters are not sent, and are checked bit for bit unchanged. On one rank our run is the reference's
 operations in the reference's order, so it must be equal bit for bit, and is checked so.
 """
 from __future__ import annotations
@@ -83,6 +84,16 @@ def param_check(name: str, got: torch.Tensor, want: torch.Tensor, spec: Workload
     return close_check(name, got, want, times * tol, why)
 
 
+FROZEN_WHY = "frozen (requires_grad=False): never reduced or stepped, so exactly the weights it was built with"
+
+
+def frozen_checks(who: str, ended: list[torch.Tensor], ref: OneProcessRun) -> list[Check]:
+    """Each run's frozen parameters bitwise what the model was built with (none: no checks)."""
+    if not ref.frozen.numel():
+        return []
+    return [exact_check(f"{w} frozen parameters unchanged", e, ref.frozen, FROZEN_WHY) for w, e in zip(who, ended)]
+
+
 def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
     """Ours and DDP against one process and each other; ring bytes and rounds, DDP's payload, exact."""
     n, numel = spec.world_size, spec.numel
@@ -101,6 +112,7 @@ def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
                           bitwise=one),
               param_check("our final parameters == DDP's", ours[0].params, ddp[0].params[0], spec, tol,
                           bitwise=one, times=2)]
+    checks += frozen_checks(["our", "DDP"], [ours[0].frozen, ddp[0].frozen], ref)
     exact = []
     for s in range(spec.work.steps):
         exact += counts_per_rank("ring bytes sent", [o.bytes_per_step[s] for o in ours],
@@ -135,7 +147,8 @@ def data_parallel(work: Workload, *, world_size: int = 2) -> Report:
 
 
 def estimate(spec: WorkloadSpec) -> Estimate:
-    """footprint.estimate_bytes for this spec."""
+    """footprint.estimate_bytes for this spec, frozen parameters counted as trainable (an over-estimate: they have
+    no gradient or optimizer state, but every run holds them whole)."""
     work = spec.work
     slots = 2 if work.optimizer == "adam" else (1 if work.momentum else 0)
-    return estimate_bytes(spec.numel, spec.world_size, stage=spec.stage, slots=slots, steps=work.steps)
+    return estimate_bytes(spec.numel + spec.frozen_numel, spec.world_size, stage=spec.stage, slots=slots, steps=work.steps)

@@ -48,11 +48,11 @@ import torch
 
 from wmdist import costs
 from wmdist.compare import one_thread
-from wmdist.models import flat_grads, flat_params, set_flat_grads
 from wmdist.yours.footprint import release_freed_memory
 from wmdist.yours.refusals import require_finite
 from wmdist.yours.training import make_optimizer
-from wmdist.yours.workload import Workload, batch_size, build_model, rows
+from wmdist.yours.workload import Workload, batch_size, build_model, flat, flat_grads, frozen, rows, set_flat_grads, \
+    trainable
 
 GRAD_EXTRA_ROUNDINGS = 3    # the loss scale in each run (2: 1/B, or 1/(B/N) for torch's), a division by N (1)
 PROBE_SEEDS = (1, 2)        # the sign patterns the reference is perturbed with (each, and its negation)
@@ -62,7 +62,8 @@ PROBE_SEEDS = (1, 2)        # the sign patterns the reference is perturbed with 
 class OneProcessRun:
     """The reference's result: the step-0 gradient, the final parameters, each step's gradient bound."""
     grad0: torch.Tensor                       # (P,) the whole batch's mean-loss gradient at step 0
-    params: torch.Tensor                      # (P,) after the last step
+    params: torch.Tensor                      # (P,) the trainable parameters after the last step
+    frozen: torch.Tensor                      # the frozen ones at the start, flat: every run must end with these
     grad_bounds: tuple[torch.Tensor, ...]     # per step, (P,) float32 (rounded up): how far a split gradient may move
 
 
@@ -70,7 +71,7 @@ def _gradients(work: Workload, model: torch.nn.Module, part: object, scale: floa
                then_divide: int = 1) -> tuple[torch.Tensor, ...]:
     """The gradient of sum(loss(model, part)) * scale, per parameter (then / then_divide, in float32 as DDP's
     bucket is)."""
-    grads = torch.autograd.grad(work.loss(model, part).sum() * scale, list(model.parameters()))
+    grads = torch.autograd.grad(work.loss(model, part).sum() * scale, trainable(model))
     return tuple(g / then_divide for g in grads) if then_divide != 1 else grads
 
 
@@ -106,8 +107,7 @@ def gradient_terms(work: Workload, model: torch.nn.Module, batch: object, world_
     one-at-a-time sum of |g_i| freed before the shards): one example's (or shard's) gradient held at a time."""
     b = batch_size(batch, where="batch")
     each = b // world_size
-    params = list(model.parameters())
-    sizes = [p.numel() for p in params]
+    sizes = [p.numel() for p in trainable(model)]
     abs_out, kernel = torch.empty(sum(sizes)), torch.zeros(sum(sizes))
     abs_parts, kernel_parts = torch.split(abs_out, sizes), torch.split(kernel, sizes)
     wholes = torch.split(whole, sizes)
@@ -158,6 +158,7 @@ def one_process(work: Workload, world_size: int, *,
     """
     with one_thread():
         model = build_model(work)
+        start_frozen = flat(frozen(model)).clone()
         opt, bounds = make_optimizer(model, work), []
         for step in range(work.steps):
             batch = work.batch(step)
@@ -174,7 +175,7 @@ def one_process(work: Workload, world_size: int, *,
             else:
                 set_flat_grads(model, (grad.double() + perturb[1] * perturb[0][step]).float())   # sign * bound: exact
             opt.step()
-    return OneProcessRun(grad0=grad0, params=flat_params(model), grad_bounds=tuple(bounds))
+    return OneProcessRun(grad0=grad0, params=flat(trainable(model)), frozen=start_frozen, grad_bounds=tuple(bounds))
 
 
 def probe_signs(numel: int) -> Iterator[torch.Tensor]:

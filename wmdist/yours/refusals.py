@@ -112,11 +112,32 @@ def check_loss(model: nn.Module, loss: Loss, batch: Any, b: int) -> None:
         raise ValueError("loss(model, batch) gives other numbers on the same batch twice, with the parameters and "
                          "buffers unchanged and every loss finite: the forward draws random numbers (dropout, "
                          "torch.rand*), which the shards would draw differently")
-    grads = torch.autograd.grad(first.sum(), [p for _, p in model.named_parameters()], allow_unused=True)
-    unused = [name for (name, _), g in zip(model.named_parameters(), grads) if g is None]
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(first.sum(), [p for _, p in named], allow_unused=True)
+    unused = [name for (name, _), g in zip(named, grads) if g is None]
     if unused:
         raise ValueError(f"parameters {unused} get no gradient from the loss: DDP and the flat gradient buffer "
-                         "need every parameter used (drop them from the model)")
+                         "need every trainable parameter used (drop them from the model, or freeze them with "
+                         "requires_grad_(False))")
+
+
+def require_float32(params: list[tuple[str, nn.Parameter]]) -> None:
+    """Every parameter float32: the byte formulas count 4-byte elements and the tolerances float32's roundoff.
+
+    float64 would need every formula and bound in 8-byte elements and float64's roundoff; bfloat16 needs
+    float32 master weights and an optimizer step in float32 (mixed precision), a training loop of its own
+    that neither this package nor its torch counterparts here implement. Both are refused, with that reason.
+    """
+    for name, p in params:
+        if p.dtype == torch.float32:
+            continue
+        if p.dtype in (torch.bfloat16, torch.float16):
+            why = (f"{p.dtype} training keeps float32 master weights and steps them in float32 (mixed "
+                   "precision), which wmdist.yours does not implement")
+        else:
+            why = "the byte formulas count 4-byte elements and the tolerances use float32's unit roundoff"
+        raise ValueError(f"parameter {name} is {p.dtype}; wmdist.yours trains float32 parameters only: {why}. "
+                         "Build the model in float32 (model().float())")
 
 
 class _LikeDDP(nn.Module):

@@ -18,7 +18,8 @@ A step reduce-scatters the gradient (each rank receives the sum of its chunk), u
 Adam or SGD elementwise (the same operations as torch.optim on CPU, so a chunk needs no communication),
 and all-gathers the updated chunks (stages 1, 2). Stage 3 all-gathers the parameters before forward,
 frees them, and gathers them again before backward (as FSDP does; the whole model is one unit here).
-Buffers (non-trainable state) stay whole on every rank.
+Buffers (non-trainable state) and frozen parameters (requires_grad=False) stay whole on every rank,
+outside the flat vector: P counts the trainable elements, and only they are reduced, sharded and stepped.
 """
 from __future__ import annotations
 
@@ -29,17 +30,18 @@ import torch
 from torch import nn
 
 from wmdist.comm import Context, ring_all_reduce
-from wmdist.memory.zero import Update, ZeroConfig, ZeroRankState, adam_update, flat_layout, shard_range, zero_step
-from wmdist.models import flat_grads, flat_params, on_meta, set_flat_grads
+from wmdist.memory.zero import Update, ZeroConfig, ZeroRankState, adam_update, shard_range, zero_step
+from wmdist.models import on_meta
 from wmdist.yours.refusals import digest, require_finite
-from wmdist.yours.workload import Workload, WorkloadSpec, batch_size, build_model, shard
+from wmdist.yours.workload import (Workload, WorkloadSpec, batch_size, build_model, flat, flat_grads, frozen,
+                                   set_flat_grads, shard, trainable)
 
 
 def make_optimizer(model: nn.Module, work: Workload) -> torch.optim.Optimizer:
     """torch's SGD (with work.momentum) or Adam (its default betas and eps) on the model's parameters."""
     if work.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=work.lr, momentum=work.momentum)
-    return torch.optim.Adam(model.parameters(), lr=work.lr)
+        return torch.optim.SGD(trainable(model), lr=work.lr, momentum=work.momentum)
+    return torch.optim.Adam(trainable(model), lr=work.lr)
 
 
 def shard_loss(work: Workload, model: nn.Module, mine: Any, global_batch: int, *, step: int,
@@ -56,8 +58,9 @@ class ReplicaResult:
     """What one data-parallel rank ends with: the tensors from rank 0 only (each other rank's would be a copy the
     parent holds just to compare bytes), and from every rank the digest of its final parameters."""
     grad0: torch.Tensor | None           # (P,) the summed step-0 gradient it applied (rank 0)
-    params: torch.Tensor | None          # (P,) its parameters after the last step (rank 0)
-    digest: str                          # refusals.digest of its final parameters
+    params: torch.Tensor | None          # (P,) its trainable parameters after the last step (rank 0)
+    frozen: torch.Tensor | None          # its frozen parameters after the last step, flat (rank 0)
+    digest: str                          # refusals.digest of its final parameters, frozen ones too
     bytes_per_step: tuple[int, ...]      # ring bytes it sent in each step's gradient all-reduce
     rounds_per_step: tuple[int, ...]     # ring rounds of each step
 
@@ -82,9 +85,10 @@ def replica_train(ctx: Context, spec: WorkloadSpec) -> ReplicaResult:
         opt.step()
         if step == 0:
             grad0 = synced
-    final = flat_params(model)
+    final, still = flat(trainable(model)), flat(frozen(model))
     first = ctx.rank == 0
-    return ReplicaResult(grad0=grad0 if first else None, params=final if first else None, digest=digest(final),
+    return ReplicaResult(grad0=grad0 if first else None, params=final if first else None,
+                         frozen=still if first else None, digest=digest(torch.cat([final, still])),
                          bytes_per_step=tuple(sent),
                          rounds_per_step=tuple(rounds))
 
@@ -111,16 +115,28 @@ def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroRankState:
     """Build your model from the seed, flatten it, keep what this rank's stage keeps (chapter 03's state)."""
     work, stage = spec.work, spec.stage
     model = build_model(work)
-    layout, offset = flat_layout(model)
-    flat = flat_params(model)                                                  # (P,)
+    layout, offset = trainable_layout(model)
+    vector = flat(trainable(model))                                            # (P,)
     start, stop = shard_range(offset, ctx.world_size, ctx.rank)
     slots = 2 if work.optimizer == "adam" else (1 if work.momentum else 0)
     buffers = {f"model.{name}": b.detach().clone() for name, b in model.named_buffers()}
+    buffers.update({f"model.{name}": p.detach().clone() for name, p in model.named_parameters()
+                    if not p.requires_grad})                                   # frozen: whole, as buffers are
     return ZeroRankState(stage=stage, numel=offset, start=start, stop=stop,
-                         params=flat[start:stop].clone() if stage == 3 else flat,
+                         params=vector[start:stop].clone() if stage == 3 else vector,
                          grads=torch.zeros(offset if stage == 1 else stop - start),
                          moments=[torch.zeros(stop - start) for _ in range(slots)], step=0,
                          loss_module=_YourLoss(on_meta(model), work.loss, f"rank {ctx.rank}, our ZeRO-{stage}"), layout=layout, buffers=buffers)
+
+
+def trainable_layout(model: nn.Module) -> tuple[list[tuple[str, torch.Size, int, int]], int]:
+    """memory.zero.flat_layout over the trainable parameters only: (name, shape, start, stop) each, and P."""
+    layout, offset = [], 0
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            layout.append((f"model.{name}", p.shape, offset, offset + p.numel()))
+            offset += p.numel()
+    return layout, offset
 
 
 def sgd_update(param: torch.Tensor, grad: torch.Tensor, moments: list[torch.Tensor], step: int,
@@ -150,7 +166,8 @@ class ZeroResult:
     """What one ZeRO rank ends with: its chunk of the weights and of the step-0 gradient, what it held and sent."""
     chunk: torch.Tensor                           # this rank's element range of the final flat parameters
     grad0: torch.Tensor                           # its chunk of the summed step-0 gradient
-    held: dict[str, int]                          # bytes by kind, between steps
+    held: dict[str, int]                          # bytes by kind, between steps ("frozen": the frozen parameters)
+    frozen: torch.Tensor                          # its frozen parameters after the last step, flat
     phases: tuple[dict[str, dict[str, int]], ...]  # per step: ledger totals by phase
 
 
@@ -167,4 +184,7 @@ def zero_train(ctx: Context, spec: WorkloadSpec) -> ZeroResult:
         if step == 0:
             grad0 = grad
         phases.append(ctx.ledger.by_phase(since=before))
-    return ZeroResult(chunk=state.chunk.clone(), grad0=grad0, held=state.held_bytes(), phases=tuple(phases))
+    names = [f"model.{name}" for name, t in zip(spec.names, spec.trainable) if not t]
+    still = [state.buffers[name] for name in names]
+    held = {**state.held_bytes(), "frozen": sum(t.numel() * t.element_size() for t in still)}
+    return ZeroResult(chunk=state.chunk.clone(), grad0=grad0, held=held, frozen=flat(still), phases=tuple(phases))

@@ -33,10 +33,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from wmdist.comm import Context, all_gather, all_reduce, counted, reduce_scatter
-from wmdist.models import flat_grads, flat_params
 from wmdist.yours.refusals import digest
 from wmdist.yours.training import make_optimizer, shard_loss
-from wmdist.yours.workload import WorkloadSpec, batch_size, build_model, shard
+from wmdist.yours.workload import WorkloadSpec, batch_size, build_model, flat, flat_grads, frozen, shard, trainable
 
 
 def _counted_average(ctx, bucket):   # no annotations: DDP rejects string (postponed) ones
@@ -63,6 +62,7 @@ class TorchResult:
     sent: dict[str, int]                 # payload bytes sent, by phase, all steps
     calls: dict[str, int]                # collectives called, by phase, all steps
     digest: str = ""                     # refusals.digest of its whole final parameters (DDP, ZeroRedundancyOptimizer)
+    frozen: torch.Tensor | None = None   # its frozen parameters at the end, flat (DDP, ZeroRedundancyOptimizer: rank 0)
 
 
 def _ledger(ctx: Context, phases: tuple[str, ...]) -> tuple[dict[str, int], dict[str, int]]:
@@ -89,15 +89,17 @@ def ddp_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
             grad0 = flat_grads(model)
         opt.step()
     sent, calls = _ledger(ctx, ("ddp/grads",))
-    return _whole(ctx, flat_params(model), grad0, sent, calls)
+    return _whole(ctx, model, grad0, sent, calls)
 
 
-def _whole(ctx: Context, final: torch.Tensor, grad0: torch.Tensor | None, sent: dict[str, int],
+def _whole(ctx: Context, model: nn.Module, grad0: torch.Tensor | None, sent: dict[str, int],
            calls: dict[str, int]) -> TorchResult:
-    """A whole-parameter run's result: the tensors from rank 0, the digest from every rank."""
+    """A whole-parameter run's result: the tensors from rank 0 (trainable, then frozen), the digest from every
+    rank (of both)."""
     first = ctx.rank == 0
+    final, still = flat(trainable(model)), flat(frozen(model))
     return TorchResult(params=(final,) if first else (), grad0=grad0 if first else None, sent=sent, calls=calls,
-                       digest=digest(final))
+                       digest=digest(torch.cat([final, still])), frozen=still if first else None)
 
 
 def zero_redundancy_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
@@ -106,21 +108,21 @@ def zero_redundancy_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
     work = spec.work
     model = build_model(work)
     options = {"lr": work.lr} if work.optimizer == "adam" else {"lr": work.lr, "momentum": work.momentum}
-    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(make_optimizer(model, work)), **options)
+    opt = ZeroRedundancyOptimizer(trainable(model), optimizer_class=type(make_optimizer(model, work)), **options)
     owned = sum(p.numel() * p.element_size() for g in opt.optim.param_groups for p in g["params"])
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    total = sum(p.numel() * p.element_size() for p in trainable(model))
     for step in range(work.steps):
         batch = work.batch(step)
         opt.zero_grad()
         shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"), step=step,
                    where=f"rank {ctx.rank}, torch's ZeroRedundancyOptimizer").backward()
-        flat = all_reduce(ctx, flat_grads(model), phase="gradient all-reduce")
-        torch.nn.utils.vector_to_parameters(flat, [p.grad for p in model.parameters()])
+        summed = all_reduce(ctx, flat_grads(model), phase="gradient all-reduce")
+        torch.nn.utils.vector_to_parameters(summed, [p.grad for p in trainable(model)])
         with counted(ctx, "ZeroRedundancyOptimizer.step (not observed: bytes computed from parameter ownership)",
                      "parameter broadcast", sent=owned, recv=total - owned):
             opt.step()
     sent, calls = _ledger(ctx, ("gradient all-reduce", "parameter broadcast"))
-    return _whole(ctx, flat_params(model), None, sent, calls)
+    return _whole(ctx, model, None, sent, calls)
 
 
 class _CountedGather(AllGather):
@@ -177,10 +179,11 @@ def fsdp2_train(ctx: Context, spec: WorkloadSpec, *, reshard: bool) -> TorchResu
     return TorchResult(params=local, grad0=None, sent=sent, calls=calls)
 
 
-def joined_shards(results: list[TorchResult]) -> torch.Tensor:
-    """FSDP2's local dim-0 shards of every rank joined back into whole parameters, flattened in order: (P,)."""
-    per_param = zip(*(r.params for r in results), strict=True)
-    return torch.cat([torch.cat(shards, dim=0).reshape(-1) for shards in per_param])
+def joined_shards(results: list[TorchResult], spec: WorkloadSpec, *, trainable: bool = True) -> torch.Tensor:
+    """FSDP2's local dim-0 shards of every rank joined back into whole parameters, flattened in order: the
+    trainable ones (P,), or with trainable=False the frozen ones."""
+    per_param = zip(*(r.params for r in results), spec.trainable, strict=True)
+    return flat([torch.cat(shards, dim=0) for *shards, t in per_param if t == trainable])
 
 
 def fsdp2_unit_shard(spec: WorkloadSpec, indices: tuple[int, ...]) -> int:
@@ -200,17 +203,25 @@ class FsdpTraffic:
     """What one FSDP2 rank sends in one training step (payload, as our counted collectives record it)."""
     gathers: int                 # all-gather calls
     gather_bytes: int            # its shard of each gathered unit, 4 bytes an element
-    scatters: int                # reduce-scatter calls: one per unit
-    scatter_bytes: int           # the whole padded gradient of each unit (N shards)
+    scatters: int                # reduce-scatter calls: one per unit with a trainable parameter
+    scatter_bytes: int           # the whole padded gradient of each such unit's trainable parameters (N shards)
 
 
 def fsdp2_step_traffic(spec: WorkloadSpec, *, reshard: bool) -> FsdpTraffic:
     """One step's FSDP2 traffic: every unit (the root's own parameters too, measured on torch 2.13) is gathered
-    before forward and, when resharded after it, again before backward; one reduce-scatter each; none on one rank."""
+    before forward and, when resharded after it, again before backward; one reduce-scatter each; none on one rank.
+    A unit's reduce-scatter carries its trainable parameters only, and a unit of frozen ones has none; it is
+    gathered as any other, again before backward too (measured on torch 2.13 with a frozen first layer,
+    whose backward computes nothing)."""
     n = spec.world_size
     if n == 1:
         return FsdpTraffic(gathers=0, gather_bytes=0, scatters=0, scatter_bytes=0)
+    gathers = gather = scatters = scatter = 0
     times = 2 if reshard else 1
-    shards = [fsdp2_unit_shard(spec, idx) for _, idx in spec.units]
-    return FsdpTraffic(gathers=times * len(shards), gather_bytes=4 * times * sum(shards), scatters=len(shards),
-                       scatter_bytes=4 * n * sum(shards))
+    for _, idx in spec.units:
+        gathers += times
+        gather += times * fsdp2_unit_shard(spec, idx)
+        grads = tuple(i for i in idx if spec.trainable[i])
+        scatters += bool(grads)
+        scatter += fsdp2_unit_shard(spec, grads)
+    return FsdpTraffic(gathers=gathers, gather_bytes=4 * gather, scatters=scatters, scatter_bytes=4 * n * scatter)

@@ -13,11 +13,16 @@ step-0 batch, so everything that would make the ranks compute another function t
 refused here, with a ValueError or TypeError naming what was found (refusals.py): a model off the CPU
 (the meta device, a GPU), a BatchNorm in training mode (it mixes the examples of a batch), dropout or
 any other randomness (each shard would draw other numbers), a forward that changes a parameter or a
-buffer, a NaN or inf in a batch or a step-0 loss, a parameter that gets no gradient, a loss of the
+buffer, a NaN or inf in a batch or a step-0 loss, a trainable parameter that gets no gradient, a
+parameter that is not float32 (refusals.require_float32 says why), a loss of the
 wrong shape, a batch world_size does not divide, and for data_parallel a loss that reaches into the
 model (model.enc(x)) instead of calling it (DDP sees only the call). Tied parameters (one weight in two layers) are one
 parameter everywhere: one flat-vector slot, one FSDP2 unit (the root's). A model that mixes examples
 some other way (x - x.mean(0)) is not caught here: its Report fails, which is the finding.
+
+Frozen parameters (requires_grad=False, as in fine-tuning) are kept whole and unchanged on every rank:
+never all-reduced, reduce-scattered or stepped, so P (spec.numel, the flat vector, every byte formula)
+counts the trainable elements only; at least one must train.
 
 Functions defined in a notebook cell or a test are shipped to the ranks by value (cloudpickle), their
 module included, since a rank cannot import it.
@@ -139,12 +144,45 @@ class WorkloadSpec:
     batch_sizes: tuple[int, ...]                               # B of each step
     names: tuple[str, ...]                                     # parameter names, in parameter order
     shapes: tuple[tuple[int, ...], ...]                        # their shapes
+    trainable: tuple[bool, ...]                                # requires_grad of each parameter
     units: tuple[tuple[str, tuple[int, ...]], ...]            # FSDP2 units: (module name, its params' indices)
 
     @property
     def numel(self) -> int:
-        """P: the elements of every parameter."""
-        return sum(_prod(s) for s in self.shapes)
+        """P: the elements of the trainable parameters, the flat vector every formula counts."""
+        return sum(_prod(s) for s, t in zip(self.shapes, self.trainable) if t)
+
+    @property
+    def frozen_numel(self) -> int:
+        """The elements of the frozen parameters (requires_grad=False): whole and unchanged on every rank."""
+        return sum(_prod(s) for s, t in zip(self.shapes, self.trainable) if not t)
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters that train (requires_grad), in parameter order: the only ones reduced, sharded, stepped."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def frozen(model: nn.Module) -> list[nn.Parameter]:
+    """The frozen parameters (requires_grad=False), in parameter order: replicated, never sent, never stepped."""
+    return [p for p in model.parameters() if not p.requires_grad]
+
+
+def flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors flattened in order into one detached buffer (empty if there are none)."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+
+
+def flat_grads(model: nn.Module) -> torch.Tensor:
+    """The trainable parameters' gradients in order, as one (P,) buffer."""
+    return flat([p.grad for p in trainable(model)])
+
+
+def set_flat_grads(model: nn.Module, buffer: torch.Tensor) -> None:
+    """Write a (P,) buffer into the .grad of each trainable parameter."""
+    params = trainable(model)
+    for p, piece in zip(params, torch.split(buffer, [p.numel() for p in params])):
+        p.grad.copy_(piece.view_as(p))
 
 
 def _prod(shape: tuple[int, ...]) -> int:
@@ -177,22 +215,21 @@ def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
     params = list(model.named_parameters())
     if not params:
         raise ValueError("model() has no parameters: there is nothing to train")
-    for name, p in params:
-        if p.dtype != torch.float32 or not p.requires_grad:
-            raise ValueError(f"parameter {name} must be float32 and trainable (the byte formulas count 4-byte "
-                             f"elements of every parameter), got {p.dtype}, requires_grad={p.requires_grad}")
+    refusals.require_float32(params)
+    if not any(p.requires_grad for _, p in params):
+        raise ValueError("every parameter of model() is frozen (requires_grad=False): there is nothing to train")
     refusals.check_loss(model, work.loss, work.batch(0), sizes[0])
     if stage == 0:
         refusals.check_loss_calls_the_model(model, work.loss, work.batch(0))
-    numel = sum(p.numel() for _, p in params)
+    numel = sum(p.numel() for _, p in params if p.requires_grad)
     if stage and numel < n:
-        raise ValueError(f"the model has {numel} parameter elements, fewer than world_size {n}: a ZeRO rank "
-                         "would own none")
+        raise ValueError(f"the model has {numel} trainable parameter elements, fewer than world_size {n}: a ZeRO "
+                         "rank would own none")
     for fn in (work.model, work.loss, work.batch):
         ship_by_value(fn)
     return WorkloadSpec(world_size=n, work=work, stage=stage, batch_sizes=tuple(sizes),
                         names=tuple(name for name, _ in params), shapes=tuple(tuple(p.shape) for _, p in params),
-                        units=_units(model))
+                        trainable=tuple(p.requires_grad for _, p in params), units=_units(model))
 
 
 def _units(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -209,3 +246,4 @@ def _units(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
     in_units = {i for _, idx in units for i in idx}
     rest = tuple(i for i in range(len(index)) if i not in in_units)
     return tuple(units + ([("(root)", rest)] if rest else []))
+

@@ -9,7 +9,8 @@ units of its rounding bound. Exact counts: each step's ring bytes by phase again
 ring rounds against costs.zero_step_rounds, the bytes each rank holds between steps against chapter 03's
 memory model (memory.footprint.per_rank_bytes), and torch's payload against its own layout. One rank is
 the reference's operations (a ring of one sends nothing, the elementwise update is torch.optim's), so it
-is checked bit for bit.
+is checked bit for bit. P counts the trainable elements: frozen parameters stay whole on every rank,
+unsent (FSDP2 shards and gathers them, but scatters no gradient for them), and are checked unchanged.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from wmdist.comm import Context
 from wmdist.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.report import Count, Report, counts_per_rank
-from wmdist.yours.dp_check import estimate, grad_check, param_check, same_everywhere
+from wmdist.yours.dp_check import estimate, frozen_checks, grad_check, param_check, same_everywhere
 from wmdist.yours.footprint import available_bytes, refuse_if_too_big, release_freed_memory
 from wmdist.yours.reference import one_process, param_tolerance
 from wmdist.yours.training import ZeroResult, zero_train
@@ -72,6 +73,9 @@ def _ring_counts(spec: WorkloadSpec, ours: list[ZeroResult]) -> list[Count]:
     for kind in ("parameters", "gradients", "optimizer_state"):
         rows += counts_per_rank("held bytes", [o.held[kind] for o in ours],
                                 [_held(spec, r)[kind] for r in range(n)], case=kind)
+    if spec.frozen_numel:
+        rows += counts_per_rank("held bytes", [o.held["frozen"] for o in ours], [4 * spec.frozen_numel] * n,
+                                case="frozen parameters (whole on every rank)")
     return rows
 
 
@@ -100,7 +104,8 @@ def compare_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
     release_freed_memory()
     tol = param_tolerance(spec.work, ref)
     got = torch.cat([o.chunk for o in ours])
-    torch_params = theirs[0].params[0] if stage == 1 else joined_shards(theirs)
+    torch_params = theirs[0].params[0] if stage == 1 else joined_shards(theirs, spec)
+    torch_frozen = theirs[0].frozen if stage == 1 else joined_shards(theirs, spec, trainable=False)
     name = TORCH_NAME[stage]
     checks = [grad_check(f"ZeRO-{stage} step-0 gradient == one process (in units of its rounding bound)",
                          torch.cat([o.grad0 for o in ours]), ref, n),
@@ -108,6 +113,7 @@ def compare_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
               param_check(f"{name} final parameters == one process", torch_params, ref.params, spec, tol,
                           bitwise=n == 1),
               param_check(f"our ZeRO-{stage} == {name}", got, torch_params, spec, tol, bitwise=n == 1, times=2)]
+    checks += frozen_checks([f"our ZeRO-{stage}", name], [ours[0].frozen, torch_frozen], ref)
     if stage == 1:
         checks.append(same_everywhere("every rank holds the same parameters after torch's broadcast",
                                       [t.digest for t in theirs], "a broadcast copies exact bytes"))
