@@ -13,7 +13,14 @@ from torch import nn
 
 from wmdist import costs
 from wmdist.yours import Workload, data_parallel, tensor_parallel, zero
-from wmdist.yours.workload import prepare
+from wmdist.yours.dp_check import OursAndDDP, compare_dp
+from wmdist.yours.reference import one_process
+from wmdist.yours.refusals import digest
+from wmdist.yours.training import ReplicaResult, make_optimizer
+from wmdist.yours.versus_torch import TorchResult
+from wmdist.yours.workload import build_model, flat, flat_grads, prepare, trainable
+
+GRAD = "step-0 gradient == one process (in units of its rounding bound)"
 
 X = torch.randn(3, 8, 5, generator=torch.Generator().manual_seed(3))
 Y = torch.randn(3, 8, 2, generator=torch.Generator().manual_seed(4))
@@ -78,3 +85,88 @@ def test_zero_trains_a_frozen_layer_like_torch(stage):
     every = costs.zero_step_bytes(TRAINABLE + FROZEN, 2, 0, stage)
     ring = [c for c in report.exact if c.quantity == "ring bytes sent" and c.rank == 0 and c.step == 0]
     assert ring and any(c.measured != every[c.phase] for c in ring)
+
+
+# --- dtypes ----------------------------------------------------------------------------------
+
+X64, Y64 = X.double(), Y.double()
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 2))
+
+
+def work_in(dtype: torch.dtype, **options) -> Workload:
+    xs, ys = X.to(dtype), Y.to(dtype)
+    return Workload(model=lambda: mlp().to(dtype), loss=mse, batch=lambda step: (xs[step], ys[step]), **options)
+
+
+def _tolerances(report) -> dict[str, float]:
+    return {c.name: c.tolerance for c in report.checks}
+
+
+def test_float64_passes_with_8_byte_counts_and_tighter_tolerances():
+    ours64 = data_parallel(work_in(torch.float64, optimizer="adam", lr=0.05), world_size=2)
+    _assert_passes(ours64, frozen_checks=0)
+    numel = 5 * 6 + 6 + TRAINABLE
+    ring = [c for c in ours64.exact if c.quantity == "ring bytes sent"]
+    assert ring and all(c.measured == costs.ring_allreduce_bytes(numel, 2, c.rank, elem_size=8) for c in ring)
+    ours32 = data_parallel(work_in(torch.float32, optimizer="adam", lr=0.05), world_size=2)
+    name = "final parameters == one process (rank 0)"
+    t64, t32 = _tolerances(ours64)[name], _tolerances(ours32)[name]
+    assert 0 < t64 < t32 * 1e-6                  # float64's u is 2^-29 of float32's: the derived bound follows it
+    assert ours64.data.ours_vs_one_process <= t64
+
+
+def test_float64_zero3_passes():
+    _assert_passes(zero(work_in(torch.float64, optimizer="adam", lr=0.05), stage=3, world_size=2), frozen_checks=0)
+
+
+def _summed_not_averaged(work: Workload) -> ReplicaResult:
+    """Rank 0 of 2 with a planted bug, simulated in this process: the gradient summed over ranks and not
+    averaged (twice the whole batch's mean-loss gradient), applied every step."""
+    model = build_model(work)
+    opt = make_optimizer(model, work)
+    for step in range(work.steps):
+        x, y = work.batch(step)
+        opt.zero_grad()
+        (mse(model, (x, y)).mean() * 2).backward()
+        if step == 0:
+            grad0 = flat_grads(model)
+        opt.step()
+    final = flat(trainable(model))
+    return ReplicaResult(grad0=grad0, params=final, digest=digest(final), bytes_per_step=(0,) * work.steps,
+                         rounds_per_step=(0,) * work.steps)
+
+
+def test_float64_still_catches_a_planted_bug(no_processes):
+    spec = prepare(work_in(torch.float64, optimizer="adam", lr=0.05), 2)
+    ref = one_process(spec.work, 2)
+    bugged = _summed_not_averaged(spec.work)
+    ddp = TorchResult(params=(ref.params,), grad0=ref.grad0, sent={"ddp/grads": 0}, calls={})
+    checks = {c.name: c for c in compare_dp(spec, [OursAndDDP(bugged, ddp)] * 2).checks}
+    grad, params = checks[GRAD], checks["final parameters == one process (rank 0)"]
+    assert not grad.passed and grad.error > 10, grad
+    assert not params.passed and params.error > 10 * params.tolerance, params
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_refused_with_the_reason(dtype):
+    with pytest.raises(ValueError, match="master weights.*mixed precision"):
+        prepare(work_in(dtype), 2)
+
+
+def test_mixed_dtypes_are_refused():
+    def half_double():
+        net = mlp()
+        net[4].double()
+        return net
+    with pytest.raises(ValueError, match="mix dtypes"):
+        prepare(Workload(model=half_double, loss=mse, batch=lambda step: (X[step], Y[step])), 2)
+
+
+def test_an_all_frozen_model_is_refused():
+    def still():
+        return mlp().requires_grad_(False)
+    with pytest.raises(ValueError, match="every parameter of model\\(\\) is frozen"):
+        prepare(Workload(model=still, loss=mse, batch=lambda step: (X[step], Y[step])), 2)

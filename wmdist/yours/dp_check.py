@@ -116,11 +116,11 @@ def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
     exact = []
     for s in range(spec.work.steps):
         exact += counts_per_rank("ring bytes sent", [o.bytes_per_step[s] for o in ours],
-                                 [costs.ring_allreduce_bytes(numel, n, r) for r in range(n)], step=s)
+                                 [costs.ring_allreduce_bytes(numel, n, r, elem_size=spec.element_bytes) for r in range(n)], step=s)
         exact += counts_per_rank("ring rounds", [o.rounds_per_step[s] for o in ours],
                                  [costs.ring_allreduce_rounds(n)] * n, step=s)
     exact += counts_per_rank("DDP bucket payload bytes", [d.sent["ddp/grads"] for d in ddp],
-                             [spec.work.steps * numel * 4] * n, phase="ddp/grads")
+                             [spec.work.steps * numel * spec.element_bytes] * n, phase="ddp/grads")
     data = Agreement(reference=ref, param_tolerance=tol, ours_vs_one_process=max_abs_error(ours[0].params, ref.params),
                      ddp_vs_one_process=max_abs_error(ddp[0].params[0], ref.params),
                      grad_bound_ratio=bound_ratio(ours[0].grad0, ref.grad0, ref.grad_bounds[0]))
@@ -148,7 +148,7 @@ def data_parallel(work: Workload, *, world_size: int = 2) -> Report:
 
 def estimate(spec: WorkloadSpec) -> Estimate:
     """footprint.estimate_bytes for this spec, frozen parameters counted as trainable (an over-estimate: they have
-    no gradient or optimizer state, but every run holds them whole)."""
+    no gradient or optimizer state, but every run holds them whole); a float64 element as two float32 ones."""
     work = spec.work
     slots = 2 if work.optimizer == "adam" else (1 if work.momentum else 0)
-    return estimate_bytes(spec.numel + spec.frozen_numel, spec.world_size, stage=spec.stage, slots=slots, steps=work.steps)
+    return estimate_bytes((spec.numel + spec.frozen_numel) * spec.element_bytes // 4, spec.world_size, stage=spec.stage, slots=slots, steps=work.steps)

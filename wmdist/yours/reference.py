@@ -136,10 +136,16 @@ def gradient_terms(work: Workload, model: torch.nn.Module, batch: object, world_
     return GradientTerms(abs_sum=abs_out, kernel=kernel)
 
 
-def gradient_bound(b: int, terms: GradientTerms) -> torch.Tensor:
+def roundoff(dtype: torch.dtype) -> float:
+    """The unit roundoff u of the parameters' dtype: costs.FLOAT32_ROUNDOFF or costs.FLOAT64_ROUNDOFF."""
+    return costs.FLOAT64_ROUNDOFF if dtype == torch.float64 else costs.FLOAT32_ROUNDOFF
+
+
+def gradient_bound(b: int, terms: GradientTerms, *, unit_roundoff: float = costs.FLOAT32_ROUNDOFF) -> torch.Tensor:
     """Per entry, how far a data-parallel gradient of a batch of b may differ from the whole batch's: (P,),
-    float32 rounded up. kernel + (2(b-1) + GRAD_EXTRA_ROUNDINGS) u abs_sum (the module doc derives it)."""
-    order = costs.reordered_sum_bound(b, 1.0, extra_roundings=GRAD_EXTRA_ROUNDINGS)
+    float32 rounded up. kernel + (2(b-1) + GRAD_EXTRA_ROUNDINGS) u abs_sum (the module doc derives it), u the
+    parameters' unit roundoff."""
+    order = costs.reordered_sum_bound(b, 1.0, extra_roundings=GRAD_EXTRA_ROUNDINGS, unit_roundoff=unit_roundoff)
     out = torch.empty_like(terms.kernel)
     for start in range(0, out.numel(), CHUNK):
         piece = slice(start, start + CHUNK)
@@ -171,9 +177,10 @@ def one_process(work: Workload, world_size: int, *,
             if step == 0:
                 grad0 = grad.clone()
             if perturb is None:
-                bounds.append(gradient_bound(b, gradient_terms(work, model, batch, world_size, grad)))
-            else:
-                set_flat_grads(model, (grad.double() + perturb[1] * perturb[0][step]).float())   # sign * bound: exact
+                bounds.append(gradient_bound(b, gradient_terms(work, model, batch, world_size, grad),
+                                             unit_roundoff=roundoff(grad.dtype)))
+            else:                                                                     # sign * bound: exact
+                set_flat_grads(model, (grad.double() + perturb[1] * perturb[0][step]).to(grad.dtype))
             opt.step()
     return OneProcessRun(grad0=grad0, params=flat(trainable(model)), frozen=start_frozen, grad_bounds=tuple(bounds))
 
@@ -202,8 +209,9 @@ def probe_displacement(work: Workload, reference: OneProcessRun) -> float:
 
 def param_tolerance(work: Workload, reference: OneProcessRun) -> float:
     """Allowed max |difference| of the final parameters from the reference's (measured; see the module doc):
-    probe_displacement + steps * u * max|theta|."""
-    return probe_displacement(work, reference) + work.steps * costs.FLOAT32_ROUNDOFF * float(reference.params.abs().max())
+    probe_displacement + steps * u * max|theta|, u the parameters' unit roundoff."""
+    u = roundoff(reference.params.dtype)
+    return probe_displacement(work, reference) + work.steps * u * float(reference.params.abs().max())
 
 
 PARAM_WHY = ("measured: one process moved by at most this when every gradient entry of its {steps} {optimizer} "

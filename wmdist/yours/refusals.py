@@ -121,23 +121,30 @@ def check_loss(model: nn.Module, loss: Loss, batch: Any, b: int) -> None:
                          "requires_grad_(False))")
 
 
-def require_float32(params: list[tuple[str, nn.Parameter]]) -> None:
-    """Every parameter float32: the byte formulas count 4-byte elements and the tolerances float32's roundoff.
+def require_float_dtype(params: list[tuple[str, nn.Parameter]]) -> torch.dtype:
+    """The parameters' one dtype, float32 or float64: the byte formulas count its element size and the
+    tolerances its unit roundoff (float64's 2^-53 makes them about 2^29 times tighter).
 
-    float64 would need every formula and bound in 8-byte elements and float64's roundoff; bfloat16 needs
-    float32 master weights and an optimizer step in float32 (mixed precision), a training loop of its own
-    that neither this package nor its torch counterparts here implement. Both are refused, with that reason.
+    bfloat16 and float16 are refused: training in them keeps float32 master weights and steps those in
+    float32 (mixed precision), a training loop of its own that neither this package's runs nor their torch
+    counterparts here implement, with other rounding bounds. A model mixing dtypes is refused too (one flat
+    vector, one element size).
     """
+    dtypes = {p.dtype for _, p in params}
     for name, p in params:
-        if p.dtype == torch.float32:
+        if p.dtype in (torch.float32, torch.float64):
             continue
         if p.dtype in (torch.bfloat16, torch.float16):
             why = (f"{p.dtype} training keeps float32 master weights and steps them in float32 (mixed "
                    "precision), which wmdist.yours does not implement")
         else:
-            why = "the byte formulas count 4-byte elements and the tolerances use float32's unit roundoff"
-        raise ValueError(f"parameter {name} is {p.dtype}; wmdist.yours trains float32 parameters only: {why}. "
-                         "Build the model in float32 (model().float())")
+            why = "the runs and their rounding bounds are for floating-point parameters"
+        raise ValueError(f"parameter {name} is {p.dtype}; wmdist.yours trains float32 or float64 parameters "
+                         f"only: {why}. Build the model in float32 (model().float())")
+    if len(dtypes) > 1:
+        raise ValueError(f"the parameters mix dtypes {sorted(str(d) for d in dtypes)}: wmdist.yours trains one "
+                         "flat vector of one dtype (float32 or float64); build the model in one")
+    return dtypes.pop()
 
 
 class _LikeDDP(nn.Module):

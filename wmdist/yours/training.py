@@ -59,10 +59,10 @@ class ReplicaResult:
     parent holds just to compare bytes), and from every rank the digest of its final parameters."""
     grad0: torch.Tensor | None           # (P,) the summed step-0 gradient it applied (rank 0)
     params: torch.Tensor | None          # (P,) its trainable parameters after the last step (rank 0)
-    frozen: torch.Tensor | None          # its frozen parameters after the last step, flat (rank 0)
     digest: str                          # refusals.digest of its final parameters, frozen ones too
     bytes_per_step: tuple[int, ...]      # ring bytes it sent in each step's gradient all-reduce
     rounds_per_step: tuple[int, ...]     # ring rounds of each step
+    frozen: torch.Tensor | None = None   # its frozen parameters after the last step, flat (rank 0)
 
 
 def replica_train(ctx: Context, spec: WorkloadSpec) -> ReplicaResult:
@@ -124,8 +124,8 @@ def init_zero(ctx: Context, spec: WorkloadSpec) -> ZeroRankState:
                     if not p.requires_grad})                                   # frozen: whole, as buffers are
     return ZeroRankState(stage=stage, numel=offset, start=start, stop=stop,
                          params=vector[start:stop].clone() if stage == 3 else vector,
-                         grads=torch.zeros(offset if stage == 1 else stop - start),
-                         moments=[torch.zeros(stop - start) for _ in range(slots)], step=0,
+                         grads=torch.zeros(offset if stage == 1 else stop - start, dtype=vector.dtype),
+                         moments=[torch.zeros(stop - start, dtype=vector.dtype) for _ in range(slots)], step=0,
                          loss_module=_YourLoss(on_meta(model), work.loss, f"rank {ctx.rank}, our ZeRO-{stage}"), layout=layout, buffers=buffers)
 
 
@@ -167,8 +167,8 @@ class ZeroResult:
     chunk: torch.Tensor                           # this rank's element range of the final flat parameters
     grad0: torch.Tensor                           # its chunk of the summed step-0 gradient
     held: dict[str, int]                          # bytes by kind, between steps ("frozen": the frozen parameters)
-    frozen: torch.Tensor                          # its frozen parameters after the last step, flat
     phases: tuple[dict[str, dict[str, int]], ...]  # per step: ledger totals by phase
+    frozen: torch.Tensor | None = None            # its frozen parameters after the last step, flat
 
 
 def zero_train(ctx: Context, spec: WorkloadSpec) -> ZeroResult:

@@ -202,7 +202,7 @@ def fsdp2_unit_shard(spec: WorkloadSpec, indices: tuple[int, ...]) -> int:
 class FsdpTraffic:
     """What one FSDP2 rank sends in one training step (payload, as our counted collectives record it)."""
     gathers: int                 # all-gather calls
-    gather_bytes: int            # its shard of each gathered unit, 4 bytes an element
+    gather_bytes: int            # its shard of each gathered unit, spec.element_bytes an element
     scatters: int                # reduce-scatter calls: one per unit with a trainable parameter
     scatter_bytes: int           # the whole padded gradient of each such unit's trainable parameters (N shards)
 
@@ -224,4 +224,6 @@ def fsdp2_step_traffic(spec: WorkloadSpec, *, reshard: bool) -> FsdpTraffic:
         grads = tuple(i for i in idx if spec.trainable[i])
         scatters += bool(grads)
         scatter += fsdp2_unit_shard(spec, grads)
-    return FsdpTraffic(gathers=gathers, gather_bytes=4 * gather, scatters=scatters, scatter_bytes=4 * n * scatter)
+    size = spec.element_bytes
+    return FsdpTraffic(gathers=gathers, gather_bytes=size * gather, scatters=scatters,
+                       scatter_bytes=size * n * scatter)

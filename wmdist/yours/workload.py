@@ -14,7 +14,7 @@ refused here, with a ValueError or TypeError naming what was found (refusals.py)
 (the meta device, a GPU), a BatchNorm in training mode (it mixes the examples of a batch), dropout or
 any other randomness (each shard would draw other numbers), a forward that changes a parameter or a
 buffer, a NaN or inf in a batch or a step-0 loss, a trainable parameter that gets no gradient, a
-parameter that is not float32 (refusals.require_float32 says why), a loss of the
+parameter that is neither float32 nor float64, or a mix (refusals.require_float_dtype says why), a loss of the
 wrong shape, a batch world_size does not divide, and for data_parallel a loss that reaches into the
 model (model.enc(x)) instead of calling it (DDP sees only the call). Tied parameters (one weight in two layers) are one
 parameter everywhere: one flat-vector slot, one FSDP2 unit (the root's). A model that mixes examples
@@ -22,7 +22,8 @@ some other way (x - x.mean(0)) is not caught here: its Report fails, which is th
 
 Frozen parameters (requires_grad=False, as in fine-tuning) are kept whole and unchanged on every rank:
 never all-reduced, reduce-scattered or stepped, so P (spec.numel, the flat vector, every byte formula)
-counts the trainable elements only; at least one must train.
+counts the trainable elements only; at least one must train. float64 models run in float64 throughout:
+bytes are 8 an element and the tolerances use float64's unit roundoff.
 
 Functions defined in a notebook cell or a test are shipped to the ranks by value (cloudpickle), their
 module included, since a rank cannot import it.
@@ -146,6 +147,12 @@ class WorkloadSpec:
     shapes: tuple[tuple[int, ...], ...]                        # their shapes
     trainable: tuple[bool, ...]                                # requires_grad of each parameter
     units: tuple[tuple[str, tuple[int, ...]], ...]            # FSDP2 units: (module name, its params' indices)
+    dtype: torch.dtype = torch.float32                         # the parameters' dtype: float32 or float64
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one parameter element: 4 (float32) or 8 (float64), what every byte formula counts."""
+        return torch.finfo(self.dtype).bits // 8
 
     @property
     def numel(self) -> int:
@@ -215,7 +222,7 @@ def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
     params = list(model.named_parameters())
     if not params:
         raise ValueError("model() has no parameters: there is nothing to train")
-    refusals.require_float32(params)
+    dtype = refusals.require_float_dtype(params)
     if not any(p.requires_grad for _, p in params):
         raise ValueError("every parameter of model() is frozen (requires_grad=False): there is nothing to train")
     refusals.check_loss(model, work.loss, work.batch(0), sizes[0])
@@ -229,7 +236,7 @@ def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
         ship_by_value(fn)
     return WorkloadSpec(world_size=n, work=work, stage=stage, batch_sizes=tuple(sizes),
                         names=tuple(name for name, _ in params), shapes=tuple(tuple(p.shape) for _, p in params),
-                        trainable=tuple(p.requires_grad for _, p in params), units=_units(model))
+                        trainable=tuple(p.requires_grad for _, p in params), units=_units(model), dtype=dtype)
 
 
 def _units(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:

@@ -56,15 +56,16 @@ def ours_and_torch(ctx: Context, spec: WorkloadSpec) -> ZeroAndTorch:
 def _held(spec: WorkloadSpec, rank: int) -> dict[str, int]:
     work = spec.work
     slots = "adam" if work.optimizer == "adam" else ("momentum" if work.momentum else "sgd")
-    return per_rank_bytes(MemoryConfig(params=spec.numel, optimizer=slots, zero_stage=spec.stage,
-                                       dp=spec.world_size), rank=rank)
+    dtype = "fp64" if spec.element_bytes == 8 else "fp32"
+    return per_rank_bytes(MemoryConfig(params=spec.numel, param_dtype=dtype, optimizer=slots,
+                                       zero_stage=spec.stage, dp=spec.world_size), rank=rank)
 
 
 def _ring_counts(spec: WorkloadSpec, ours: list[ZeroResult]) -> list[Count]:
     n, numel, stage = spec.world_size, spec.numel, spec.stage
     rows = []
     for s in range(spec.work.steps):
-        predicted = [costs.zero_step_bytes(numel, n, r, stage) for r in range(n)]
+        predicted = [costs.zero_step_bytes(numel, n, r, stage, elem_size=spec.element_bytes) for r in range(n)]
         for phase in predicted[0]:
             rows += counts_per_rank("ring bytes sent", [o.phases[s].get(phase, {}).get("bytes_sent", 0) for o in ours],
                                     [p[phase] for p in predicted], phase=phase, step=s)
@@ -74,7 +75,7 @@ def _ring_counts(spec: WorkloadSpec, ours: list[ZeroResult]) -> list[Count]:
         rows += counts_per_rank("held bytes", [o.held[kind] for o in ours],
                                 [_held(spec, r)[kind] for r in range(n)], case=kind)
     if spec.frozen_numel:
-        rows += counts_per_rank("held bytes", [o.held["frozen"] for o in ours], [4 * spec.frozen_numel] * n,
+        rows += counts_per_rank("held bytes", [o.held["frozen"] for o in ours], [spec.element_bytes * spec.frozen_numel] * n,
                                 case="frozen parameters (whole on every rank)")
     return rows
 
@@ -84,7 +85,7 @@ def _torch_counts(spec: WorkloadSpec, theirs: list[TorchResult]) -> list[Count]:
     n, steps = spec.world_size, spec.work.steps
     if spec.stage == 1:
         return counts_per_rank("gradient all-reduce payload bytes", [t.sent["gradient all-reduce"] for t in theirs],
-                               [steps * spec.numel * 4] * n, phase="gradient all-reduce")
+                               [steps * spec.numel * spec.element_bytes] * n, phase="gradient all-reduce")
     step = fsdp2_step_traffic(spec, reshard=spec.stage == 3)
     rows = []
     for quantity, phase, key, each in (("all-gathers", "fsdp2/all-gather", "calls", step.gathers),
