@@ -170,3 +170,24 @@ def test_an_all_frozen_model_is_refused():
         return mlp().requires_grad_(False)
     with pytest.raises(ValueError, match="every parameter of model\\(\\) is frozen"):
         prepare(Workload(model=still, loss=mse, batch=lambda step: (X[step], Y[step])), 2)
+
+
+# --- tensor parallelism: what it splits, and where the course teaches it ------------------------
+
+@pytest.mark.parametrize("first,second", [(nn.Conv1d(5, 12, 1), nn.Linear(12, 3)),
+                                          (nn.Linear(5, 12), nn.Embedding(12, 3)),
+                                          (nn.Linear(5, 12).double(), nn.Linear(12, 3))])
+def test_tensor_parallel_names_the_pairs_it_splits_and_the_chapter(no_processes, first, second):
+    with pytest.raises(TypeError) as err:
+        tensor_parallel(first, second, torch.randn(4, 5))
+    text = str(err.value)
+    assert "nn.Linear split column-wise" in text and "nn.Linear split row-wise" in text
+    assert "elementwise activation" in text
+    assert "chapter 04" in text and "notebooks/04_tensor_parallel.ipynb" in text and "Megatron-LM's pairing" in text
+
+
+def test_the_chapter_04_section_the_error_names_exists():
+    import json
+    from pathlib import Path
+    nb = json.loads((Path(__file__).parents[1] / "notebooks" / "04_tensor_parallel.ipynb").read_text())
+    assert any("Megatron-LM's pairing" in "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")

@@ -153,17 +153,26 @@ def compare_pair(spec: LinearPairSpec, results: list[PairResult]) -> Verdict:
     return Verdict(checks=checks, exact=exact, params=params, data=full)
 
 
+PAIRS = ("tensor_parallel splits one pair only: first = nn.Linear split column-wise (by output features), an "
+         "elementwise activation, then second = nn.Linear split row-wise (by input features, the same hidden "
+         "units), as Megatron-LM splits an MLP; not a convolution, an attention, an embedding or a whole model. "
+         "Why the column -> row pairing needs no gather between the two: chapter 04, "
+         "notebooks/04_tensor_parallel.ipynb, its opening section ('Megatron-LM's pairing')")
+
+
 def pair_spec(first: nn.Linear, second: nn.Linear, x: torch.Tensor, *, world_size: int,
               activation: Callable[[torch.Tensor], torch.Tensor], seed: int) -> LinearPairSpec:
     """Check the layers, input and activation; draw dY from `seed`. ValueError/TypeError before any process."""
     for name, layer in (("first", first), ("second", second)):
         if not isinstance(layer, nn.Linear) or layer.weight.dtype != torch.float32:
-            raise TypeError(f"{name} must be a float32 nn.Linear, got {type(layer).__name__}")
+            got = type(layer).__name__ if not isinstance(layer, nn.Linear) else f"an nn.Linear of {layer.weight.dtype}"
+            raise TypeError(f"{name} must be a float32 nn.Linear, got {got}. {PAIRS}")
     n = costs.require_int("world_size", world_size, 1)
     costs.require_int("seed", seed, 0)
     hidden = first.out_features
     if second.in_features != hidden:
-        raise ValueError(f"second.in_features ({second.in_features}) must equal first.out_features ({hidden})")
+        raise ValueError(f"second.in_features ({second.in_features}) must equal first.out_features ({hidden}): "
+                         f"second reads the hidden units first writes. {PAIRS}")
     if n > hidden:
         raise ValueError(f"world_size {n} is more than first's {hidden} output features: a rank would hold none")
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() < 1 or x.shape[-1] != first.in_features:
