@@ -87,6 +87,27 @@ def test_zero_trains_a_frozen_layer_like_torch(stage):
     assert ring and any(c.measured != every[c.phase] for c in ring)
 
 
+def frozen_inside() -> nn.Module:
+    """Frozen weights gradients flow through: the middle layer's weight (its bias trains: one FSDP2 unit with
+    both kinds) and the last layer's bias."""
+    net = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 2))
+    net[2].weight.requires_grad_(False)
+    net[4].bias.requires_grad_(False)
+    return net
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_frozen_weights_inside_the_model(stage):
+    inside = Workload(model=frozen_inside, loss=mse, batch=lambda step: (X[step], Y[step]), optimizer="adam",
+                      lr=0.05)
+    assert prepare(inside, 2).numel == 5 * 6 + 6 + 4 + 4 * 2
+    report = data_parallel(inside, world_size=2) if stage == 0 else zero(inside, stage=3, world_size=2)
+    _assert_passes(report, frozen_checks=2)
+    if stage:
+        scatter = [c for c in report.exact if c.phase == "fsdp2/reduce-scatter" and "bytes" in c.quantity]
+        assert scatter and all(c.measured == 3 * 4 * (5 * 6 + 6 + 4 + 4 * 2) for c in scatter)  # padded: N | rows
+
+
 # --- dtypes ----------------------------------------------------------------------------------
 
 X64, Y64 = X.double(), Y.double()
