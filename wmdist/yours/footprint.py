@@ -23,7 +23,8 @@ torch's FSDP2 run is most of each rank's 584 MiB. The estimate for those two: 96
 above the parent's own torch) and 1473 MiB (measured 1530: within 4%; a 16.8M model's zero-3, about
 5.4 GiB, is refused under Binder's 2 GiB before it starts). `refuse_if_too_big` compares the estimate with the
 memory this process may still use (its cgroup's limit less its usage, v2 or v1, or MemAvailable,
-the least) before any process starts.
+the least) before any process starts. Frozen parameters are counted as trainable ones (an over-estimate:
+they have no gradient or optimizer state) and a float64 element as two float32 ones (dp_check.estimate).
 """
 from __future__ import annotations
 
