@@ -206,3 +206,27 @@ def test_the_benchmark_reports_cpu_time_per_move_beside_wall_time():
         assert stats["process_cpu_ms"] >= stats["cpu_ms"] - 0.1      # the process includes this thread; 0.1: rounding
     assert result["contended"]["given_up"] >= 0 and result["contended"]["moves"] == 2
     assert all("cpu_ms" in s for s in result["per_control"].values())
+
+
+@pytest.mark.parametrize("setting", [dict(), dict(stages=8, microbatches=3, unequal=True),
+                                     dict(schedule="interleaved", chunks=2, microbatches=4)])
+def test_the_slot_diagram_draws_as_one_broken_barh_per_rank_and_kind(setting):
+    """05's bars are one collection per kind; the picture is the one broken_barh per rank and kind gave."""
+    from wmdist.pipeline.bubble import BubbleConfig, bubble_view
+    from wmdist.pipeline.figures import COLORS, draw_slots
+    from wmdist.pipeline.schedules import FORWARD
+    view = bubble_view(BubbleConfig(**setting))
+    merged, reference = canvas_figure(600, 320), canvas_figure(600, 320)
+    draw_slots(merged, view)
+    draw_slots(reference, view)
+    ax = reference.axes[0]
+    assert len(ax.collections) == 2
+    for collection in list(ax.collections):
+        collection.remove()
+    for rank, timings in enumerate(view.sim.timings):     # zorder puts these under the tokens, as before
+        for kind, color in ((FORWARD, COLORS["forward"]), ("B", COLORS["backward"])):
+            bars = [(float(t.start), float(t.end - t.start)) for t in timings if t.action.kind == kind]
+            ax.broken_barh(bars, (rank - 0.4, 0.8), facecolors=color, edgecolor="k", linewidth=0.3)
+    ax.set_xlim(0, float(view.sim.makespan))
+    ax.set_ylim(view.schedule.stages - 0.5, -0.5)
+    assert np.array_equal(_pixels(to_png(merged)), _pixels(to_png(reference)))
