@@ -28,6 +28,7 @@ draws with matplotlib's own code from then on.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -90,7 +91,6 @@ class TextCachingRenderer(RendererAgg):
             cache.broken = True
             cache.layouts.clear()
             cache.glyphs.clear()
-            import warnings
             warnings.warn(f"wmdist.ui.fasttext: drawing text as matplotlib does ({type(err).__name__}: {err})",
                           RuntimeWarning, stacklevel=2)
             return super().draw_text(gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
