@@ -8,12 +8,13 @@ in a collapsed accordion) and `measure(config, progress)` for the button.
 The base wires everything else once, so all five panels behave alike:
 
 - A control change recomputes, draws the selected view into the figure it
-  drew last time (wmdist.ui.render: axes reused, PNG at screen size) and
-  only then sets the figure and the numbers, back to back, so the new
-  numbers never sit beside the old picture.
+  drew last time (wmdist.ui.render: axes reused, PNG at screen size; the
+  canvas keeps text layouts and glyphs, wmdist.ui.fasttext) and only then
+  sets the figure and the numbers, back to back, so the new numbers never
+  sit beside the old picture. The prefetcher draws the neighbours ahead and
+  gives way to a move at once (wmdist.ui.prefetch).
 - A panel with several plots shows one at a time, chosen by buttons above
-  the figure; every plot stays one click away and only the one on screen is
-  drawn, which is what keeps a slider move within ~100 ms.
+  the figure; only the one on screen is drawn.
 - A bad input shows its error and clears the figure, so nothing stale stays
   on screen looking current.
 - The run button shows progress, keeps the kernel alive on failure (the error
@@ -43,9 +44,11 @@ from matplotlib.figure import Figure
 
 from wmdist.ui.controls import CONTROL_WIDTH, controls_for
 from wmdist.ui.layout import WRAP, panel_layout
-from wmdist.ui.prefetch import Prefetcher, candidates
+from wmdist.ui.prefetch import Prefetcher, candidates, stable
 from wmdist.on_progress import OnProgress
-from wmdist.ui.render import FONT, canvas_figure, img_html, to_png
+from wmdist.ui.fasttext import fast_figure
+from wmdist.ui.garbage import settle_garbage
+from wmdist.ui.render import FONT, img_html, to_png
 from wmdist.ui.static import static_html, strip_tags
 
 
@@ -110,6 +113,7 @@ class Panel:
                         (self.selector, "views"), (self.details_box, "details")):
             w.add_class(f"wmdist-{name}")        # stable hooks for the real-browser test
         self.update()
+        settle_garbage()
 
     # --- what a subclass supplies ----------------------------------------------------
 
@@ -210,12 +214,23 @@ class Panel:
         return f"{view}|{fields!r}|{[stable(c.value) for c in self.extra.values()]!r}"
 
     def _render(self, figures: dict[str, Figure], view_name: str, config: Any, result: Any) -> tuple[Figure, bytes]:
-        view = self._views[view_name]
+        ahead = figures is self._ahead          # on the prefetcher's worker: checkpoints, see _render_ahead
         fig = figures.get(view_name)
         if fig is None:
-            fig = figures[view_name] = canvas_figure(view.width, view.height)
-        view.draw(fig, config, result)
+            view = self._views[view_name]
+            fig = figures[view_name] = fast_figure(view.width, view.height)
+            fig.canvas.checkpoint = self.prefetch.checkpoint if ahead else None
+        self._views[view_name].draw(fig, config, result)
+        if ahead:
+            self.prefetch.checkpoint()
         return fig, to_png(fig)
+
+    def _render_ahead(self, view_name: str, config: Any) -> bytes:
+        """One picture on the worker, given up (Superseded) at the first checkpoint after a change: after the
+        model, after the artists, and in the canvas before each thing it paints."""
+        result = self.compute(config)
+        self.prefetch.checkpoint()
+        return self._render(self._ahead, view_name, config, result)[1]
 
     def _draw(self) -> str:
         view = self.selector.value
@@ -237,8 +252,7 @@ class Panel:
                 config = self.read_config(change={name: value})
             except (ValueError, TypeError):
                 continue
-            jobs.append((self._key(view, config), lambda c=config: self._render(self._ahead, view, c,
-                                                                                  self.compute(c))[1]))
+            jobs.append((self._key(view, config), lambda c=config: self._render_ahead(view, c)))
         self.prefetch.schedule(jobs)
 
     def _report_progress(self, done: int, total: int, text: str) -> None:
@@ -284,7 +298,3 @@ class Panel:
             bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
         return bundle
 
-
-def stable(value: Any) -> Any:
-    """A float rounded to 12 significant digits (anything else as it is), for cache keys."""
-    return float(f"{value:.12g}") if isinstance(value, float) else value

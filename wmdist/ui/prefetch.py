@@ -10,17 +10,25 @@ message; any other move draws as before. Nothing is approximated: a cached
 picture is the same function of the same config, drawn the same way.
 
 The worker never touches a widget. Any new change, a run or a view switch
-bumps the panel's generation; the worker stops at the next picture and
-drops a picture it finished for an older generation. It lives only while it
-has pictures to draw (at most MAX_AHEAD), and it is not a daemon: a daemon
-thread stopped inside matplotlib's C++ code at interpreter exit aborts the
-process ("terminate called without an active exception"), while this one is
-simply waited for.
+bumps the panel's generation; the worker drops a picture it finished for an
+older generation. It must also get out of the way of the move being
+answered: with one interpreter lock, a worker still drawing the old
+neighbours takes turns with the main thread and doubled a move's time. So a
+render calls `checkpoint()` between its steps and the canvas calls it before
+each thing it paints (wmdist.ui.fasttext); after a cancel the next call
+raises `Superseded`, within about a millisecond of the worker's next turn,
+and the worker ends. It starts drawing START_DELAY_S after the change, so the
+kernel sends the answer of the move (on its IOPub thread) without it. It
+lives only while it has pictures to draw (at most MAX_AHEAD), and it is not
+a daemon: a daemon thread stopped inside matplotlib's C++ code at
+interpreter exit aborts the process ("terminate called without an active
+exception"), while this one is simply waited for.
 """
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -28,6 +36,11 @@ import ipywidgets as W
 
 MAX_CACHED = 64          # PNGs kept per panel (a few MB at most)
 MAX_AHEAD = 12           # pictures drawn ahead after one change
+START_DELAY_S = 0.015    # the worker's wait before its first picture: the kernel sends the move's answer first
+
+
+class Superseded(Exception):
+    """Raised in the worker by `Prefetcher.checkpoint()` once the picture it draws is for an old state."""
 
 
 def steps(control: W.ValueWidget) -> list[Any]:
@@ -72,6 +85,8 @@ class Prefetcher:
         self._lock = threading.Lock()
         self._jobs: list[tuple[str, Callable[[], bytes]]] = []
         self._thread: threading.Thread | None = None
+        self._drawing = -1                 # the generation of the picture the worker draws now
+        self.interrupted = 0               # pictures abandoned half drawn (for tests and the benchmark)
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
@@ -96,6 +111,11 @@ class Prefetcher:
                 self._thread = threading.Thread(target=self._work, name="wmdist-prefetch", daemon=False)
                 self._thread.start()
 
+    def checkpoint(self) -> None:
+        """In the worker, between steps of a picture: raise Superseded if a change came since it began."""
+        if self._drawing != self.generation and threading.current_thread() is self._thread:
+            raise Superseded
+
     def idle(self, *, timeout: float = 10.0) -> bool:
         """Wait until nothing is being drawn ahead (tests and benchmarks); False if still busy after `timeout`."""
         with self._lock:
@@ -105,15 +125,19 @@ class Prefetcher:
         return self._thread is None
 
     def _work(self) -> None:
+        time.sleep(START_DELAY_S)
         while True:
             with self._lock:
                 if not self._jobs:
                     self._thread = None
                     return
                 key, render = self._jobs.pop(0)
-                generation = self.generation
+                generation = self._drawing = self.generation
             try:
                 png = render()
+            except Superseded:
+                self.interrupted += 1
+                continue
             except Exception:            # a neighbour the model refuses: the learner gets the error when there
                 continue
             with self._lock:
@@ -121,3 +145,8 @@ class Prefetcher:
                     self._cache[key] = png
                     while len(self._cache) > MAX_CACHED:
                         self._cache.popitem(last=False)
+
+
+def stable(value: Any) -> Any:
+    """A float rounded to 12 significant digits (anything else as it is), for cache keys."""
+    return float(f"{value:.12g}") if isinstance(value, float) else value

@@ -61,8 +61,8 @@ def axes_grid(fig: Figure, *, rows: int = 1, cols: int = 1, margins: tuple[float
     if getattr(fig, "wmdist_grid", None) == key:
         for ax in fig.axes:
             empty(ax)
-        for text in list(fig.texts):
-            text.remove()
+        for artist in [*fig.texts, *fig.legends]:       # a figure legend left here would be drawn again on top
+            artist.remove()
         return list(fig.axes)
     fig.clear()
     left, right, bottom, top = margins
