@@ -52,7 +52,7 @@ class TextCache:
         self.hits = self.misses = 0
 
 
-class TextCachingRenderer(RendererAgg):
+class _TextCachingRenderer(RendererAgg):
     """RendererAgg whose plain-text drawing reuses the layouts and glyph bitmaps in `cache`."""
 
     def __init__(self, width: float, height: float, dpi: float, canvas: TextCachingCanvas) -> None:
@@ -157,7 +157,7 @@ class TextCachingCanvas(FigureCanvasAgg):
         w, h = self.get_width_height(physical=True)
         key = w, h, self.figure.dpi
         if self._lastKey != key:
-            self.renderer = TextCachingRenderer(w, h, self.figure.dpi, self)
+            self.renderer = _TextCachingRenderer(w, h, self.figure.dpi, self)
             self._lastKey = key
         return self.renderer
 
