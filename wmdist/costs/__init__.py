@@ -9,8 +9,9 @@ These formulas drive widgets and predict what the ledger must measure, so
 they are importable and testable without processes.
 """
 from wmdist.costs import collectives, diffusion, pipeline, ring_attention, rounding, scaling, scan, validate, zero
-from wmdist.costs.collectives import (allreduce_terms, allreduce_time, ring_all_gather_bytes, ring_allreduce_bytes,
-                                      ring_allreduce_ideal_bytes, ring_allreduce_rounds, ring_chunk_size,
+from wmdist.costs.collectives import (DEFAULT_RING_CHUNK_BYTES, allreduce_terms, allreduce_time,
+                                      ring_all_gather_bytes, ring_allreduce_bytes, ring_allreduce_ideal_bytes,
+                                      ring_allreduce_messages, ring_allreduce_rounds, ring_chunk_size,
                                       ring_chunk_sizes, ring_reduce_scatter_bytes)
 from wmdist.costs.pipeline import bubble_fraction
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF, reordered_sum_bound
@@ -18,9 +19,9 @@ from wmdist.costs.scaling import efficiency, speedup
 from wmdist.costs.validate import require_bool, require_choice, require_int, require_positive, require_real
 from wmdist.costs.zero import ZERO_STAGES, zero_step_bytes, zero_step_rounds
 
-__all__ = ["FLOAT32_ROUNDOFF", "FLOAT64_ROUNDOFF", "ZERO_STAGES", "allreduce_terms", "allreduce_time",
+__all__ = ["DEFAULT_RING_CHUNK_BYTES", "FLOAT32_ROUNDOFF", "FLOAT64_ROUNDOFF", "ZERO_STAGES", "allreduce_terms", "allreduce_time",
            "bubble_fraction", "collectives", "diffusion", "efficiency", "pipeline", "reordered_sum_bound",
            "require_bool", "require_choice", "require_int", "require_positive", "require_real",
-           "ring_all_gather_bytes", "ring_allreduce_bytes", "ring_allreduce_ideal_bytes", "ring_allreduce_rounds",
+           "ring_all_gather_bytes", "ring_allreduce_bytes", "ring_allreduce_ideal_bytes", "ring_allreduce_messages", "ring_allreduce_rounds",
            "ring_attention", "ring_chunk_size", "ring_chunk_sizes", "ring_reduce_scatter_bytes", "rounding",
            "scaling", "scan", "speedup", "validate", "zero", "zero_step_bytes", "zero_step_rounds"]

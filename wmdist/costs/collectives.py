@@ -1,4 +1,4 @@
-"""Ring collectives: exact bytes and rounds per rank, and the alpha-beta time model.
+"""Ring collectives: exact bytes, rounds and messages per rank, and the alpha-beta time model.
 
 Chunks follow torch.tensor_split's layout (`ring_chunk_sizes`), so lengths
 that N does not divide are counted exactly; the ledger must measure the same
@@ -76,6 +76,74 @@ def ring_allreduce_ideal_bytes(payload_bytes: float, world_size: int) -> float:
 def ring_allreduce_rounds(world_size: int) -> int:
     """Communication rounds of a ring all-reduce: N-1 per phase, two phases."""
     return 2 * (require_int("world_size", world_size, 1) - 1)
+
+
+# Pieces of at most this many bytes are what the hand-written ring sends (wmdist.comm.ring): a segment of
+# G/N bytes travels as ceil((G/N) / 256 KiB) messages, so the next piece is on the wire while this one is
+# added. The value was measured (issue 35 §4, `wmdist bench ring-vs-gloo`, 4 ranks, 16 MiB): 64 KiB pieces
+# pay too many Python round trips, 1 MiB and up leave too little to overlap; the numbers are in the
+# commit that set it. Every payload the course's chapters all-reduce is smaller than one piece per segment,
+# so their rings still send one message per round, as the text counts them.
+DEFAULT_RING_CHUNK_BYTES = 256 * 1024
+
+
+def ring_chunk_elems(chunk_bytes: int | None, elem_size: int = 4) -> int | None:
+    """Elements in one ring piece of at most `chunk_bytes` bytes (at least one element); None: no cutting."""
+    if chunk_bytes is None:
+        return None
+    chunk_bytes = require_int("chunk_bytes", chunk_bytes, 1)
+    return max(1, chunk_bytes // require_int("elem_size", elem_size, 1))
+
+
+def ring_pieces(numel: int, chunk_elems: int | None) -> int:
+    """Messages a ring segment of `numel` elements travels as: ceil(numel / chunk_elems), at least one.
+
+    The pieces are torch.tensor_split(segment, this many), so they differ by
+    at most one element and none is empty unless the segment is (an empty
+    segment is still sent, as one empty message). None: the whole segment.
+    """
+    numel = require_int("numel", numel, 0)
+    if chunk_elems is None:
+        return 1
+    return max(1, -(-numel // require_int("chunk_elems", chunk_elems, 1)))
+
+
+def _pieces_of_all_segments(numel: int, n: int, chunk_elems: int | None) -> int:
+    """Sum of ring_pieces over the N segments, in closed form (they have only two sizes)."""
+    base, extra = divmod(numel, n)
+    return extra * ring_pieces(base + 1, chunk_elems) + (n - extra) * ring_pieces(base, chunk_elems)
+
+
+def ring_reduce_scatter_messages(numel: int, world_size: int, rank: int, *,
+                                 chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES, elem_size: int = 4) -> int:
+    """Messages rank `rank` sends in a ring reduce-scatter: the pieces of every segment but its own.
+
+    N-1 when no segment is cut (chunk_bytes None, or segments of at most one piece).
+    """
+    n = require_int("world_size", world_size, 1)
+    e = ring_chunk_elems(chunk_bytes, elem_size)
+    own = ring_chunk_size(numel, n, require_int("rank", rank, 0, high=n - 1))
+    return 0 if n == 1 else _pieces_of_all_segments(numel, n, e) - ring_pieces(own, e)
+
+
+def ring_all_gather_messages(numel: int, world_size: int, rank: int, *,
+                             chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES, elem_size: int = 4) -> int:
+    """Messages rank `rank` sends in a ring all-gather: the pieces of every segment but its right neighbour's."""
+    n = require_int("world_size", world_size, 1)
+    e = ring_chunk_elems(chunk_bytes, elem_size)
+    right = ring_chunk_size(numel, n, (require_int("rank", rank, 0, high=n - 1) + 1) % n)
+    return 0 if n == 1 else _pieces_of_all_segments(numel, n, e) - ring_pieces(right, e)
+
+
+def ring_allreduce_messages(numel: int, world_size: int, rank: int, *,
+                            chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES, elem_size: int = 4) -> int:
+    """Messages one rank sends in a ring all-reduce: 2(N-1)C when every segment is cut into C pieces.
+
+    Cutting changes the count of messages only: the bytes stay
+    ring_allreduce_bytes, and the rounds (ledger records) stay 2(N-1).
+    """
+    return (ring_reduce_scatter_messages(numel, world_size, rank, chunk_bytes=chunk_bytes, elem_size=elem_size)
+            + ring_all_gather_messages(numel, world_size, rank, chunk_bytes=chunk_bytes, elem_size=elem_size))
 
 
 def allreduce_time(world_size: int, alpha: float, beta: float, payload_bytes: float) -> float:

@@ -1,0 +1,129 @@
+"""The rounds of the hand-written ring, pipelined: each segment travels as pieces, and a piece is
+sent on as soon as it is ready.
+
+A ring phase has N-1 rounds; in round s a rank sends one segment (G/N) right and receives one from
+the left. Sent whole, a segment's reduction cannot start before its last byte has arrived, and its
+forwarding cannot start before the reduction is done, so the wire and the adder take turns. Cut into
+C pieces (`costs.ring_pieces`: at most `chunk_bytes` each, torch.tensor_split's layout, the same on
+the sender and the receiver), piece c is added while piece c+1 is still arriving, and it is sent on
+to the right (the next round's piece c) while piece c+1 is being added. Receives are posted before
+the left neighbour can send (gloo's TCP transport sends a message only once its receive is posted):
+in the all-gather every receive at once, straight into the output; in the reduce-scatter two
+rounds ahead, into two halves of the rank's reusable receive buffer (ctx.scratch).
+
+Bytes do not change: every piece of a segment is sent once, so the ledger still holds exactly
+`costs.ring_allreduce_bytes`. Each round is still one ledger record (its segment's bytes), with
+`messages` = the pieces it sent (`costs.ring_allreduce_messages`). A record's sends may have been
+posted during the round before it: that is the overlap. Elementwise, every entry is still summed in
+the same order (ring order, from the rank after its owner), so pieces change no bit of the result.
+
+Messages between two ranks on one tag are matched in the order they were posted (gloo keeps a
+queue per peer and tag), which is what lets several receives from the left wait at once.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from wmdist import costs
+from wmdist.comm.context import Context
+from wmdist.comm.ledger import counted
+from wmdist.comm.p2p import global_rank, nbytes
+
+
+def pieces(segment: torch.Tensor, chunk_elems: int | None) -> list[torch.Tensor]:
+    """The views a 1-D segment is sent as: costs.ring_pieces(numel, chunk_elems) of them."""
+    return list(torch.tensor_split(segment, costs.collectives.ring_pieces(segment.numel(), chunk_elems)))
+
+
+class _Ring:
+    """One rank's place in a ring for one phase: its neighbours, and the sends still in flight."""
+
+    def __init__(self, ctx: Context, rank: int, n: int, phase: str, group: dist.ProcessGroup | None):
+        self.ctx, self.phase, self.group = ctx, phase, group
+        self.right, self.left = (rank + 1) % n, (rank - 1) % n
+        self.sends: list = []
+
+    def recv(self, piece: torch.Tensor) -> tuple[object, torch.Tensor]:
+        """Post a receive of the left neighbour's next piece into `piece`: (its work, the piece)."""
+        return dist.irecv(piece, global_rank(self.group, self.left), group=self.group), piece
+
+    def send(self, piece: torch.Tensor) -> None:
+        """Post a send of `piece` to the right neighbour, without waiting for it."""
+        self.sends.append(dist.isend(piece, global_rank(self.group, self.right), group=self.group))
+
+    @contextlib.contextmanager
+    def round(self, out: torch.Tensor, incoming: torch.Tensor, messages: int) -> Iterator[None]:
+        """One counted round: segment `out` went right (as `messages` pieces), `incoming` came from the left."""
+        with counted(self.ctx, "ring round", self.phase, sent=nbytes(out), recv=nbytes(incoming), kind="p2p",
+                     peer=self.right, src=self.left, messages=messages):
+            yield
+
+    def finish(self) -> None:
+        """Wait until every piece this rank sent has left."""
+        self.ctx.ledger.enter(f"wait for {len(self.sends)} ring send(s) [phase {self.phase!r}]")
+        for work in self.sends:
+            work.wait()
+        self.ctx.ledger.leave()
+
+
+def reduce_scatter_rounds(ctx: Context, segments: list[torch.Tensor], rank: int, n: int, phase: str,
+                          group: dist.ProcessGroup | None, chunk_elems: int | None) -> None:
+    """Sum the N segments around the ring in place; afterwards segments[rank] holds the full sum.
+
+    Round s sends partial segment (r-s-1) right and receives segment (r-s-2) from the left, adding
+    each piece as it lands and sending it straight on (it is round s+1's outgoing piece).
+    """
+    if n == 1:
+        return
+    ring = _Ring(ctx, rank, n, phase, group)
+    sent = lambda s: (rank - s - 1) % n                    # noqa: E731 - the segment sent in round s
+    parts = [pieces(seg, chunk_elems) for seg in segments]
+    width = max(seg.numel() for seg in segments)
+    scratch = ctx.scratch(2 * width, dtype=segments[0].dtype)
+
+    def post(s: int) -> list[tuple[object, torch.Tensor]]:
+        """Receive round s's pieces into half s % 2 of the scratch, cut as the sender cuts them."""
+        slot = scratch[(s % 2) * width:][: segments[sent(s + 1)].numel()]
+        return [ring.recv(p) for p in pieces(slot, chunk_elems)]
+
+    pending = {s: post(s) for s in range(min(2, n - 1))}
+    for piece in parts[sent(0)]:                           # round 0 sends this rank's own input
+        ring.send(piece)
+    for s in range(n - 1):
+        with ring.round(segments[sent(s)], segments[sent(s + 1)], len(parts[sent(s)])):
+            for (work, landed), mine in zip(pending.pop(s), parts[sent(s + 1)]):
+                work.wait()
+                mine += landed
+                if s + 1 < n - 1:
+                    ring.send(mine)
+        if s + 2 < n - 1:
+            pending[s + 2] = post(s + 2)                   # round s's half of the scratch is free again
+    ring.finish()
+
+
+def all_gather_rounds(ctx: Context, segments: list[torch.Tensor], rank: int, n: int, phase: str,
+                      group: dist.ProcessGroup | None, chunk_elems: int | None) -> None:
+    """Spread segment r of every rank r to all ranks, in place.
+
+    Round s forwards segment (r-s) right and receives segment (r-s-1) from the left; each piece is
+    forwarded as soon as it has landed. Every receive is posted first, straight into its place.
+    """
+    if n == 1:
+        return
+    ring = _Ring(ctx, rank, n, phase, group)
+    got = lambda s: (rank - s - 1) % n                     # noqa: E731 - the segment received in round s
+    parts = [pieces(seg, chunk_elems) for seg in segments]
+    pending = [[ring.recv(p) for p in parts[got(s)]] for s in range(n - 1)]
+    for piece in parts[rank]:
+        ring.send(piece)
+    for s in range(n - 1):
+        with ring.round(segments[(rank - s) % n], segments[got(s)], len(parts[(rank - s) % n])):
+            for work, landed in pending[s]:
+                work.wait()
+                if s + 1 < n - 1:
+                    ring.send(landed)
+    ring.finish()
