@@ -31,7 +31,7 @@ DEFAULT_CHUNK_BYTES = costs.DEFAULT_RING_CHUNK_BYTES
 
 def _chunk_elems(chunk_bytes: int | None, tensor: torch.Tensor) -> int | None:
     """Elements per piece of `tensor`'s dtype (None: no cutting); a clear error for a bad `chunk_bytes`."""
-    return costs.collectives.ring_chunk_elems(chunk_bytes, tensor.element_size())
+    return costs.collectives.ring_chunk_elems(chunk_bytes, elem_size=tensor.element_size())
 
 
 def ring_reduce_scatter(ctx: Context, flat: torch.Tensor, *, phase: str = "reduce-scatter",

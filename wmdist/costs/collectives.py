@@ -87,7 +87,7 @@ def ring_allreduce_rounds(world_size: int) -> int:
 DEFAULT_RING_CHUNK_BYTES = 256 * 1024
 
 
-def ring_chunk_elems(chunk_bytes: int | None, elem_size: int = 4) -> int | None:
+def ring_chunk_elems(chunk_bytes: int | None, *, elem_size: int = 4) -> int | None:
     """Elements in one ring piece of at most `chunk_bytes` bytes (at least one element); None: no cutting."""
     if chunk_bytes is None:
         return None
@@ -121,7 +121,7 @@ def ring_reduce_scatter_messages(numel: int, world_size: int, rank: int, *,
     N-1 when no segment is cut (chunk_bytes None, or segments of at most one piece).
     """
     n = require_int("world_size", world_size, 1)
-    e = ring_chunk_elems(chunk_bytes, elem_size)
+    e = ring_chunk_elems(chunk_bytes, elem_size=elem_size)
     own = ring_chunk_size(numel, n, require_int("rank", rank, 0, high=n - 1))
     return 0 if n == 1 else _pieces_of_all_segments(numel, n, e) - ring_pieces(own, e)
 
@@ -130,7 +130,7 @@ def ring_all_gather_messages(numel: int, world_size: int, rank: int, *,
                              chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES, elem_size: int = 4) -> int:
     """Messages rank `rank` sends in a ring all-gather: the pieces of every segment but its right neighbour's."""
     n = require_int("world_size", world_size, 1)
-    e = ring_chunk_elems(chunk_bytes, elem_size)
+    e = ring_chunk_elems(chunk_bytes, elem_size=elem_size)
     right = ring_chunk_size(numel, n, (require_int("rank", rank, 0, high=n - 1) + 1) % n)
     return 0 if n == 1 else _pieces_of_all_segments(numel, n, e) - ring_pieces(right, e)
 
