@@ -7,9 +7,10 @@ forwarding cannot start before the reduction is done, so the wire and the adder 
 C pieces (`costs.ring_pieces`: at most `chunk_bytes` each, torch.tensor_split's layout, the same on
 the sender and the receiver), piece c is added while piece c+1 is still arriving, and it is sent on
 to the right (the next round's piece c) while piece c+1 is being added. Receives are posted before
-the left neighbour can send (gloo's TCP transport sends a message only once its receive is posted):
-in the all-gather every receive at once, straight into the output; in the reduce-scatter two
-rounds ahead, into two halves of the rank's reusable receive buffer (ctx.scratch).
+the left neighbour can send (gloo's TCP transport sends a message only once its receive is posted),
+two rounds ahead: in the all-gather straight into the output, in the reduce-scatter into two
+halves of the rank's reusable receive buffer (ctx.scratch). Two rounds, not all: every op in
+flight costs the runtime's message audit a little on each later post and wait.
 
 Bytes do not change: every piece of a segment is sent once, so the ledger still holds exactly
 `costs.ring_allreduce_bytes`. Each round is still one ledger record (its segment's bytes), with
@@ -110,20 +111,23 @@ def all_gather_rounds(ctx: Context, segments: list[torch.Tensor], rank: int, n: 
     """Spread segment r of every rank r to all ranks, in place.
 
     Round s forwards segment (r-s) right and receives segment (r-s-1) from the left; each piece is
-    forwarded as soon as it has landed. Every receive is posted first, straight into its place.
+    forwarded as soon as it has landed. Receives are posted two rounds ahead, straight into place.
     """
     if n == 1:
         return
     ring = _Ring(ctx, rank, n, phase, group)
     got = lambda s: (rank - s - 1) % n                     # noqa: E731 - the segment received in round s
     parts = [pieces(seg, chunk_elems) for seg in segments]
-    pending = [[ring.recv(p) for p in parts[got(s)]] for s in range(n - 1)]
+    post = lambda s: [ring.recv(p) for p in parts[got(s)]]  # noqa: E731 - round s's receives, in place
+    pending = {s: post(s) for s in range(min(2, n - 1))}
     for piece in parts[rank]:
         ring.send(piece)
     for s in range(n - 1):
         with ring.round(segments[(rank - s) % n], segments[got(s)], len(parts[(rank - s) % n])):
-            for work, landed in pending[s]:
+            for work, landed in pending.pop(s):
                 work.wait()
                 if s + 1 < n - 1:
                     ring.send(landed)
+        if s + 2 < n - 1:
+            pending[s + 2] = post(s + 2)
     ring.finish()
