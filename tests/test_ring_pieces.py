@@ -123,11 +123,16 @@ def test_messages_are_two_n_minus_one_times_c_when_n_c_divides():
     assert coll.ring_allreduce_messages(10 ** 6, 4, 1, chunk_bytes=None) == costs.ring_allreduce_rounds(4)
 
 
-def test_the_courses_payloads_are_one_piece_per_chunk_at_the_default():
-    """Chapter 01's gradient (2,105 floats) and ring demo (100,003 floats) send one message per round."""
-    for numel in (2105, 100_003):
+def test_the_default_sends_one_message_per_round_as_the_text_counts():
+    """The measured default (costs.DEFAULT_RING_CHUNK_BYTES) does not cut: 2(N-1) messages for any payload."""
+    for numel in (2105, 100_003, 2 ** 26):
         for n in range(2, 9):
             assert [coll.ring_allreduce_messages(numel, n, r) for r in range(n)] == [costs.ring_allreduce_rounds(n)] * n
+
+    def default_ring(ctx):
+        ring_all_reduce(ctx, torch.ones(3 * 2 ** 20))          # 12 MiB: cut at any piece size up to 4 MiB
+        return ctx.ledger.totals()["messages"]
+    assert run(default_ring, 3) == [coll.ring_allreduce_messages(3 * 2 ** 20, 3, r) for r in range(3)] == [4] * 3
 
 
 @pytest.mark.parametrize("bad", [0, -4, 1.5, True, "256k"])

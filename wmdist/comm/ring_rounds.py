@@ -19,7 +19,11 @@ posted during the round before it: that is the overlap. Elementwise, every entry
 the same order (ring order, from the rank after its owner), so pieces change no bit of the result.
 
 Messages between two ranks on one tag are matched in the order they were posted (gloo keeps a
-queue per peer and tag), which is what lets several receives from the left wait at once.
+queue per peer and tag), which is what lets several receives from the left wait at once. The two
+phases use two tags, so an all-reduce can post its all-gather's first receives before its
+reduce-scatter begins, and send each piece of its finished chunk on the moment it is summed: the
+phases overlap too. (No message of the all-gather can land early: a chunk arrives only once its
+sum is complete, and that sum needed this rank's last send of it.)
 """
 from __future__ import annotations
 
@@ -40,21 +44,24 @@ def pieces(segment: torch.Tensor, chunk_elems: int | None) -> list[torch.Tensor]
     return list(torch.tensor_split(segment, costs.collectives.ring_pieces(segment.numel(), chunk_elems)))
 
 
-class _Ring:
-    """One rank's place in a ring for one phase: its neighbours, and the sends still in flight."""
+REDUCE_SCATTER_TAG, ALL_GATHER_TAG = 0, 1     # one matching queue per phase (see the module docstring)
 
-    def __init__(self, ctx: Context, rank: int, n: int, phase: str, group: dist.ProcessGroup | None):
-        self.ctx, self.phase, self.group = ctx, phase, group
+
+class _Ring:
+    """One rank's place in a ring for one phase: its neighbours, its tag, and the sends still in flight."""
+
+    def __init__(self, ctx: Context, rank: int, n: int, phase: str, group: dist.ProcessGroup | None, tag: int):
+        self.ctx, self.phase, self.group, self.tag = ctx, phase, group, tag
         self.right, self.left = (rank + 1) % n, (rank - 1) % n
         self.sends: list = []
 
     def recv(self, piece: torch.Tensor) -> tuple[object, torch.Tensor]:
         """Post a receive of the left neighbour's next piece into `piece`: (its work, the piece)."""
-        return dist.irecv(piece, global_rank(self.group, self.left), group=self.group), piece
+        return dist.irecv(piece, global_rank(self.group, self.left), group=self.group, tag=self.tag), piece
 
     def send(self, piece: torch.Tensor) -> None:
         """Post a send of `piece` to the right neighbour, without waiting for it."""
-        self.sends.append(dist.isend(piece, global_rank(self.group, self.right), group=self.group))
+        self.sends.append(dist.isend(piece, global_rank(self.group, self.right), group=self.group, tag=self.tag))
 
     @contextlib.contextmanager
     def round(self, out: torch.Tensor, incoming: torch.Tensor, messages: int) -> Iterator[None]:
@@ -71,16 +78,64 @@ class _Ring:
         self.ctx.ledger.leave()
 
 
+class AllGather:
+    """A ring all-gather of `segments` in place: posted receives first (`__init__`), then `run`.
+
+    Made before a reduce-scatter, it has its first two rounds' receives waiting while the sums
+    are built, and `send_own` lets the reduce-scatter send each piece of this rank's finished
+    segment as soon as it is summed (round 0's sends).
+    """
+
+    def __init__(self, ctx: Context, segments: list[torch.Tensor], rank: int, n: int, phase: str,
+                 group: dist.ProcessGroup | None, chunk_elems: int | None):
+        self.segments, self.rank, self.n = segments, rank, n
+        self.ring = _Ring(ctx, rank, n, phase, group, ALL_GATHER_TAG)
+        self.parts = [pieces(seg, chunk_elems) for seg in segments]
+        self.pending = {s: self._post(s) for s in range(min(2, n - 1))}
+
+    def _got(self, s: int) -> int:
+        """The segment received in round s (and sent on in round s+1)."""
+        return (self.rank - s - 1) % self.n
+
+    def _post(self, s: int) -> list[tuple[object, torch.Tensor]]:
+        return [self.ring.recv(p) for p in self.parts[self._got(s)]]
+
+    def send_own(self, piece: torch.Tensor) -> None:
+        """Round 0: send one piece of this rank's own segment right."""
+        self.ring.send(piece)
+
+    def run(self, *, own_sent: bool = False) -> None:
+        """The N-1 rounds; round 0's pieces are sent here unless `send_own` already sent them all."""
+        n, ring = self.n, self.ring
+        if n == 1:
+            return
+        if not own_sent:
+            for piece in self.parts[self.rank]:
+                ring.send(piece)
+        for s in range(n - 1):
+            with ring.round(self.segments[(self.rank - s) % n], self.segments[self._got(s)],
+                            len(self.parts[(self.rank - s) % n])):
+                for work, landed in self.pending.pop(s):
+                    work.wait()
+                    if s + 1 < n - 1:
+                        ring.send(landed)
+            if s + 2 < n - 1:
+                self.pending[s + 2] = self._post(s + 2)      # two rounds ahead, straight into place
+        ring.finish()
+
+
 def reduce_scatter_rounds(ctx: Context, segments: list[torch.Tensor], rank: int, n: int, phase: str,
-                          group: dist.ProcessGroup | None, chunk_elems: int | None) -> None:
+                          group: dist.ProcessGroup | None, chunk_elems: int | None, *,
+                          then: AllGather | None = None) -> None:
     """Sum the N segments around the ring in place; afterwards segments[rank] holds the full sum.
 
     Round s sends partial segment (r-s-1) right and receives segment (r-s-2) from the left, adding
-    each piece as it lands and sending it straight on (it is round s+1's outgoing piece).
+    each piece as it lands and sending it straight on (it is round s+1's outgoing piece). In the
+    last round the landed pieces complete segment r: with `then`, each goes on as `then`'s round 0.
     """
     if n == 1:
         return
-    ring = _Ring(ctx, rank, n, phase, group)
+    ring = _Ring(ctx, rank, n, phase, group, REDUCE_SCATTER_TAG)
     sent = lambda s: (rank - s - 1) % n                    # noqa: E731 - the segment sent in round s
     parts = [pieces(seg, chunk_elems) for seg in segments]
     width = max(seg.numel() for seg in segments)
@@ -95,39 +150,13 @@ def reduce_scatter_rounds(ctx: Context, segments: list[torch.Tensor], rank: int,
     for piece in parts[sent(0)]:                           # round 0 sends this rank's own input
         ring.send(piece)
     for s in range(n - 1):
+        onward = ring.send if s + 1 < n - 1 else then.send_own if then is not None else None
         with ring.round(segments[sent(s)], segments[sent(s + 1)], len(parts[sent(s)])):
             for (work, landed), mine in zip(pending.pop(s), parts[sent(s + 1)]):
                 work.wait()
                 mine += landed
-                if s + 1 < n - 1:
-                    ring.send(mine)
+                if onward is not None:
+                    onward(mine)
         if s + 2 < n - 1:
             pending[s + 2] = post(s + 2)                   # round s's half of the scratch is free again
-    ring.finish()
-
-
-def all_gather_rounds(ctx: Context, segments: list[torch.Tensor], rank: int, n: int, phase: str,
-                      group: dist.ProcessGroup | None, chunk_elems: int | None) -> None:
-    """Spread segment r of every rank r to all ranks, in place.
-
-    Round s forwards segment (r-s) right and receives segment (r-s-1) from the left; each piece is
-    forwarded as soon as it has landed. Receives are posted two rounds ahead, straight into place.
-    """
-    if n == 1:
-        return
-    ring = _Ring(ctx, rank, n, phase, group)
-    got = lambda s: (rank - s - 1) % n                     # noqa: E731 - the segment received in round s
-    parts = [pieces(seg, chunk_elems) for seg in segments]
-    post = lambda s: [ring.recv(p) for p in parts[got(s)]]  # noqa: E731 - round s's receives, in place
-    pending = {s: post(s) for s in range(min(2, n - 1))}
-    for piece in parts[rank]:
-        ring.send(piece)
-    for s in range(n - 1):
-        with ring.round(segments[(rank - s) % n], segments[got(s)], len(parts[(rank - s) % n])):
-            for work, landed in pending.pop(s):
-                work.wait()
-                if s + 1 < n - 1:
-                    ring.send(landed)
-        if s + 2 < n - 1:
-            pending[s + 2] = post(s + 2)
     ring.finish()

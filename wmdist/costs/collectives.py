@@ -78,13 +78,17 @@ def ring_allreduce_rounds(world_size: int) -> int:
     return 2 * (require_int("world_size", world_size, 1) - 1)
 
 
-# Pieces of at most this many bytes are what the hand-written ring sends (wmdist.comm.ring): a segment of
-# G/N bytes travels as ceil((G/N) / 256 KiB) messages, so the next piece is on the wire while this one is
-# added. The value was measured (issue 35 §4, `wmdist bench ring-vs-gloo`, 4 ranks, 16 MiB): 64 KiB pieces
-# pay too many Python round trips, 1 MiB and up leave too little to overlap; the numbers are in the
-# commit that set it. Every payload the course's chapters all-reduce is smaller than one piece per segment,
-# so their rings still send one message per round, as the text counts them.
-DEFAULT_RING_CHUNK_BYTES = 256 * 1024
+# How the hand-written ring (wmdist.comm.ring) cuts each chunk for the wire: None sends each chunk as one
+# message, an int cuts it into pieces of at most that many bytes (ceil(|chunk| / piece) messages), so
+# that adding one piece overlaps receiving the next. The default is what measured fastest against gloo
+# (issue 35 §4; median of paired gloo/ring time ratios, 4 ranks on this 2-core machine while it was
+# loaded, 1-min load 10-25): at 16 MiB, uncut 1.00x, 2 MiB pieces 0.96x, 1 MiB 0.83x, 512 KiB 0.83x
+# (6 runs x 41 pairs); at 64 MiB uncut 0.48-0.50x, every cut size lower (0.27-0.44x). Each message costs
+# a rank about 20 us of CPU (Python, gloo's rendezvous, a wake-up), and with more ranks than cores no
+# core sits idle for the overlap to use, so cutting paid for itself at no size measured. What made
+# the ring faster (0.87x before, same runs) is that its receives wait before the left neighbour sends
+# (comm/ring_rounds.py). With cores to spare, try pieces: `chunk_bytes=` on every ring function.
+DEFAULT_RING_CHUNK_BYTES: int | None = None
 
 
 def ring_chunk_elems(chunk_bytes: int | None, *, elem_size: int = 4) -> int | None:
