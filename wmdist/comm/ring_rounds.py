@@ -1,16 +1,18 @@
-"""The rounds of the hand-written ring, pipelined: each segment travels as pieces, and a piece is
-sent on as soon as it is ready.
+"""The rounds of the hand-written ring, pipelined: receives wait before their messages are sent,
+the two phases overlap, and a segment can travel as pieces.
 
 A ring phase has N-1 rounds; in round s a rank sends one segment (G/N) right and receives one from
-the left. Sent whole, a segment's reduction cannot start before its last byte has arrived, and its
-forwarding cannot start before the reduction is done, so the wire and the adder take turns. Cut into
-C pieces (`costs.ring_pieces`: at most `chunk_bytes` each, torch.tensor_split's layout, the same on
-the sender and the receiver), piece c is added while piece c+1 is still arriving, and it is sent on
-to the right (the next round's piece c) while piece c+1 is being added. Receives are posted before
-the left neighbour can send (gloo's TCP transport sends a message only once its receive is posted),
-two rounds ahead: in the all-gather straight into the output, in the reduce-scatter into two
-halves of the rank's reusable receive buffer (ctx.scratch). Two rounds, not all: every op in
-flight costs the runtime's message audit a little on each later post and wait.
+the left. Receives are posted before the left neighbour can send (gloo's TCP transport sends a
+message only once its receive is posted; a late receive costs a round trip and two wake-ups), two
+rounds ahead: in the all-gather straight into the output, in the reduce-scatter into two halves of
+the rank's reusable receive buffer (ctx.scratch), so the next round's segment arrives while this
+one is added. Two rounds, not all: every op in flight costs the runtime's message audit a little
+on each later post and wait.
+
+With `chunk_elems` a segment is also cut into C pieces (`costs.ring_pieces`, torch.tensor_split's
+layout, the same on the sender and the receiver): piece c is added while piece c+1 is still
+arriving, and sent on to the right (the next round's piece c) before piece c+1 is added. Each
+message costs CPU, though, and the default does not cut (costs.DEFAULT_RING_CHUNK_BYTES says why).
 
 Bytes do not change: every piece of a segment is sent once, so the ledger still holds exactly
 `costs.ring_allreduce_bytes`. Each round is still one ledger record (its segment's bytes), with
