@@ -118,7 +118,8 @@ def test_messages_are_two_n_minus_one_times_c_when_n_c_divides():
     for n in (2, 3, 4):
         for c in (1, 2, 5):
             numel = n * c * 10                                   # segments of 10c floats, pieces of 10
-            assert [coll.ring_allreduce_messages(numel, n, r, chunk_bytes=40) for r in range(n)] == [2 * (n - 1) * c] * n
+            messages = [coll.ring_allreduce_messages(numel, n, r, chunk_bytes=40) for r in range(n)]
+            assert messages == [2 * (n - 1) * c] * n
     # uncut, or one piece per chunk: one message per round, as the text counts them
     assert coll.ring_allreduce_messages(10 ** 6, 4, 1, chunk_bytes=None) == costs.ring_allreduce_rounds(4)
 

@@ -7,9 +7,10 @@ message only once its receive is posted; a late receive costs a round trip and t
 the all-gather every round's at once, straight into the output (at most AllGather.AHEAD_PIECES
 pieces: every op in flight costs the runtime's message audit a little on each later post and
 wait); in the reduce-scatter two rounds ahead, into two halves of the rank's reusable receive
-buffer (ctx.scratch), so the next round's segment arrives while this one is added. Every all-gather receive
-at once measured a little faster than two rounds ahead (issue 35 §4, 16 MiB on 4 ranks, pooled
-paired ratios to gloo: 0.96x against 0.80x, 0.92x against 0.93x, 0.99x against 0.93x).
+buffer (ctx.scratch), so the next round's segment arrives while this one is added. Every
+all-gather receive at once measured a little faster than two rounds ahead (issue 35 §4, 16 MiB
+on 4 ranks, pooled paired ratios to gloo: 0.96x against 0.80x, 0.92x against 0.93x, 0.99x
+against 0.93x).
 
 With `chunk_elems` a segment is also cut into C pieces (`costs.ring_pieces`, torch.tensor_split's
 layout, the same on the sender and the receiver): piece c is added while piece c+1 is still
