@@ -82,12 +82,13 @@ def ring_allreduce_rounds(world_size: int) -> int:
 # message, an int cuts it into pieces of at most that many bytes (ceil(|chunk| / piece) messages), so
 # that adding one piece overlaps receiving the next. The default is what measured fastest against gloo
 # (issue 35 §4; median of paired gloo/ring time ratios, 4 ranks on this 2-core machine while it was
-# loaded, 1-min load 10-25): at 16 MiB, uncut 1.00x, 2 MiB pieces 0.96x, 1 MiB 0.83x, 512 KiB 0.83x
-# (6 runs x 41 pairs); at 64 MiB uncut 0.48-0.50x, every cut size lower (0.27-0.44x). Each message costs
-# a rank about 20 us of CPU (Python, gloo's rendezvous, a wake-up), and with more ranks than cores no
-# core sits idle for the overlap to use, so cutting paid for itself at no size measured. What made
-# the ring faster (0.87x before, same runs) is that its receives wait before the left neighbour sends
-# (comm/ring_rounds.py). With cores to spare, try pieces: `chunk_bytes=` on every ring function.
+# loaded, 1-min load 10-25, 6 runs x 41 pairs each): at 16 MiB, uncut 1.00x, 2 MiB pieces 0.96x,
+# 1 MiB 0.83x, 512 KiB 0.83x; with the variants' order rotated, uncut 1.01x, 2 MiB 1.01x, 1 MiB
+# 0.98x; at 64 MiB uncut 0.48-0.50x, every cut size lower (0.27-0.44x). Each message costs a rank
+# about 20 us of CPU (Python, gloo's rendezvous, a wake-up), and with more ranks than cores no core
+# sits idle for the overlap to use, so cutting paid for itself at no size measured. What made the
+# ring faster (0.87-0.92x before, same runs) is that its receives wait before the left neighbour
+# sends (comm/ring_rounds.py). With cores to spare, try pieces: `chunk_bytes=` on every ring function.
 DEFAULT_RING_CHUNK_BYTES: int | None = None
 
 
