@@ -5,6 +5,7 @@
     p2p.py          send, recv, isend, irecv (Pending handles), exchange
     collectives.py  all_reduce, all_gather, reduce_scatter, broadcast, all_to_all (+ _single, uneven), barrier
     ring.py         hand-written ring reduce-scatter, all-gather and all-reduce
+    ring_rounds.py  their rounds, pipelined: each chunk sent as pieces, added and forwarded as they land
     mesh.py         Mesh: which global rank sits at which (dp, cp, tp, pp) coordinate (pure)
 """
 from wmdist.comm.collectives import (all_gather, all_reduce, all_to_all, all_to_all_single, barrier, broadcast,

@@ -24,9 +24,10 @@ if TYPE_CHECKING:
     from wmdist.costs import (allreduce, collectives, compression, diffusion, experts, layout, mesh, pipeline,
                               pipeline_stages, ring_attention, rounding, scaling, scan, tensor_parallel, units,
                               validate, zero)
-    from wmdist.costs.collectives import (allreduce_terms, allreduce_time, ring_all_gather_bytes,
-                                          ring_allreduce_bytes, ring_allreduce_ideal_bytes, ring_allreduce_rounds,
-                                          ring_chunk_size, ring_chunk_sizes, ring_reduce_scatter_bytes)
+    from wmdist.costs.collectives import (DEFAULT_RING_CHUNK_BYTES, allreduce_terms, allreduce_time,
+                                          ring_all_gather_bytes, ring_allreduce_bytes, ring_allreduce_ideal_bytes,
+                                          ring_allreduce_messages, ring_allreduce_rounds, ring_chunk_size,
+                                          ring_chunk_sizes, ring_reduce_scatter_bytes)
     from wmdist.costs.pipeline import bubble_fraction
     from wmdist.costs.rounding import FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF, reordered_sum_bound
     from wmdist.costs.scaling import efficiency, speedup
@@ -39,9 +40,9 @@ TOPICS = ("allreduce", "collectives", "compression", "diffusion", "experts", "la
           "validate", "zero")
 # The formulas named at the top level, by the topic that defines them.
 _HOME = {
-    "collectives": ("allreduce_terms", "allreduce_time", "ring_all_gather_bytes", "ring_allreduce_bytes",
-                    "ring_allreduce_ideal_bytes", "ring_allreduce_rounds", "ring_chunk_size", "ring_chunk_sizes",
-                    "ring_reduce_scatter_bytes"),
+    "collectives": ("DEFAULT_RING_CHUNK_BYTES", "allreduce_terms", "allreduce_time", "ring_all_gather_bytes",
+                    "ring_allreduce_bytes", "ring_allreduce_ideal_bytes", "ring_allreduce_messages",
+                    "ring_allreduce_rounds", "ring_chunk_size", "ring_chunk_sizes", "ring_reduce_scatter_bytes"),
     "pipeline": ("bubble_fraction",),
     "rounding": ("FLOAT32_ROUNDOFF", "FLOAT64_ROUNDOFF", "reordered_sum_bound"),
     "scaling": ("efficiency", "speedup"),
