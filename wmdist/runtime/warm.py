@@ -12,7 +12,8 @@ kernels to close the pools they are not using, and a pool idle for
 `WMDIST_POOL_IDLE_S` closes by itself (outside a neighbourhood pools stay warm
 until the process ends, as before). Once a process has no pool left, its
 forkserver goes too. A pool that has to start again for either reason says so
-on stderr, once, when it starts.
+once, when it starts, as an ordinary note on stdout: it is news, not an error
+(on stderr JupyterLab showed it in a red box).
 """
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ class WarmPools:
         why = self._closed_why.pop(world_size, None)
         if why:
             print(f"wmdist: starting the {world_size}-rank pool again (it was {why}); this takes a few seconds",
-                  file=sys.stderr, flush=True)
+                  file=sys.stdout, flush=True)
         pool = Pool(world_size)
         with self._lock:
             self._pools[world_size] = pool    # before it starts, so shutdown() on a signal reaches its ranks
