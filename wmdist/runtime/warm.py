@@ -132,13 +132,15 @@ class WarmPools:
         cleanup.clean_up_on_exit_signals(self._on_exit_signal)
         cleanup.clean_up_on_kernel_shutdown(self._on_kernel_shutdown)
         self.neighbours.ask_others(within=timeout / 2)   # in a neighbourhood: the others give back idle ranks
-        self.neighbours.listen()
         why = self._closed_why.pop(world_size, None)
         if why:
             print(f"wmdist: starting the {world_size}-rank pool again (it was {why}); this takes a few seconds",
                   file=sys.stdout, flush=True)
         pool = Pool(world_size)
         with self._lock:
+            # Listening and holding the pool are one step under the lock close_idle decides under: a neighbour's
+            # request being answered now (its close seconds long) cannot stop the listener once this pool counts.
+            self.neighbours.listen()
             self._pools[world_size] = pool    # before it starts, so shutdown() on a signal reaches its ranks
         try:
             return pool.start(timeout=timeout)    # a cold call is bounded too: start, then the call itself
