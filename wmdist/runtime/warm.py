@@ -100,10 +100,10 @@ class WarmPools:
 
     def shutdown(self, *, grace: float = 2.0) -> None:
         """Close every pool (a call running in another thread then fails with RankFailure)."""
-        with self._lock:
+        with self._lock:                  # one step, as in _warm: no pool counted after this without a listener
             pools = list(self._pools.values())
             self._pools.clear()
-        self.neighbours.close()
+            self.neighbours.close()
         for pool in pools:
             pool.close(grace=grace)
 
