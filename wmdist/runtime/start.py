@@ -101,15 +101,15 @@ def drop_killed_forkserver() -> bool:
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
-    pid = getattr(server, "_forkserver_pid", None)
-    if not ending(pid):
-        return False
-    try:
-        server._stop()                                           # waits out its dying (it was killed)
-    except ChildProcessError:                                    # reaped by someone else: forget it by hand
-        with contextlib.suppress(OSError, TypeError):
-            os.unlink(server._forkserver_address)
-        server._forkserver_pid = server._forkserver_address = None
+    with server._lock:                   # looked at and dropped in one step: another thread may have started anew
+        if not ending(server._forkserver_pid):
+            return False
+        try:
+            server._stop_unlocked()                              # waits out its dying (it was killed)
+        except ChildProcessError:                                # reaped by someone else: forget it by hand
+            with contextlib.suppress(OSError, TypeError):
+                os.unlink(server._forkserver_address)
+            server._forkserver_pid = server._forkserver_address = None
     return True
 
 
