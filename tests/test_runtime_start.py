@@ -4,6 +4,7 @@ forkserver is told so and the next call recovers (issue 24, section 5)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -192,3 +193,45 @@ def test_a_call_that_kills_the_forkserver_is_told_so_and_later_calls_work():
     assert "with the forkserver that started the ranks" in message and "which has ended" in message
     for _ in range(2):                                          # a new forkserver, a new pool
         assert wmdist.run(lambda ctx: ctx.rank, 2, timeout=120) == [0, 1]
+
+
+# A forkserver killed from outside (the OOM killer, a learner's `kill`), then the very next calls: one on the warm
+# pool (whose ranks die with the forkserver a moment later) and one starting a pool of a new size.
+KILLED_FORKSERVER = """\
+import json, os, signal, sys, time
+import wmdist
+from multiprocessing import forkserver
+
+def parent(ctx):
+    time.sleep(1.0)                 # long enough for ranks doomed with their forkserver to die mid-call
+    return os.getppid()
+
+def kill_forkserver():
+    pid = forkserver._forkserver._forkserver_pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+out = []
+for size in (3, 4):
+    wmdist.run(parent, 2)                                   # a warm pool, and a live forkserver
+    out.append(["warm", kill_forkserver(), wmdist.run(parent, 2, timeout=120)])
+    out.append(["new", kill_forkserver(), wmdist.run(parent, size, timeout=120)])
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_the_call_right_after_the_forkserver_is_killed_runs_on_a_new_one():
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_FORKSERVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)                 # whatever it left (nothing, when it passes)
+        proc.communicate()
+    results = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and results, err[-3000:]
+    rounds = json.loads(results[0].split(" ", 1)[1])
+    assert [r[0] for r in rounds] == ["warm", "new"] * 2
+    for what, killed, parents in rounds:
+        assert len(set(parents)) == 1 and parents[0] != killed, f"{what}: ranks of the killed forkserver {killed}"

@@ -91,7 +91,27 @@ def _cmd_list() -> int:
     return 0
 
 
+INTERRUPTED = 130        # a shell's status for a command stopped by Ctrl-C (128 + SIGINT)
+
+
 def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`wmdist verify`; Ctrl-C (SIGINT) ends it with one line on stderr and status 130, not a traceback.
+
+    Nothing is left to say more: the call that was running has killed its ranks by then, and the
+    other warm pools and the forkserver go as the process exits (tests/test_cli_signals.py).
+    """
+    runs = [0, 0, False]      # runs begun, of how many, and whether a progress line is open on the terminal
+    try:
+        return _verify(args, parser, runs)
+    except KeyboardInterrupt:
+        if not under_torchrun() or os.environ.get("RANK") == "0":
+            where = f"in run {runs[0] + 1} of {runs[1]}" if runs[1] else "before any demo ran"
+            print(f"{chr(10) if runs[2] else ''}wmdist verify: interrupted {where}; nothing is reported",
+                  file=sys.stderr, flush=True)
+        return INTERRUPTED
+
+
+def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser, runs: list) -> int:
     unknown = [n for n in args.names if n not in {d.name for d in catalog.DEMOS}]
     if unknown:                        # answered before torch is imported
         parser.error(f"unknown demo(s): {', '.join(unknown)} (see `wmdist list`)")
@@ -112,9 +132,14 @@ def _cmd_verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     for why in prepared.left_out.values() if printing else ():
         print(f"left out: {why}", file=sys.stderr)
     quiet = under_torchrun() or not sys.stderr.isatty()
+
+    def progress(done: int, total: int, text: str) -> None:
+        runs[:] = [done, total, not quiet and done < total]
+        if not quiet:
+            _progress_line(done, total, text)
     # Every usage error was raised above, before any process started; from here a demo that
     # breaks is a FAIL row with its reason, and the other demos still run.
-    reports = verify(prepared=prepared, progress=None if quiet else _progress_line)
+    reports = verify(prepared=prepared, progress=progress)
     failed = any(not r.passed for r in reports)
     if printing:
         try:
@@ -193,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:          # e.g. `wmdist list | head`
         _discard_stdout()
         return 0
-    if under_torchrun():
+    if under_torchrun() and code != INTERRUPTED:       # interrupted, its peers may be gone: no barrier
         _leave_torchrun(code)
     return code
 

@@ -34,7 +34,7 @@ from wmdist.runtime.messages import (DRAIN_AT_LEAST_S, DRAIN_TIMEOUT_S, mismatch
                                      unmatched_collectives)
 from wmdist.runtime.rank import STATUS_BYTES, worker_main
 from wmdist.runtime.stuck import PostBoard, stuck
-from wmdist.runtime.start import forkserver_pid, forkserver_ready, mp_context, never_reimport_main_in_ranks
+from wmdist.runtime.start import ending, forkserver_pid, forkserver_ready, mp_context, never_reimport_main_in_ranks
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "Pool", "PoolRestartWarning", "RankFailure"]
 
@@ -73,8 +73,8 @@ class Pool:
 
     @property
     def alive(self) -> bool:
-        """Every rank still running (one poll of all their sentinels: they become ready when a rank exits)."""
-        return bool(self._procs) and not wait([p.sentinel for p in self._procs], timeout=0)
+        """Every rank running (one poll of their sentinels) and the forkserver they die with not killed (start.py)."""
+        return bool(self._procs) and not wait([p.sentinel for p in self._procs], timeout=0) and not ending(self._server)
 
     def start(self, *, timeout: float = START_TIMEOUT_S) -> Pool:
         """Start the ranks and wait for every one to join the group, all within `timeout` seconds.

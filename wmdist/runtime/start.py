@@ -1,12 +1,17 @@
 """How rank processes are started: from multiprocessing's forkserver with torch preloaded, deaf to
 Ctrl-C while it imports (a Ctrl-C meant for the parent is held, never dropped), waited for in a way
-Ctrl-C and the call's timeout can end, and never re-running the parent's __main__ (pool.py starts them)."""
+Ctrl-C and the call's timeout can end, replaced the moment it has been killed, and never re-running the
+parent's __main__ (pool.py starts them)."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import multiprocessing.spawn as mp_spawn
+import os
 import signal
 import threading
+
+import psutil
 
 _INSTALL = threading.Lock()    # guards the one-time, process-wide hooks (never_reimport_main_in_ranks, spawn)
 _READY: set[int] = set()       # forkservers (by pid) that have forked once: their preload is imported
@@ -52,7 +57,60 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
     from multiprocessing import forkserver
 
     _install_deaf_forkserver_spawn()
+    drop_killed_forkserver()
     forkserver.ensure_running()
+
+
+_PF_EXITING = 0x4                                   # the kernel's "this task is exiting" flag (/proc/<pid>/stat)
+_SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)        # its bit in /proc/<pid>/status's pending-signal masks
+
+
+def ending(pid: int | None) -> bool:
+    """Whether process `pid` has been killed: gone, a zombie, exiting, or with a SIGKILL pending (False for None).
+
+    A killed forkserver with torch loaded takes a while to die (tens of ms; more on a busy machine), and
+    until it is a zombie multiprocessing takes it for alive: a pool started then connected to its socket
+    and read end-of-file (EOFError), and a warm pool's ranks, which die with it a moment later, took the
+    next call down with them. Linux shows the kill at once: the signal is pending from the `kill()` on,
+    and the exiting flag is set as soon as the process acts on it.
+    """
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()          # field 3 (state) on; field 9 is the flags word
+        if fields[0] in "ZXx" or int(fields[6]) & _PF_EXITING:
+            return True
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_PENDING
+                       for line in f)
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return True                                          # Linux, and the process is gone
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def drop_killed_forkserver() -> bool:
+    """Reap and forget multiprocessing's forkserver if it has been killed, so the next start makes a new one
+    (True if it had to); a pool's ranks die with it, so a pool from it is not used either (Pool.alive)."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    with server._lock:                   # looked at and dropped in one step: another thread may have started anew
+        if not ending(server._forkserver_pid):
+            return False
+        try:
+            server._stop_unlocked()                              # waits out its dying (it was killed)
+        except ChildProcessError:                                # reaped by someone else: forget it by hand
+            with contextlib.suppress(OSError, TypeError):
+                os.unlink(server._forkserver_address)
+            server._forkserver_pid = server._forkserver_address = None
+    return True
 
 
 _FORKSERVER_COMMAND = "from multiprocessing.forkserver import main"

@@ -12,7 +12,8 @@ kernels to close the pools they are not using, and a pool idle for
 `WMDIST_POOL_IDLE_S` closes by itself (outside a neighbourhood pools stay warm
 until the process ends, as before). Once a process has no pool left, its
 forkserver goes too. A pool that has to start again for either reason says so
-on stderr, once, when it starts.
+once, when it starts, as an ordinary note on stdout: it is news, not an error
+(on stderr JupyterLab showed it in a red box).
 """
 from __future__ import annotations
 
@@ -99,10 +100,10 @@ class WarmPools:
 
     def shutdown(self, *, grace: float = 2.0) -> None:
         """Close every pool (a call running in another thread then fails with RankFailure)."""
-        with self._lock:
+        with self._lock:                  # one step, as in _warm: no pool counted after this without a listener
             pools = list(self._pools.values())
             self._pools.clear()
-        self.neighbours.close()
+            self.neighbours.close()
         for pool in pools:
             pool.close(grace=grace)
 
@@ -131,13 +132,15 @@ class WarmPools:
         cleanup.clean_up_on_exit_signals(self._on_exit_signal)
         cleanup.clean_up_on_kernel_shutdown(self._on_kernel_shutdown)
         self.neighbours.ask_others(within=timeout / 2)   # in a neighbourhood: the others give back idle ranks
-        self.neighbours.listen()
         why = self._closed_why.pop(world_size, None)
         if why:
             print(f"wmdist: starting the {world_size}-rank pool again (it was {why}); this takes a few seconds",
-                  file=sys.stderr, flush=True)
+                  file=sys.stdout, flush=True)
         pool = Pool(world_size)
         with self._lock:
+            # Listening and holding the pool are one step under the lock close_idle decides under: a neighbour's
+            # request being answered now (its close seconds long) cannot stop the listener once this pool counts.
+            self.neighbours.listen()
             self._pools[world_size] = pool    # before it starts, so shutdown() on a signal reaches its ranks
         try:
             return pool.start(timeout=timeout)    # a cold call is bounded too: start, then the call itself

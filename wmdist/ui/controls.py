@@ -70,6 +70,24 @@ def widget_value(control: W.ValueWidget, value: Any) -> Any:
     return none_label if none_label is not None and value is None else value
 
 
+def _refuse_alike(knob_label: str, pairs: list[tuple[str, Any]]) -> None:
+    """Refuse a menu's options of mixed kinds that it cannot tell apart, naming the knob and both options.
+
+    Two kinds of pair: options that read the same (1 and "1" are both "1": the learner cannot tell which
+    is which), and options Python holds equal (True == 1 == 1.0, False == 0, a value listed twice): a
+    Dropdown finds a value's entry by ==, so setting the second shows, and hands back, the first.
+    """
+    for i, (label, value) in enumerate(pairs):
+        for earlier_label, earlier in pairs[:i]:
+            if label == earlier_label:
+                raise ValueError(f"knob {knob_label!r}: options {earlier!r} and {value!r} both read {label!r} in "
+                                 f"the menu; give them labels that tell them apart, as (label, value) pairs")
+            if earlier is value or earlier == value:
+                raise ValueError(f"knob {knob_label!r}: options {earlier_label!r} ({earlier!r}) and {label!r} "
+                                 f"({value!r}) hold equal values, so the menu cannot tell them apart: choosing "
+                                 f"{label!r} would show {earlier_label!r} and give {earlier!r}")
+
+
 def control(name: str, k: Knob, value: Any) -> W.ValueWidget:
     """One widget for one knob, showing `value`."""
     style = {"description_width": LABEL_WIDTH}
@@ -81,6 +99,7 @@ def control(name: str, k: Knob, value: Any) -> W.ValueWidget:
         return W.SelectionSlider(options=stops, value=value, continuous_update=False, **common)
     if k.options:
         pairs = [o if isinstance(o, tuple) else (str(o), o) for o in k.options]
+        _refuse_alike(k.label, pairs)
         none_label = next((label for label, v in pairs if v is None), None)
         if none_label is not None and none_label in [v for _, v in pairs]:
             raise ValueError(f"knob {k.label!r}: the None option's label {none_label!r} is also a value")
