@@ -18,6 +18,8 @@ from typing import Any
 
 import ipywidgets as W
 
+from wmdist.ui.controls import STACKED_CSS, is_slider, stack_label
+
 SCREEN_HEIGHT_PX = 647      # the notebook area of a 1366 x 768 window: a figure taller hides its bottom
 COLUMN_PX = 934             # a cell's output column there (file browser open): a wider image is shrunk
 FIGURE_MAX_IN = (9.0, 6.2)  # a static figure's figsize at 100 dpi, leaving the inline backend's tight
@@ -46,5 +48,14 @@ def panel_layout(panel: Any, extra_widgets: list[W.Widget]) -> W.Box:
                   layout=W.Layout(width=LEFT_WIDTH, min_width=LEFT_WIDTH, flex="0 0 auto"))
     right = W.VBox([panel.selector, panel.figure_box, panel.summary],
                    layout=W.Layout(flex="1 1 auto", min_width="0", overflow="visible"))
+    for w in _descendants(left):                 # every slider, the panel's own ones included: label above track
+        if is_slider(w):
+            stack_label(w)
     row = W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start", grid_gap="0.8em"))
-    return W.VBox([hint, row, panel.details_box], layout=W.Layout(width="100%"))
+    style = W.HTML(f"<style>{STACKED_CSS}</style>", layout=W.Layout(display="none"))   # applies though not shown
+    return W.VBox([style, hint, row, panel.details_box], layout=W.Layout(width="100%"))
+
+
+def _descendants(w: W.Widget) -> list[W.Widget]:
+    """`w` and every widget inside it (a Box's or a Tab's children, recursively)."""
+    return [w, *(d for c in getattr(w, "children", ()) for d in _descendants(c))]
