@@ -27,6 +27,19 @@ FIGURE_MAX_IN = (9.0, 6.2)  # a static figure's figsize at 100 dpi, leaving the 
 MIN_TEXT_PT = 7.5           # 10.4 px at 100 dpi: the smallest text a static figure draws
 WRAP = "white-space: normal; overflow-wrap: break-word; line-height: 1.4"
 LEFT_WIDTH = "23em"
+EM_PX = 13                  # JupyterLab's widget font size (--jp-widgets-font-size): 1em in a panel
+TAB_INSET_PX = 36           # a Tab's page is narrower than the Tab: 15 px padding, 1 px border, 2 px margin a side
+
+
+def shown_px(width: str, *, in_tab: bool) -> float:
+    """The width in px a control with layout width `width` ("22em", "97%") gets in the control column: a
+    percentage is of a tab page (in_tab) or of the column."""
+    column = float(LEFT_WIDTH.removesuffix("em")) * EM_PX
+    if width.endswith("em"):
+        return float(width.removesuffix("em")) * EM_PX
+    if width.endswith("%"):
+        return float(width.removesuffix("%")) / 100 * (column - TAB_INSET_PX if in_tab else column)
+    raise ValueError(f"width {width!r}: expected 'Nem' or 'N%'")
 
 
 def panel_layout(panel: Any, extra_widgets: list[W.Widget]) -> W.Box:
