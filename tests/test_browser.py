@@ -7,15 +7,17 @@ repository's files are never opened for writing).
 
 - `test_every_panel_of_every_notebook`: each notebook that shows a panel runs all its cells
   (none may error). In a laptop's 1366 x 768 window, every panel is at most 700 px tall, its
-  figure is shown at its own pixel size (never shrunk, so its text stays legible), and no
-  readout, label, status or summary text is clipped. On every panel a slider moves and both
+  figure is shown at its own pixel size (never shrunk, so its text stays legible), no
+  readout, label, status or summary text is clipped, and every slider in every control tab has
+  a track of at least 120 px (each tab is clicked). On every panel a slider moves and both
   the figure and the numbers change; the key press -> new picture latency of a few presses is
   measured in page time and printed as a table (not asserted: the machine is shared); every
   view button shows its own picture; the "run it" button shows progress and then the measured
   overlay. On the first panels of chapters 00 and 01 the slider is a known one, and the summary
   the kernel computes must show the text the pure model predicts before and after the key
   press. A screenshot of each panel is saved as an artifact under build/browser/, and the
-  latency table as build/browser/latency.txt.
+  latency table as build/browser/latency.txt. The browser console, from the page's first load
+  on, never says "Comm not found" (a comm_close the page's kernel connection cannot place).
 - In the same test, every notebook with a prediction (`answer_with`) asks first: after Run All,
   neither the measured value nor the formula's value of any prediction is anywhere in the
   notebook's text (cells, outputs, widgets), and neither the reveal's formula nor its why is in
@@ -259,8 +261,11 @@ ANSWERED_JS = """([panel, src, text]) => {
 }"""
 
 
-def _open(browser, base: str, name: str):
+def _open(browser, base: str, name: str, console: list[str] | None = None):
+    """A new page on notebook `name`, its kernel idle; every console message of the page goes to `console`."""
     page = browser.new_page(viewport=VIEWPORT)
+    if console is not None:                          # from the first load on: the widget manager probes at kernel start
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
     page.set_default_timeout(MS)
     page.goto(base + f"lab/tree/{name}?reset", timeout=MS)     # ?reset: no notebook of an earlier page reopens
     page.wait_for_function(KERNEL_READY_JS, arg=name, timeout=MS)
@@ -419,6 +424,37 @@ def _predictions_ask_first(page, name: str, page_after_run_all: str) -> None:
         expect(answer.locator(".wmdist-reveal")).to_contain_text("exactly right", timeout=MS)
 
 
+TRACKS_JS = """(panel) => [...panel.querySelectorAll('.widget-slider')].filter(s => s.offsetParent !== null).map(s => {
+  const label = s.querySelector('.widget-label'), track = s.querySelector('.noUi-target');
+  return [label ? label.textContent.trim() : '?', track ? Math.round(track.getBoundingClientRect().width) : 0]; })"""
+MIN_TRACK_PX = 120             # the shortest track whose handle position a learner can read and drag (issue 33 §2)
+
+
+def _tab_problems(page, panel, where: str) -> list[str]:
+    """Each tab of `panel` clicked in turn (the first shown again after): every slider track shorter than
+    MIN_TRACK_PX, the panel taller than MAX_PANEL_PX, and clipped text, as "where, tab: what"."""
+    from playwright.sync_api import expect
+    tabs = panel.locator(".lm-TabBar-tab")
+    problems = []
+    for t in range(max(tabs.count(), 1)):
+        tab = "no tabs"
+        if tabs.count():
+            tabs.nth(t).click()
+            tab = f"tab '{tabs.nth(t).inner_text().strip()}'"
+            expect(tabs.nth(t)).to_have_class(re.compile(r"\blm-mod-current\b"), timeout=MS)
+        problems += [f"{where}, {tab}, slider '{label}': track {px} px" for label, px in panel.evaluate(TRACKS_JS)
+                     if px < MIN_TRACK_PX]
+        if (height := panel.bounding_box()["height"]) > MAX_PANEL_PX:
+            problems.append(f"{where}, {tab}: panel {height:.0f} px tall")
+        problems += [f"{where}, {tab}: {bad}" for bad in page.evaluate(CLIPPED_JS, panel.element_handle())]
+    if tabs.count():
+        tabs.first.click()
+    return problems
+
+
+COMM_NOT_FOUND = "Comm not found"    # JupyterLab's kernel connection: a comm_close for a comm it does not hold
+
+
 LATENCY: dict[str, tuple[int, list[float]]] = {}         # "notebook panel i" -> (panel height, ms per press)
 
 
@@ -426,7 +462,8 @@ LATENCY: dict[str, tuple[int, list[float]]] = {}         # "notebook panel i" ->
 def test_every_panel_of_every_notebook(lab, name):
     from playwright.sync_api import expect
     browser, base = lab
-    page = _open(browser, base, name)
+    console: list[str] = []
+    page = _open(browser, base, name, console)
     stem = Path(name).stem
     try:
         _run_all(page)
@@ -444,6 +481,7 @@ def test_every_panel_of_every_notebook(lab, name):
             height = panel.bounding_box()["height"]
             assert height <= MAX_PANEL_PX, f"{name} panel {i} is {height:.0f} px tall in a 1366 x 768 window"
             assert page.evaluate(CLIPPED_JS, panel.element_handle()) == [], f"{name} panel {i} before any action"
+            assert _tab_problems(page, panel, f"{name} panel {i}") == [], "a tab does not fit or shows a short track"
             if i == 0 and name in KNOWN:                 # the kernel must answer with the pure model's numbers
                 tab, label, before, after = KNOWN[name]
                 for text in before():
@@ -486,6 +524,8 @@ def test_every_panel_of_every_notebook(lab, name):
             _shoot(panel, ARTIFACTS / f"{stem}_panel{i}_after.png")
         _predictions_ask_first(page, name, page_after_run_all)
         assert page.evaluate(ERRORS_JS) == [], f"{name}: a cell shows an error after the interactions"
+        said = "\n".join(console)
+        assert COMM_NOT_FOUND not in said, f"{name}: the browser console says:\n{said}"
     finally:
         try:                                             # the kernel and its warm ranks go with the page
             page.evaluate(SHUTDOWN_JS)

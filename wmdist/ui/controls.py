@@ -14,6 +14,18 @@ LABEL_WIDTH = "11em"
 CONTROL_WIDTH = "22em"
 LONG_OPTION = 14           # characters a menu shows beside an 11em label (about 11em at 13 px, arrow included)
 
+# A slider's label sits on its own line above the track (issue 33 §2): beside an 11em label, the track and its
+# readout share what is left of the control, and in a tab page (255 px) that left a 16 px track, a handle with
+# nothing to read its position against. Stacked, the track gets the control's width less the readout.
+STACKED = "wmdist-stacked"   # the class that puts a slider's label above its track (see STACKED_CSS)
+STACKED_CSS = (f".{STACKED}.widget-slider > .widget-label {{text-align: left; height: auto; line-height: 1.25;"
+               f" margin: 0}} .{STACKED}.widget-slider > .widget-readout {{height: 22px; line-height: 22px}}")
+MIN_TRACK_PX = 120           # the shortest track a learner can read a position on and drag
+# ipywidgets 8's horizontal slider, in px at JupyterLab's 13 px font: the readout's min-width
+# (--jp-widgets-inline-width-tiny), its left margin, and the track container's margins (half a handle, less
+# borders, each side)
+READOUT_PX, READOUT_MARGIN_PX, TRACK_MARGINS_PX = 72, 4, 12
+
 
 class GridLogSlider(W.FloatLogSlider):
     """A FloatLogSlider whose stops are a LogGrid through the last value code set (its opening value, a device's
@@ -86,6 +98,31 @@ def _refuse_alike(knob_label: str, pairs: list[tuple[str, Any]]) -> None:
                 raise ValueError(f"knob {knob_label!r}: options {earlier_label!r} ({earlier!r}) and {label!r} "
                                  f"({value!r}) hold equal values, so the menu cannot tell them apart: choosing "
                                  f"{label!r} would show {earlier_label!r} and give {earlier!r}")
+
+
+def is_slider(w: W.Widget) -> bool:
+    """A horizontal slider of any kind (int, float, log, selection, range): what `stack_label` applies to."""
+    return w._view_name.endswith("SliderView") and getattr(w, "orientation", "horizontal") == "horizontal"
+
+
+def stack_label(slider: W.Widget) -> W.Widget:
+    """Put `slider`'s label on its own line above the track: the label takes the full width, the track and the
+    readout wrap to the next line. Idempotent; returns the slider. A Layout of its own, since panels share one
+    Layout object among several controls and the others stay on one line."""
+    if STACKED in slider._dom_classes:
+        return slider
+    slider.layout = W.Layout(width=slider.layout.width, flex_flow="row wrap", height="auto")
+    slider.style.description_width = "100%"
+    slider.add_class(STACKED)
+    return slider
+
+
+def track_px(slider_px: float, *, label_px: float | None = None) -> float:
+    """The track of a slider `slider_px` wide: less the readout and the track's margins, and, for a label beside
+    it (`label_px`; None: stacked above), less the label and its 8 px margin. Measured in Chromium: 167 px for
+    a stacked 255 px slider, 16 px beside an 11em label (issue 33 §2)."""
+    beside = 0.0 if label_px is None else label_px + 8
+    return slider_px - beside - READOUT_PX - READOUT_MARGIN_PX - TRACK_MARGINS_PX
 
 
 def control(name: str, k: Knob, value: Any) -> W.ValueWidget:

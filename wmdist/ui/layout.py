@@ -18,6 +18,8 @@ from typing import Any
 
 import ipywidgets as W
 
+from wmdist.ui.controls import STACKED_CSS, is_slider, stack_label
+
 SCREEN_HEIGHT_PX = 647      # the notebook area of a 1366 x 768 window: a figure taller hides its bottom
 COLUMN_PX = 934             # a cell's output column there (file browser open): a wider image is shrunk
 FIGURE_MAX_IN = (9.0, 6.2)  # a static figure's figsize at 100 dpi, leaving the inline backend's tight
@@ -25,6 +27,19 @@ FIGURE_MAX_IN = (9.0, 6.2)  # a static figure's figsize at 100 dpi, leaving the 
 MIN_TEXT_PT = 7.5           # 10.4 px at 100 dpi: the smallest text a static figure draws
 WRAP = "white-space: normal; overflow-wrap: break-word; line-height: 1.4"
 LEFT_WIDTH = "23em"
+EM_PX = 13                  # JupyterLab's widget font size (--jp-widgets-font-size): 1em in a panel
+TAB_INSET_PX = 36           # a Tab's page is narrower than the Tab: 15 px padding, 1 px border, 2 px margin a side
+
+
+def shown_px(width: str, *, in_tab: bool) -> float:
+    """The width in px a control with layout width `width` ("22em", "97%") gets in the control column: a
+    percentage is of a tab page (in_tab) or of the column."""
+    column = float(LEFT_WIDTH.removesuffix("em")) * EM_PX
+    if width.endswith("em"):
+        return float(width.removesuffix("em")) * EM_PX
+    if width.endswith("%"):
+        return float(width.removesuffix("%")) / 100 * (column - TAB_INSET_PX if in_tab else column)
+    raise ValueError(f"width {width!r}: expected 'Nem' or 'N%'")
 
 
 def panel_layout(panel: Any, extra_widgets: list[W.Widget]) -> W.Box:
@@ -46,5 +61,14 @@ def panel_layout(panel: Any, extra_widgets: list[W.Widget]) -> W.Box:
                   layout=W.Layout(width=LEFT_WIDTH, min_width=LEFT_WIDTH, flex="0 0 auto"))
     right = W.VBox([panel.selector, panel.figure_box, panel.summary],
                    layout=W.Layout(flex="1 1 auto", min_width="0", overflow="visible"))
+    for w in _descendants(left):                 # every slider, the panel's own ones included: label above track
+        if is_slider(w):
+            stack_label(w)
     row = W.HBox([left, right], layout=W.Layout(width="100%", align_items="flex-start", grid_gap="0.8em"))
-    return W.VBox([hint, row, panel.details_box], layout=W.Layout(width="100%"))
+    style = W.HTML(f"<style>{STACKED_CSS}</style>", layout=W.Layout(display="none"))   # applies though not shown
+    return W.VBox([style, hint, row, panel.details_box], layout=W.Layout(width="100%"))
+
+
+def _descendants(w: W.Widget) -> list[W.Widget]:
+    """`w` and every widget inside it (a Box's or a Tab's children, recursively)."""
+    return [w, *(d for c in getattr(w, "children", ()) for d in _descendants(c))]
