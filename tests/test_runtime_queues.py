@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import multiprocessing
 
+import pytest
 import torch
 import torch.distributed as dist
 
-from wmdist.runtime import run
+from wmdist.runtime import RankFailure, run
 from wmdist.runtime.stuck import ANY, RECEIVE, PostBoard, stuck
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -27,7 +28,7 @@ def blocked(call: int, n: int, peer: int, sent: list[int], received: list[int], 
     b = PostBoard.new(SPAWN)
     b.begin(call)
     b.post(RECEIVE, n, peer, 0)
-    b.blocked(RECEIVE, n, peer, 0, {}, sent, received, 0, queues)
+    b.blocked(RECEIVE, n, peer, 0, {}, sent, received, 0, queues=queues)
     return b.read()
 
 
@@ -46,12 +47,12 @@ def test_the_subgroup_rings_boards_are_no_deadlock_but_the_same_on_one_tag_are()
 def test_a_receive_from_any_rank_on_one_of_two_queues_is_not_judged_by_counts_over_both():
     any_wait = PostBoard.new(SPAWN)
     any_wait.begin(3)
-    any_wait.blocked(RECEIVE, 1, ANY, 0, {}, [0, 0], [1, 0], 0, 2)   # its receive from rank 0 was on another tag
+    any_wait.blocked(RECEIVE, 1, ANY, 0, {}, [0, 0], [1, 0], 0, queues=2)   # its receive from rank 0 was on another tag
     finished = {0: ([0, 1], [0, 0], 0, 0, {}, ([], []))}            # rank 0 sent once, on the any-source tag
     assert stuck(3, {1: any_wait.read()}, finished, LAST[:2]) is None
     one_queue = PostBoard.new(SPAWN)
     one_queue.begin(3)
-    one_queue.blocked(RECEIVE, 1, ANY, 0, {}, [0, 0], [1, 0], 0, 1)  # one tag: that one send is spoken for
+    one_queue.blocked(RECEIVE, 1, ANY, 0, {}, [0, 0], [1, 0], 0, queues=1)  # one tag: that one send is spoken for
     assert stuck(3, {1: one_queue.read()}, finished, LAST[:2]).rank == 1
 
 
@@ -80,3 +81,19 @@ def posted_ahead(ctx):
 def test_posted_ahead_receives_on_two_tags_finish_on_real_ranks():
     expected = [2 * sum(10 * r + i + 1 for i in range(ROUNDS)) for r in (0, 1)]   # the partner's own values, + 1
     assert run(posted_ahead, 2, timeout=120) == [float(expected[0]), float(expected[1])]
+
+
+def both_receive_first(ctx):
+    """A true deadlock on one queue: each rank's blocking receive waits for a send the other posts after it."""
+    peer = 1 - ctx.rank
+    got = torch.empty(2)
+    dist.recv(got, peer)
+    dist.send(torch.ones(2), peer)
+    return got.tolist()
+
+
+def test_two_ranks_each_receiving_first_on_one_tag_are_still_a_deadlock():
+    with pytest.raises(RankFailure) as info:
+        run(both_receive_first, 2, timeout=90)     # found by the rule, not the timeout: the reason says which
+    assert info.value.reason == "unmatched" and "a deadlock" in str(info.value)
+    assert "receive #1 from rank 1" in str(info.value) and info.value.ranks == (0, 1)

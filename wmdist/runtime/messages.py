@@ -89,7 +89,7 @@ class MessageAudit:
     def _blocked(self, post: tuple[int, int, int, int]) -> None:
         if self.board is not None:
             self.board.blocked(*post, self.groups.table(), self.sent, self.received, self.any_source,
-                               len(self.queues))
+                               queues=len(self.queues))
 
     def collective(self, name: str, wire: str, group: Any, call: Callable[[], Any], code: int) -> Any:
         """Post one collective on `group` (`call()` posts it), named `name`, of wire class `wire` and op code

@@ -138,7 +138,7 @@ class PostBoard:
         self._write(POST, [w & ((1 << 64) - 1) for w in self._previous])
 
     def blocked(self, kind: int, n: int, who: int, at: int, groups: dict[int, tuple[int, int]] | None,
-                sent: list[int], received: list[int], any_count: int, queues: int = 1) -> None:
+                sent: list[int], received: list[int], any_count: int, *, queues: int = 1) -> None:
         """This rank now waits for that op, with these counts (see Snapshot)."""
         if not (0 < n < 1 << _N_BITS and 0 <= who < 1 << 32) or len(sent) > MAX_RANKS:
             return
