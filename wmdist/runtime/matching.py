@@ -158,9 +158,17 @@ def disagreeing(boards: dict[int, Snapshot], finished: dict[int, tuple]) -> tupl
 
 def _lacking(r: int, s: Snapshot, blocked: dict[int, Snapshot], finished: dict[int, tuple]) -> dict[int, str]:
     """The ranks that have not posted what blocked rank r waits for (finished ones, or blocked ones by their
-    counts as they blocked), each with what it did instead."""
+    counts as they blocked), each with what it did instead.
+
+    A send or receive #n is the n-th with that peer over every (group, tag) queue, but gloo matches it
+    within its own queue: only when all of r's sends and receives used one queue is it the n-th there, so
+    that a peer with fewer than n posts (over all queues) lacks its match. Otherwise nothing is claimed
+    (ring_rounds posts an all-gather receive, tag 1, ahead of a reduce-scatter one, tag 0: its receive #2
+    is the first on tag 0, matched by the peer's send #1)."""
     kind, n, who = unpack(s.wait)
     out = {}
+    if kind in (RECEIVE, SEND) and s.queues != 1:
+        return out
     if kind == COLLECTIVE:
         gid = s.wait_at >> 32
         for m in _members(who):
@@ -217,6 +225,8 @@ def deadlocked(boards: dict[int, Snapshot], finished: dict[int, tuple], world_si
         kind, n, who = unpack(blocked[r].wait)
         if kind == RECEIVE and who == ANY:
             s = blocked[r]
+            if s.queues != 1:                           # n is not its place in one queue (see _lacking)
+                return False
             others = [p for p in everyone if p != r]
             if not all(p in finished or p in doomed for p in others):
                 return False

@@ -72,6 +72,7 @@ class MessageAudit:
         self.sent = [0] * self.world_size
         self.received = [0] * self.world_size
         self.any_source = 0
+        self.queues: set[tuple[int, int]] = set()    # (group, tag) of each send/receive: gloo's matching queues
         # Per peer: [bytes, sum of crc32(size)]: an order-free fingerprint of the message sizes (sizes_in: buffers).
         self.sizes_out = [[0, 0] for _ in range(self.world_size)]
         self.sizes_in = [[0, 0] for _ in range(self.world_size)]
@@ -87,7 +88,8 @@ class MessageAudit:
 
     def _blocked(self, post: tuple[int, int, int, int]) -> None:
         if self.board is not None:
-            self.board.blocked(*post, self.groups.table(), self.sent, self.received, self.any_source)
+            self.board.blocked(*post, self.groups.table(), self.sent, self.received, self.any_source,
+                               queues=len(self.queues))
 
     def collective(self, name: str, wire: str, group: Any, call: Callable[[], Any], code: int) -> Any:
         """Post one collective on `group` (`call()` posts it), named `name`, of wire class `wire` and op code
@@ -165,9 +167,11 @@ class MessageAudit:
             counts = self.sent if kind == "send" else self.received
             where, n = f"rank {who}", counts[who] + 1
         post = (SEND if kind == "send" else RECEIVE, n, who, 0)
+        count = self.groups.of(group)
+        # gloo matches per (group, peer, tag): with more than one queue, n is not a place in one queue
+        self.queues.add((count.gid if count is not None else id(group), tag))
         if self.board is not None:
             self.board.post(*post)
-        count = self.groups.of(group)
         before = sequence_number(group) if count is not None else None
         try:
             work = self._raw(text, call)

@@ -25,6 +25,9 @@ the boards while a call runs (matching.py has the rules):
   a receive from any rank while every other rank has finished or waits). This verdict needs boards that
   did not change between two reads, so it describes one instant at which every one of those ranks was
   blocked; it assumes a blocked rank posts nothing until its wait ends (one posting thread per rank).
+  A send or receive #n counts over every (group, tag) queue, but gloo matches within one queue, so it is
+  judged only for a rank whose sends and receives used one queue (QUEUES; ring_rounds' two tags made a
+  false verdict).
 
 Such a post can never be matched, so the call fails with RankFailure(reason="unmatched") naming the
 ranks. A board is written under a sequence lock (a version word, odd while writing), so a read sees a
@@ -48,7 +51,8 @@ VERSION, CALL, POST, POST_AT, WAIT, WAIT_AT, GROUPS, TABLE = range(8)
 SENT = TABLE + 2 * MAX_GROUPS
 RECEIVED = SENT + MAX_RANKS
 ANY_COUNT = RECEIVED + MAX_RANKS
-WORDS = ANY_COUNT + 1
+QUEUES = ANY_COUNT + 1
+WORDS = QUEUES + 1
 _READ_TRIES = 100
 
 
@@ -84,7 +88,8 @@ def _signed(word: int) -> int:
 class Snapshot(NamedTuple):
     """One whole read of a board. post/wait: packed words (0: none); *_at: (gid << 32 | op code) of a
     collective; groups: {gid: (mask, slots)} (None: more groups than the board holds); sent/received: per
-    rank, with any_count receives from any rank (counts at the moment the rank blocked)."""
+    rank, with any_count receives from any rank (counts at the moment the rank blocked); queues: how many
+    message queues (group, tag) its sends and receives used in this call so far (see matching._lacking)."""
     call: int
     version: int
     post: int
@@ -95,6 +100,7 @@ class Snapshot(NamedTuple):
     sent: tuple[int, ...]
     received: tuple[int, ...]
     any_count: int
+    queues: int = 1
     board: Any = None                     # the PostBoard read (None in tests): read again to see it unchanged
 
 
@@ -132,7 +138,7 @@ class PostBoard:
         self._write(POST, [w & ((1 << 64) - 1) for w in self._previous])
 
     def blocked(self, kind: int, n: int, who: int, at: int, groups: dict[int, tuple[int, int]] | None,
-                sent: list[int], received: list[int], any_count: int) -> None:
+                sent: list[int], received: list[int], any_count: int, *, queues: int = 1) -> None:
         """This rank now waits for that op, with these counts (see Snapshot)."""
         if not (0 < n < 1 << _N_BITS and 0 <= who < 1 << 32) or len(sent) > MAX_RANKS:
             return
@@ -141,7 +147,7 @@ class PostBoard:
         for i, (gid, (mask, slots)) in enumerate(list((groups or {}).items())[:MAX_GROUPS]):
             table[2 * i:2 * i + 2] = [gid << 32 | mask, slots]
         pad = [0] * (MAX_RANKS - len(sent))
-        self._write(WAIT, [pack(kind, n, who), at, count, *table, *sent, *pad, *received, *pad, any_count])
+        self._write(WAIT, [pack(kind, n, who), at, count, *table, *sent, *pad, *received, *pad, any_count, queues])
 
     def unblocked(self) -> None:
         self._write(WAIT, [0, 0])
@@ -163,7 +169,8 @@ def snapshot(words: list[int], *, board: PostBoard | None = None) -> Snapshot:
     groups = None if count < 0 else {u[TABLE + 2 * i] >> 32: (u[TABLE + 2 * i] & ANY, u[TABLE + 2 * i + 1])
                                      for i in range(count)}
     return Snapshot(words[CALL], words[VERSION], u[POST], u[POST_AT], u[WAIT], u[WAIT_AT], groups,
-                    tuple(words[SENT:RECEIVED]), tuple(words[RECEIVED:ANY_COUNT]), words[ANY_COUNT], board)
+                    tuple(words[SENT:RECEIVED]), tuple(words[RECEIVED:ANY_COUNT]), words[ANY_COUNT], words[QUEUES],
+                    board)
 
 
 def stuck(call: int, boards: dict[int, Snapshot | None], finished: dict[int, tuple], last_comms: list[str]
