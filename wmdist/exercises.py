@@ -130,7 +130,8 @@ def _check_ranks(exercise: Exercise, fn: Callable[..., Any], world_sizes: tuple[
             lines = str(err).splitlines()
             if err.reason == "raised":
                 lines = [lines[0], *lines[1:][-4:]]
-            hint = [f"hint: {exercise.hint}"] if err.reason == "timeout" else []
+            # the hint is for ranks that wait on each other: found as it happens (unmatched) or at the timeout
+            hint = [f"hint: {exercise.hint}"] if err.reason in ("timeout", "unmatched") else []
             return ExerciseResult(False, f"{exercise.name}: not yet, on {n} ranks.", lines + hint)
         problems = [p for r in range(n) if (p := compare(r, got[r], expected[r], exercise.tolerance))]
         if problems:
