@@ -208,7 +208,8 @@ def test_verify_ended_by_a_signal_leaves_no_directory_or_process(tmp_path, sig):
         deadline = time.monotonic() + patience(240)
         while not list(tmp.glob("wmdist-*")) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)                            # the pool is starting
-        assert proc.poll() is None, "verify finished before it could be interrupted"
+        assert proc.poll() is None, ("verify finished before it could be interrupted (status "
+                                     f"{proc.returncode}):\n" + (tmp_path / "stderr.txt").read_text()[-3000:])
         time.sleep(0.5)
         family += [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         proc.send_signal(sig)
