@@ -38,11 +38,14 @@ from wmdist.costs.pipeline import bubble_over_ideal
 from wmdist.costs.ring_attention import attention_flops, ring_backward_bytes_per_rank, ring_kv_bytes_per_rank
 from wmdist.costs.tensor_parallel import megatron_layer_bytes
 from wmdist.costs.zero import zero_step_bytes, zero_step_rounds
-from wmdist.planner.layout import Layout, check_layout
-from wmdist.planner.memory import _pieces, _stage_layers
+from wmdist.planner.layout import ParallelLayout, check_layout
+from wmdist.memory.footprint import local_params
+from wmdist.planner.memory import _pieces, _stage_layers, layer_activation_bytes, memory_configs
 from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec
 
-TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp")     # the stacked bar, in this order
+TERMS = ("compute", "elementwise", "optimizer", "bubble", "tp", "cp", "ep", "pp", "dp")   # the stacked bar
+HBM_PASSES = 4           # a saved activation: written and read in forward, read and its gradient written in backward
+OPTIMIZER_BYTES = 30     # Adam per local parameter: read grad, master, m, v (4 each), write master, m, v, bf16 weight
 RANK_ORDER = ("tp", "cp", "ep", "edp", "pp")                    # fastest-varying first; dp = ep x edp
 
 
@@ -60,6 +63,8 @@ class StepBreakdown:
     """A predicted step: the terms (seconds, TERMS), each axis's detail, and the FLOPs MFU is counted from."""
     compute: float
     recompute: float                 # the part of compute spent recomputing (inside compute)
+    elementwise: float               # norms, activations, softmax, dropout, residuals: HBM-bound
+    optimizer: float                 # the Adam step over the GPU's local weights: HBM-bound
     bubble: float
     axes: dict[str, AxisTime]        # tp, cp, ep, pp, dp
     model_flops: float               # per step, all GPUs: tokens x model_flops_per_token
@@ -69,7 +74,8 @@ class StepBreakdown:
     @property
     def terms(self) -> dict[str, float]:
         """Seconds of each stacked term, TERMS order."""
-        return {"compute": self.compute, "bubble": self.bubble, **{a: self.axes[a].exposed for a in TERMS[2:]}}
+        return {"compute": self.compute, "elementwise": self.elementwise, "optimizer": self.optimizer,
+                "bubble": self.bubble, **{a: self.axes[a].exposed for a in TERMS[4:]}}
 
     @property
     def total(self) -> float:
@@ -87,9 +93,11 @@ class StepBreakdown:
 
 
 def model_flops_per_token(model: TransformerSpec, seq_len: int) -> float:
-    """6 N_active + 12 L s (a d): the forward's 2 FLOPs per active weight (backward twice that) and attention's
-    QK^T and AV, 4 s (a d) forward per token and layer, without the causal mask's saving."""
-    return 6 * model.active_matmul_params + 12 * model.layers * seq_len * model.hidden
+    """6 N_active + 6 L (s + 1) (a d): the forward's 2 FLOPs per active weight (backward twice that) and, three
+    times over, attention's QK^T and AV forward on the pairs the causal mask keeps (costs.ring_attention's
+    attention_flops, causal), no recompute. PaLM's 6N + 12 L s (a d) counts every pair instead."""
+    attention = attention_flops(seq_len, model.head_dim, heads=model.heads, causal=True) / seq_len
+    return 6 * model.active_matmul_params + 3 * model.layers * attention
 
 
 def hidden_after(seconds: float, window: float, *, floor_share: float) -> float:
@@ -108,49 +116,61 @@ def _on(traffic: Traffic, placed: tuple[bool, Link]) -> tuple[Traffic, bool, flo
     return traffic, placed[0], sum(placed[1].terms(traffic)) if traffic.messages else 0.0
 
 
-def stage_work(job: TrainingJob, layout: Layout) -> tuple[float, float, int]:
-    """(FLOPs, of which recomputed, layers) per GPU per step on the slowest stage."""
+def stage_work(job: TrainingJob, layout: ParallelLayout) -> tuple[float, float, int, float]:
+    """(FLOPs, of which recomputed, layers, HBM bytes of the elementwise work) per GPU per step, on the stage
+    with the most FLOPs. The HBM bytes: each layer's saved activations (memory.layer_activation_bytes, the
+    s x s scores included when FlashAttention does not fuse them away) moved HBM_PASSES times, twice more when
+    full recompute runs the forward again; with sequence parallelism every tp rank moves 1/tp of them."""
     m, s, b, micro = job.model, job.seq_len, layout.micro_batch, layout.microbatches(job)
-    tokens = micro * b * s / layout.cp                   # tokens a GPU's stage sees per step (tp shares them)
+    tokens = -(-job.sequences // layout.dp) * s / layout.cp    # tokens a GPU's stage sees per step (tp shares them)
     attn = attention_flops(s, m.head_dim, heads=m.heads, causal=True) / s     # forward, per token and layer
     dense = 2 * (m.attention_params + m.dense_mlp_params) + attn
-    moe = 2 * (m.attention_params + (m.top_k + m.shared_experts) * m.expert_params + m.hidden * m.experts) + attn
+    moe = 2 * (m.attention_params + m.top_k * m.expert_params + m.shared_params + m.hidden * m.experts) + attn
     head = 2 * m.vocab * m.hidden
-    extra = {"none": 0.0, "selective": 0.0 if job.flash_attention else attn, "full": 1.0}[layout.recompute]
-    best = (0.0, 0.0, 0)
+    scores = not job.flash_attention
+    moved = [layer_activation_bytes(m, s, elem_bytes=job.elem_bytes, scores=scores, moe=moe_layer)[0]
+             for moe_layer in (False, True)]
+    passes = HBM_PASSES + (2 if layout.recompute == "full" else 0)
+    best = (0.0, 0.0, 0, 0.0)
     stages = _stage_layers(m, layout.pp)
     for i, (nd, nm) in enumerate(stages):
         fwd = nd * dense + nm * moe + (head if i == len(stages) - 1 else 0.0)
-        again = fwd if extra == 1.0 else (nd + nm) * extra
+        again = {"none": 0.0, "selective": 0.0 if job.flash_attention else (nd + nm) * attn, "full": fwd}[
+            layout.recompute]
         work = (3 * fwd + again) * tokens / layout.tp
         if work > best[0]:
-            best = (work, again * tokens / layout.tp, nd + nm)
+            best = (work, again * tokens / layout.tp, nd + nm,
+                    passes * (nd * moved[0] + nm * moved[1]) * tokens / layout.tp)
     return best
 
 
-def breakdown(job: TrainingJob, layout: Layout) -> StepBreakdown:
+def breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown:
     """The predicted step of `layout` (checked against the job first), term by term (module docstring)."""
     return with_data_parallel(job, layout, partial_breakdown(job, check_layout(job, layout)))
 
 
-def with_data_parallel(job: TrainingJob, layout: Layout, partial: StepBreakdown) -> StepBreakdown:
+def with_data_parallel(job: TrainingJob, layout: ParallelLayout, partial: StepBreakdown) -> StepBreakdown:
     """`partial` (partial_breakdown of `layout` with any ZeRO stage) completed with `layout`'s dp term."""
-    _, _, layers = stage_work(job, layout)
+    _, _, layers, _ = stage_work(job, layout)
     at = strides({"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep,
                   "pp": layout.pp}, RANK_ORDER)
     dp = _data_parallel(job, layout, at, layout.gpus, per_micro=partial.compute / layout.microbatches(job),
                         layers=layers)
-    return replace(partial, axes={**partial.axes, "dp": dp})
+    main, experts = memory_configs(job, layout)
+    weights = local_params(main)[layout.zero >= 1] + (local_params(experts)[layout.zero >= 1] if experts else 0)
+    optimizer = OPTIMIZER_BYTES * weights / job.cluster.hbm_bytes_per_s
+    return replace(partial, axes={**partial.axes, "dp": dp}, optimizer=optimizer)
 
 
-def partial_breakdown(job: TrainingJob, layout: Layout) -> StepBreakdown:
+def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown:
     """Every term but dp (left at zero), which alone depends on the ZeRO stage: a lower bound on the step that
     rank.rank_layouts computes once for the four stages. The layout is assumed checked."""
     m, c, e = job.model, job.cluster, job.elem_bytes
     b, s, micro, v = layout.micro_batch, job.seq_len, layout.microbatches(job), layout.virtual
     rate = c.efficiency * c.peak_flops
-    work, again, layers = stage_work(job, layout)
+    work, again, layers, moved = stage_work(job, layout)
     compute = work / rate
+    elementwise = moved / c.hbm_bytes_per_s
     sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep, "pp": layout.pp}
     at = strides(sizes, RANK_ORDER)
     world = layout.gpus
@@ -190,14 +210,15 @@ def partial_breakdown(job: TrainingJob, layout: Layout) -> StepBreakdown:
     axes["pp"] = AxisTime(traffic=t, in_node=inside, seconds=secs, exposed=secs)
 
     axes["dp"] = AxisTime(traffic=Traffic(0, 0), in_node=True, seconds=0.0, exposed=0.0)
-    busy = compute + sum(axes[a].exposed for a in ("tp", "cp", "ep"))
+    busy = compute + elementwise + sum(axes[a].exposed for a in ("tp", "cp", "ep"))
     bubble = bubble_over_ideal(layout.pp, micro, chunks=v) * busy
-    return StepBreakdown(compute=compute, recompute=again / rate, bubble=bubble, axes=axes,
+    return StepBreakdown(compute=compute, recompute=again / rate, elementwise=elementwise, optimizer=0.0,
+                         bubble=bubble, axes=axes,
                          model_flops=job.batch_tokens * model_flops_per_token(m, s), gpus=world,
                          peak_flops=c.peak_flops)
 
 
-def _data_parallel(job: TrainingJob, layout: Layout, at: dict[str, int], world: int, *, per_micro: float,
+def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int], world: int, *, per_micro: float,
                    layers: int) -> AxisTime:
     """The dp term: the non-routed weights over dp x cp ranks, the routed experts over dp / ep (module docstring).
 

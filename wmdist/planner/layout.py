@@ -9,8 +9,8 @@ CLI's `--layout` and the enumeration refuse the same things:
   are not tensor-split: expert parallelism spreads them instead);
 * pp * v <= layers (stages need not hold equal numbers of layers: the slowest one sets the pace);
 * v > 1 only with pp > 1, and then M a multiple of pp (Megatron's interleaved schedule);
-* cp divides the sequence length; the micro-batch b divides each data-parallel rank's sequences, and
-  M = sequences / (dp b) microbatches go through the pipeline per step.
+* cp divides the sequence length; dp b <= the sequences of a step, and M = sequences / (dp b) microbatches
+  (rounded up) go through the pipeline per step. The enumeration keeps to dp b dividing the sequences.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ AXES = ("dp", "tp", "pp", "cp", "ep")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Layout:
+class ParallelLayout:
     """How one step is spread: the five degrees, ZeRO stage (over dp), sequences per microbatch, virtual stages
     per pipeline rank, and what the backward recomputes."""
     dp: int = 1
@@ -50,18 +50,19 @@ class Layout:
         return self.dp * self.tp * self.pp * self.cp
 
     def microbatches(self, job: TrainingJob) -> int:
-        """M: microbatches per data-parallel rank and step (check_layout makes it whole)."""
-        return job.sequences // (self.dp * self.micro_batch)
+        """M: microbatches per data-parallel rank and step, ceil(ceil(sequences / dp) / b): where dp does not
+        divide the sequences, the ranks with one more set the pace (and a last microbatch may be short)."""
+        return -(-(-(-job.sequences // self.dp)) // self.micro_batch)
 
     def describe(self) -> str:
         """'dp=64,tp=8,pp=16,cp=1,ep=1,zero=1,micro_batch=1,virtual=4,recompute=none': what --layout reads."""
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
 
-def parse_layout(text: str) -> Layout:
-    """'dp=64,tp=8,pp=16' -> Layout (fields left out keep their defaults); ValueError naming a bad part."""
+def parse_layout(text: str) -> ParallelLayout:
+    """'dp=64,tp=8,pp=16' -> ParallelLayout (fields left out keep their defaults); ValueError naming a bad part."""
     values: dict[str, int | str] = {}
-    names = [f.name for f in fields(Layout)]
+    names = [f.name for f in fields(ParallelLayout)]
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         key = key.strip()
@@ -76,10 +77,10 @@ def parse_layout(text: str) -> Layout:
                 values[key] = int(value)
             except ValueError:
                 raise ValueError(f"layout {key} must be an integer, got {value.strip()!r}") from None
-    return Layout(**values)  # type: ignore[arg-type]
+    return ParallelLayout(**values)  # type: ignore[arg-type]
 
 
-def check_layout(job: TrainingJob, layout: Layout) -> Layout:
+def check_layout(job: TrainingJob, layout: ParallelLayout) -> ParallelLayout:
     """`layout` if the job can run it; else a ValueError naming the rule it breaks and what is allowed."""
     m, n = job.model, job.gpus
     if layout.gpus != n:
@@ -96,9 +97,9 @@ def check_layout(job: TrainingJob, layout: Layout) -> Layout:
         raise ValueError(f"ep={layout.ep} needs an MoE model; {m.name} has no experts (ep must be 1)")
     if m.experts and (m.experts % layout.ep or layout.dp % layout.ep):
         raise ValueError(f"ep={layout.ep} must divide experts={m.experts} and dp={layout.dp}")
-    if job.sequences % (layout.dp * layout.micro_batch):
-        raise ValueError(f"dp*micro_batch = {layout.dp * layout.micro_batch} must divide the {job.sequences} "
-                         f"sequences of a step")
+    if layout.dp * layout.micro_batch > job.sequences:
+        raise ValueError(f"dp*micro_batch = {layout.dp * layout.micro_batch} is more than the {job.sequences} "
+                         f"sequences of a step (every microbatch needs one)")
     micro = layout.microbatches(job)
     if layout.virtual > 1 and (layout.pp == 1 or micro % layout.pp):
         raise ValueError(f"virtual={layout.virtual} needs pp > 1 and the {micro} microbatches a multiple of "
@@ -112,7 +113,7 @@ def _divisors(n: int) -> list[int]:
 
 def candidate_layouts(job: TrainingJob, *, max_tp: int | None = None, max_virtual: int = 8,
                       max_micro_batch: int = 8, zero_stages: tuple[int, ...] = (0, 1, 2, 3),
-                      recompute: tuple[str, ...] = RECOMPUTE) -> Iterator[Layout]:
+                      recompute: tuple[str, ...] = RECOMPUTE) -> Iterator[ParallelLayout]:
     """Every layout `check_layout` accepts, within the bounds: tp <= max_tp (default: a node, since a tensor-parallel
     group that leaves the node puts its exposed all-reduces on the slow link), v <= max_virtual, b <= max_micro_batch.
     Memory is not judged here (see rank.plans)."""
@@ -139,5 +140,5 @@ def candidate_layouts(job: TrainingJob, *, max_tp: int | None = None, max_virtua
                         for v in vs:
                             for z in zero_stages:
                                 for r in recompute:
-                                    yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=z, micro_batch=b,
+                                    yield ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=z, micro_batch=b,
                                                  virtual=v, recompute=r)  # type: ignore[arg-type]

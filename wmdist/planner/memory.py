@@ -26,7 +26,7 @@ from fractions import Fraction
 from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.pipeline import peak_activations_in_flight
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
-from wmdist.planner.layout import Layout
+from wmdist.planner.layout import ParallelLayout
 from wmdist.planner.model import TrainingJob, TransformerSpec
 
 DTYPES = dict(param_dtype="bf16", grad_dtype="fp32", optimizer="adam", master_weights=True)
@@ -46,8 +46,8 @@ def layer_activation_bytes(model: TransformerSpec, seq_len: int, *, elem_bytes: 
     """
     h, e, c = model.hidden, elem_bytes, 3 if model.gated else 2
     attention = 6 * h + 2 * model.kv_heads * model.head_dim
-    mlp = (model.top_k * (h + c * model.expert_ffn) + model.shared_experts * c * model.expert_ffn) if moe \
-        else c * model.ffn
+    shared = model.shared_experts * c * (model.shared_ffn or model.expert_ffn)
+    mlp = model.top_k * (h + c * model.expert_ffn) + shared if moe else c * model.ffn
     masks = 2 * h if model.dropout else 0
     quadratic = (5 if model.dropout else 2) * model.heads * seq_len if scores else 0
     return float((attention + mlp) * e + masks + quadratic), float(4 * h * e + masks)
@@ -63,10 +63,10 @@ def _stage_layers(model: TransformerSpec, pp: int) -> list[tuple[int, int]]:
     return out
 
 
-def _pieces(model: TransformerSpec, layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _pieces(model: TransformerSpec, layout: ParallelLayout) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Elements per (pp, tp) piece, index pp_rank * tp + tp_rank: (non-routed weights, routed experts)."""
     tp, h = layout.tp, model.hidden
-    shared = model.shared_experts * model.expert_params
+    shared = model.shared_params
     head = math.ceil(model.vocab * h / tp)
     dense_part, expert_part = [], []
     stages = _stage_layers(model, layout.pp)
@@ -82,7 +82,7 @@ def _pieces(model: TransformerSpec, layout: Layout) -> tuple[tuple[int, ...], tu
     return tuple(dense_part), tuple(expert_part)
 
 
-def in_flight(layout: Layout, micro: int, *, stage: int) -> Fraction:
+def in_flight(layout: ParallelLayout, micro: int, *, stage: int) -> Fraction:
     """Plain-stage microbatch sets stage `stage` holds at its peak: 1F1B min(P - r, M); interleaved, the virtual
     stages' count over v (each holds 1/v of the stage's layers)."""
     if layout.virtual == 1:
@@ -91,7 +91,7 @@ def in_flight(layout: Layout, micro: int, *, stage: int) -> Fraction:
                     layout.virtual)
 
 
-def memory_configs(job: TrainingJob, layout: Layout) -> tuple[MemoryConfig, MemoryConfig | None]:
+def memory_configs(job: TrainingJob, layout: ParallelLayout) -> tuple[MemoryConfig, MemoryConfig | None]:
     """The calculator's two configs: (non-routed weights with the activations, routed experts or None)."""
     m = job.model
     dense_pieces, expert_pieces = _pieces(m, layout)
@@ -112,7 +112,7 @@ def memory_configs(job: TrainingJob, layout: Layout) -> tuple[MemoryConfig, Memo
     return main, experts
 
 
-def gpu_memory(job: TrainingJob, layout: Layout) -> dict[str, int]:
+def gpu_memory(job: TrainingJob, layout: ParallelLayout) -> dict[str, int]:
     """Bytes by kind (the calculator's KINDS and "total") on the fullest GPU: the first or the last stage, at
     data-parallel coordinate 0 (ZeRO's largest shard), with the schedule's peak in flight."""
     main, experts = memory_configs(job, layout)

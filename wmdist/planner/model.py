@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from wmdist.costs.mesh import Link
 from wmdist.costs.validate import require_bool, require_fields, require_int, require_positive, require_real
+from wmdist.planner.presets import Architecture
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,7 +24,8 @@ class TransformerSpec:
     """A decoder-only transformer: the sizes its FLOPs, bytes and memory follow from.
 
     MoE: experts > 0 makes every layer after the first `dense_layers` a mixture of `experts` routed
-    experts (each token to `top_k`) plus `shared_experts` always-on ones, all of width `expert_ffn`.
+    experts of width `expert_ffn` (each token to `top_k`) plus `shared_experts` always-on ones of `shared_ffn`.
+    `from_architecture` builds one from a published shape (presets.Architecture).
     """
     name: str
     layers: int                # L
@@ -39,11 +41,12 @@ class TransformerSpec:
     top_k: int = 0             # k experts per token
     expert_ffn: int = 0        # F_e
     shared_experts: int = 0    # S, always used
+    shared_ffn: int = 0        # their width (0: expert_ffn)
     dense_layers: int = 0      # the first layers keep a dense MLP (DeepSeek-V3: 3)
 
     def __post_init__(self) -> None:
         require_fields(self, ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab"), 1)
-        require_fields(self, ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers"), 0)
+        require_fields(self, ("experts", "top_k", "expert_ffn", "shared_experts", "shared_ffn", "dense_layers"), 0)
         for flag in ("gated", "tied_embeddings", "dropout"):
             require_bool(flag, getattr(self, flag))
         if self.hidden % self.heads:
@@ -85,6 +88,11 @@ class TransformerSpec:
         return self.mlp_matrices * self.hidden * self.expert_ffn
 
     @property
+    def shared_params(self) -> int:
+        """The shared experts of one MoE layer: S m h F_s."""
+        return self.shared_experts * self.mlp_matrices * self.hidden * (self.shared_ffn or self.expert_ffn)
+
+    @property
     def embedding_params(self) -> int:
         """Input embedding plus output head (V h each, once if tied)."""
         return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
@@ -92,7 +100,7 @@ class TransformerSpec:
     @property
     def params(self) -> int:
         """Every weight: layers, embedding, head, norms."""
-        moe = self.moe_layers * ((self.experts + self.shared_experts) * self.expert_params + self.hidden * self.experts)
+        moe = self.moe_layers * (self.experts * self.expert_params + self.shared_params + self.hidden * self.experts)
         dense = (self.layers - self.moe_layers) * self.dense_mlp_params
         return self.layers * (self.attention_params + 2 * self.hidden) + dense + moe + self.embedding_params \
             + self.hidden
@@ -106,7 +114,7 @@ class TransformerSpec:
     def active_matmul_params(self) -> int:
         """Weights one token multiplies with (the 6N of the FLOP count): attention, its MLP or its k + S experts
         and the router, the output head; not the embedding lookup or the norms."""
-        moe = self.moe_layers * ((self.top_k + self.shared_experts) * self.expert_params + self.hidden * self.experts)
+        moe = self.moe_layers * (self.top_k * self.expert_params + self.shared_params + self.hidden * self.experts)
         dense = (self.layers - self.moe_layers) * self.dense_mlp_params
         return self.layers * self.attention_params + dense + moe + self.vocab * self.hidden
 
@@ -178,3 +186,13 @@ class TrainingJob:
     def sequences(self) -> int:
         """Sequences per step, all GPUs together."""
         return self.batch_tokens // self.seq_len
+
+
+def from_architecture(arch: Architecture) -> TransformerSpec:
+    """The planner's model of a published shape. Dropout (two 1-byte masks per token and layer) is assumed
+    where the block has biases (the GPT-2/3 family trained with it), not in the bias-free gated models."""
+    return TransformerSpec(name=arch.name, layers=arch.layers, hidden=arch.hidden, ffn=arch.ffn, heads=arch.heads,
+                           kv_heads=arch.kv_heads, vocab=arch.vocab, gated=arch.gated_mlp,
+                           tied_embeddings=arch.tied_embeddings, dropout=arch.biases, experts=arch.experts,
+                           top_k=arch.top_k, expert_ffn=arch.expert_ffn, shared_experts=arch.shared_experts,
+                           shared_ffn=arch.shared_ffn, dense_layers=arch.dense_layers)

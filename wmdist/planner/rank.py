@@ -20,7 +20,7 @@ from wmdist.costs.units import seconds, si
 from wmdist.memory.footprint import KINDS, format_bytes
 from wmdist.planner.breakdown import (TERMS, StepBreakdown, breakdown, partial_breakdown, stage_work,
                                       with_data_parallel)
-from wmdist.planner.layout import Layout, candidate_layouts, check_layout
+from wmdist.planner.layout import ParallelLayout, candidate_layouts, check_layout
 from wmdist.planner.memory import gpu_memory
 from wmdist.planner.model import TrainingJob
 
@@ -28,7 +28,7 @@ from wmdist.planner.model import TrainingJob
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """One layout of a job: its predicted step, the bytes on its fullest GPU, and whether they fit in HBM."""
-    layout: Layout
+    layout: ParallelLayout
     step: StepBreakdown
     memory: dict[str, int]
     hbm_bytes: int
@@ -50,16 +50,16 @@ class Plan:
         return out
 
 
-def plan(job: TrainingJob, layout: Layout) -> Plan:
+def plan(job: TrainingJob, layout: ParallelLayout) -> Plan:
     """Breakdown and memory of one layout (a ValueError if the job cannot run it at all)."""
     check_layout(job, layout)
     return Plan(layout=layout, step=breakdown(job, layout), memory=gpu_memory(job, layout),
                 hbm_bytes=job.cluster.hbm_bytes)
 
 
-def lower_bound(job: TrainingJob, layout: Layout) -> float:
+def lower_bound(job: TrainingJob, layout: ParallelLayout) -> float:
     """Seconds no breakdown of `layout` can beat: the stage's compute and the bubble on that compute alone."""
-    work, _, _ = stage_work(job, layout)
+    work, _, _, _ = stage_work(job, layout)
     compute = work / (job.cluster.efficiency * job.cluster.peak_flops)
     return compute * (1 + bubble_over_ideal(layout.pp, layout.microbatches(job), chunks=layout.virtual))
 
@@ -90,7 +90,7 @@ def rank_layouts(job: TrainingJob, *, top: int = 10, **bounds: object) -> list[P
     queue = sorted(((lower_bound(job, lay), i, lay) for i, lay in enumerate(candidate_layouts(job, **options))),
                    key=lambda t: t[:2])   # type: ignore[arg-type]
     best: list[tuple[float, int, Plan]] = []
-    partials: dict[Layout, StepBreakdown] = {}
+    partials: dict[ParallelLayout, StepBreakdown] = {}
     for bound, i, layout in queue:
         if len(best) >= top and bound >= best[-1][0]:
             break
@@ -109,7 +109,7 @@ def rank_layouts(job: TrainingJob, *, top: int = 10, **bounds: object) -> list[P
     return [p for _, _, p in best]
 
 
-def judge(job: TrainingJob, layout: Layout) -> str:
+def judge(job: TrainingJob, layout: ParallelLayout) -> str:
     """Why `layout` fits or does not (the tensors that take the memory) and its predicted step and MFU."""
     p = plan(job, layout)
     mem, hbm = p.memory, p.hbm_bytes
@@ -130,7 +130,7 @@ def format_terms(step: StepBreakdown) -> str:
     for name in TERMS:
         value = step.terms[name]
         if value > 0 or name == "compute":
-            where = "" if name in ("compute", "bubble") else (" (in node)" if step.axes[name].in_node else " (network)")
+            where = "" if name not in step.axes else (" (in node)" if step.axes[name].in_node else " (network)")
             parts.append(f"{name} {seconds(value)}{where}")
     return " | ".join(parts)
 
