@@ -197,11 +197,11 @@ def test_verify_at_one_size_leaves_out_the_demos_that_cannot_run_there():
 def test_verify_ended_by_a_signal_leaves_no_directory_or_process(tmp_path, sig):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    with open(tmp_path / "stderr.txt", "w") as err:
+    with open(tmp_path / "stderr.txt", "w") as err, open(tmp_path / "stdout.txt", "w") as out:
         # The signal's default action, whatever this test inherited: under nohup SIGHUP is ignored, and
         # an ignored signal is left ignored (the verify then runs to its end and exits 0).
         proc = subprocess.Popen([sys.executable, "-m", "wmdist", "verify", "ring-allreduce", "-n", "3"],
-                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "TMPDIR": str(tmp)},
+                                stdout=out, stderr=err, env={**os.environ, "TMPDIR": str(tmp)},
                                 preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     family = [proc.pid]
     try:
@@ -209,7 +209,9 @@ def test_verify_ended_by_a_signal_leaves_no_directory_or_process(tmp_path, sig):
         while not list(tmp.glob("wmdist-*")) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)                            # the pool is starting
         assert proc.poll() is None, ("verify finished before it could be interrupted (status "
-                                     f"{proc.returncode}):\n" + (tmp_path / "stderr.txt").read_text()[-3000:])
+                                     f"{proc.returncode}); its table (a FAIL row names the check):\n"
+                                     + (tmp_path / "stdout.txt").read_text()[-3000:]
+                                     + "\nstderr:\n" + (tmp_path / "stderr.txt").read_text()[-3000:])
         time.sleep(0.5)
         family += [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         proc.send_signal(sig)
