@@ -1,0 +1,125 @@
+"""The planner panel's pure half: its config (presets, GPUs, batch, context, which ranked layout to show) and
+the view it computes (the job, the best layouts, the chosen one's terms and memory). No widgets, no processes.
+
+Each term of the stacked step names the chapter whose demo checked its formula on real ranks (CHECKED_IN), so
+the panel and the notebook can say where a number comes from. The search is the planner's exact ranking
+(rank.rank_layouts) within PANEL_BOUNDS, a bounded enumeration stated here: interleaving up to 4 virtual stages
+and micro-batches of 1 or 2 sequences (the published runs' layouts are inside it, and a finer search moves the
+best step by a few per cent at most; the CLI, `wmdist plan`, searches the planner's full default space).
+`PlanCache` keeps each job's ranking, so a control moved back, or a state the panel's prefetcher computed
+ahead, costs a dictionary look-up.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from wmdist.knobs import knob
+from wmdist.planner.breakdown import TERMS
+from wmdist.planner.model import TrainingJob, from_architecture
+from wmdist.planner.presets import PRESETS
+from wmdist.planner.rank import Plan, rank_layouts
+from wmdist.planner.scoring import EFFICIENCY, cluster_spec
+from wmdist.costs.validate import require_choice, require_int
+
+# Where each term of the breakdown was checked against real ranks: the chapter and what it measured.
+CHECKED_IN: dict[str, str] = {"compute": "01", "elementwise": "00", "optimizer": "03", "bubble": "05",
+                              "tp": "04", "cp": "06", "ep": "10", "pp": "05", "dp": "01, 03"}
+CHECKED_WHAT: dict[str, str] = {
+    "compute": "the 6N FLOPs per token at one efficiency; ch. 01 measures this machine's matmul FLOP/s",
+    "elementwise": "the saved activations of ch. 00's calculator, moved through HBM a few times",
+    "optimizer": "the Adam update of the weights a GPU holds after ZeRO's split (ch. 03)",
+    "bubble": "(P-1)/(vM) of the stage's busy time, the bubble ch. 05 measures on ranks",
+    "tp": "4 reduce-scatters and 4 all-gathers per layer with sequence parallelism (ch. 04)",
+    "cp": "ring attention's K, V passes, hidden behind the attention they feed (ch. 06)",
+    "ep": "the dispatch and combine all-to-alls, forward and backward (ch. 10)",
+    "pp": "one activation forward and one gradient back per microbatch and stage (ch. 05)",
+    "dp": "the gradient all-reduce or ZeRO's reduce-scatter and all-gather, mostly hidden (ch. 01, 03)",
+}
+PLACEMENT_CHAPTER = "09"            # which link tier each axis gets, from the mesh order
+MEMORY_CHAPTER = "00"               # the calculator behind every memory bar
+
+MODELS = ("llama3-405b", "gpt3-175b", "bloom-176b", "mcore-70b", "mcore-7.1b", "mixtral-8x22b")
+GPUS = ("h100", "a100-80gb", "h800")
+GPU_COUNTS = tuple(2 ** k for k in range(3, 15))                # 8 ... 16,384
+MIB = 2 ** 20
+BATCHES = tuple((f"{n}M tokens", n * MIB) for n in (1, 2, 4, 8, 16))
+CONTEXTS = tuple((f"{s // 1024}K", s) for s in (2048, 4096, 8192, 32768, 131072))
+TOP = 5
+PANEL_BOUNDS = {"max_virtual": 4, "max_micro_batch": 2}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerConfig:
+    """What the panel plans: a published model shape on a cluster of one GPU type, and which ranked layout to show."""
+    model: str = knob("llama3-405b", "model", options=MODELS)
+    gpu: str = knob("h100", "GPU", options=GPUS)
+    gpus: int = knob(16384, "GPUs", options=GPU_COUNTS)
+    batch_tokens: int = knob(16 * MIB, "batch per step", options=BATCHES)
+    seq_len: int = knob(8192, "context", options=CONTEXTS)
+    pick: int = knob(1, "show layout #", options=tuple(range(1, TOP + 1)))
+
+    def __post_init__(self) -> None:
+        require_choice("model", self.model, tuple(PRESETS))
+        require_choice("gpu", self.gpu, tuple(EFFICIENCY))
+        require_int("gpus", self.gpus, 1)
+        require_int("seq_len", self.seq_len, 1)
+        require_int("batch_tokens", self.batch_tokens, 1)
+        require_int("pick", self.pick, 1, high=TOP)
+        if self.batch_tokens % self.seq_len:
+            raise ValueError(f"batch_tokens={self.batch_tokens} must be a whole number of sequences of "
+                             f"seq_len={self.seq_len}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerView:
+    """The job, its best layouts (fastest first, at most TOP) and the one on show (None when nothing fits)."""
+    config: PlannerConfig
+    job: TrainingJob
+    plans: tuple[Plan, ...]
+
+    @property
+    def chosen(self) -> Plan | None:
+        """The layout the config's `pick` selects, or the last one found if fewer fit."""
+        return self.plans[min(self.config.pick, len(self.plans)) - 1] if self.plans else None
+
+
+def job_of(config: PlannerConfig) -> TrainingJob:
+    """The planner's job for the config: the preset's shape on the GPU type at its one stated efficiency
+    (scoring.EFFICIENCY, fitted once to the published runs), FlashAttention on (as in a run planned today)."""
+    cluster = cluster_spec(config.gpu, efficiency=EFFICIENCY[config.gpu])
+    return TrainingJob(model=from_architecture(PRESETS[config.model]), cluster=cluster, gpus=config.gpus,
+                       seq_len=config.seq_len, batch_tokens=config.batch_tokens, flash_attention=True)
+
+
+class PlanCache:
+    """Each job's ranked plans, computed once (the job is frozen, so it is its own key); safe to share between
+    the kernel's thread and the panel's prefetcher."""
+
+    def __init__(self) -> None:
+        self._plans: dict[TrainingJob, tuple[Plan, ...]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def plans(self, job: TrainingJob) -> tuple[Plan, ...]:
+        with self._lock:
+            found = self._plans.get(job)
+        if found is None:
+            found = tuple(rank_layouts(job, top=TOP, **PANEL_BOUNDS))
+            with self._lock:
+                self._plans[job] = found
+        return found
+
+
+def planner_view(config: PlannerConfig, cache: PlanCache | None = None) -> PlannerView:
+    """The panel's model: the job and its TOP fastest fitting layouts (rank.rank_layouts within PANEL_BOUNDS)."""
+    job = job_of(config)
+    plans = cache.plans(job) if cache is not None else tuple(rank_layouts(job, top=TOP, **PANEL_BOUNDS))
+    return PlannerView(config=config, job=job, plans=plans)
+
+
+def term_seconds(plan: Plan) -> dict[str, float]:
+    """The chosen layout's stacked terms in TERMS order (seconds per step)."""
+    return {t: plan.step.terms[t] for t in TERMS}
