@@ -29,11 +29,12 @@ def _chapter_modules() -> list[ModuleType]:
     from wmdist.memory import chapter as ch03
     from wmdist.mesh import chapter as ch09
     from wmdist.pipeline import chapter as ch05
+    from wmdist.planner import chapter as ch11
     from wmdist.ring_attention import chapter as ch06
     from wmdist.scan import chapter as ch07
     from wmdist.tensor_parallel import chapter as ch04
 
-    return [ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10]
+    return [ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11]
 
 
 def registry() -> dict[str, Experiment]:

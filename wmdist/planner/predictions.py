@@ -1,0 +1,48 @@
+"""The answer to chapter 11's prompt: which axis Llama 3 405B's 128K-context run adds to its 8K layout, and what
+the long context costs by the planner's breakdown.
+
+Read from the published layouts (published.py: Dubey et al. 2024, Table 4) and the planner's completion of
+them (scoring.published_plan). Here, not in the notebook, so nothing above the prompt's buttons gives the
+answer away (issue 33); it runs only at the press.
+"""
+from __future__ import annotations
+
+from wmdist.costs.units import seconds
+from wmdist.planner.published import RUNS, PublishedRun
+from wmdist.planner.scoring import EFFICIENCY, published_plan, run_job
+from wmdist.ui.choose import ChoiceAnswer
+
+SHORT, LONG = "llama3-405b-8k-16384gpu", "llama3-405b-128k-16384gpu"
+AXES = ("dp", "tp", "pp", "cp")
+
+
+def _run(name: str) -> PublishedRun:
+    return next(r for r in RUNS if r.name == name)
+
+
+def added_axes(short: PublishedRun, long: PublishedRun) -> list[str]:
+    """The axes whose degree is 1 in `short`'s layout and more than 1 in `long`'s."""
+    return [a for a in AXES if getattr(short.layout, a) == 1 < getattr(long.layout, a)]
+
+
+def added_axis() -> ChoiceAnswer:
+    """The axis the 128K run adds (from the published layouts), with each axis's exposed seconds per step in the
+    planner's prediction of that run."""
+    short, long = _run(SHORT), _run(LONG)
+    added = added_axes(short, long)
+    if len(added) != 1:
+        raise ValueError(f"the two layouts differ in {added or 'no axis'}: the question needs exactly one added")
+    plans = {r.name: published_plan(run_job(r, efficiency=EFFICIENCY[r.gpu]), r) for r in (short, long)}
+    p8, p128 = plans[SHORT].step, plans[LONG].step
+    axis = added[0]
+    lay8, lay128 = short.layout, long.layout
+    return ChoiceAnswer(
+        measured=axis, values={a: p128.axes[a].exposed for a in AXES},
+        why=f"the published 128K layout keeps tp={lay128.tp} and pp={lay128.pp}, and cuts every sequence into "
+            f"{lay128.cp} pieces along {axis} (dp falls from {lay8.dp} to {lay128.dp}: the same 16M tokens are "
+            f"now {long.batch_tokens // long.seq_len} sequences). The ring's K, V passes run beside the attention "
+            f"they feed, so the planner exposes {seconds(p128.axes[axis].exposed)} of them; the long context costs "
+            f"arithmetic instead: attention grows with the context, compute per step {seconds(p8.compute)} at 8K "
+            f"and {seconds(p128.compute)} at 128K, predicted MFU {100 * p8.mfu:.0f}% and {100 * p128.mfu:.0f}% "
+            f"(published {100 * short.mfu:.0f}% and {100 * long.mfu:.0f}%). The values listed are each axis's "
+            "exposed time per step at 128K")
