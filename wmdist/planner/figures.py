@@ -15,7 +15,7 @@ from matplotlib.ticker import MaxNLocator
 from wmdist.memory.footprint import KINDS
 from wmdist.planner.breakdown import TERMS
 from wmdist.planner.explore import PlannerView
-from wmdist.planner.scoring import RunScore
+from wmdist.planner.misses import MISS_POINTS, RunComparison
 from wmdist.ui.render import FONT, SMALL, axes_grid, empty, eng_axis
 
 TERM_COLORS = {"compute": "tab:green", "elementwise": "yellowgreen", "optimizer": "olive", "bubble": "0.7",
@@ -87,19 +87,22 @@ def draw_memory(fig: Figure, view: PlannerView) -> None:
                  f"{view.config.gpu} HBM", fontsize=FONT, loc="left")
 
 
-def scores_figure(scores: Sequence[RunScore]) -> Figure:
-    """Predicted against published utilisation for every run (the diagonal: a perfect prediction; the band: the
-    issue's 10-point limit), one marker per source."""
+def scores_figure(scores: Sequence[RunComparison]) -> Figure:
+    """Predicted against published utilisation for every run (the diagonal: a perfect prediction; the band:
+    MISS_POINTS either side), one marker per source."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=100)
-    sources = sorted({s.run.citation.authors for s in scores})
+    sources = sorted({s.run.citation.authors.split()[0].rstrip(",") for s in scores})
     markers = "osD^vP*X"
     for i, src in enumerate(sources):
-        mine = [s for s in scores if s.run.citation.authors == src]
+        mine = [s for s in scores if s.run.citation.authors.split()[0].rstrip(",") == src]
         ax.plot([100 * s.published for s in mine], [100 * s.predicted for s in mine], markers[i % len(markers)],
                 label=src, ms=6)
-    lo, hi = 0, 100 * max(max(s.published, s.predicted) for s in scores) + 5
+    lo = 100 * min(min(s.published, s.predicted) for s in scores) - 8
+    hi = 100 * max(max(s.published, s.predicted) for s in scores) + 8
     ax.plot([lo, hi], [lo, hi], "k-", lw=1)
-    ax.fill_between([lo, hi], [lo - 10, hi - 10], [lo + 10, hi + 10], color="0.9", zorder=0, label="within 10 points")
+    band = MISS_POINTS
+    ax.fill_between([lo, hi], [lo - band, hi - band], [lo + band, hi + band], color="0.9", zorder=0,
+                    label=f"within {band:g} points")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("published utilisation (% of peak)")

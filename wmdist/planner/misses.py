@@ -21,17 +21,17 @@ SHAPE = ("one efficiency per GPU type is fitted on mid-sized layers; matmul kern
 MISSES: dict[str, str] = {
     "mcore24-1.7b": f"a 2,048-wide model on 1 GPU per replica: {SHAPE}, so it over-predicts the small end",
     "mcore24-7.1b": f"a 4,096-wide model: {SHAPE} (over-predicted, as for 1.7B)",
-    "korthikanti22-530b": f"a 20,480-wide layer: {SHAPE} (under-predicted); its large tp messages also reach "
-                          "more of NVLink's bandwidth than the datasheet half assumed here",
+    "korthikanti22-530b": f"a 20,480-wide layer: {SHAPE} (under-predicted)",
     "korthikanti22-1t": f"a 25,600-wide layer: {SHAPE} (under-predicted, as for 530B)",
     "narayanan21-529.6b": f"a 20,480-wide layer: {SHAPE} (under-predicted)",
     "narayanan21-1008.0b": f"a 25,600-wide layer: {SHAPE} (under-predicted)",
-    "llama3-405b-128k-16384gpu": "the planner hides context parallelism's K, V exchange behind attention; Llama 3 "
-                                 "gathers K and V before attention instead of a ring that overlaps it, and long "
-                                 "causal sequences balance unevenly across ranks: both cost time the model omits",
-    "mt-nlg-530b-3360gpu": "from 2,240 to 3,360 GPUs the published utilisation falls faster than the planner's: "
-                           "more nodes share the network (congestion and stragglers, not in the model)",
-    "mt-nlg-530b-2800gpu": "as for 3,360 GPUs: the network's congestion grows with the node count",
+    "llama3-405b-128k-16384gpu": "the planner prices cp as chapter 06's ring, hidden behind the attention it feeds; "
+                                 "Llama 3 all-gathers K and V before computing attention (Dubey et al. 2024, "
+                                 "section 3.3.2), an exchange that waits instead of overlapping",
+    "mt-nlg-530b-3360gpu": "from 2,240 to 3,360 GPUs the published utilisation falls faster than the planner's; "
+                           "the likely cause is more nodes sharing the network (congestion, stragglers), which "
+                           "the model does not see",
+    "mt-nlg-530b-2800gpu": "as for 3,360 GPUs: likely the network's congestion, growing with the node count",
 }
 
 

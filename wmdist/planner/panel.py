@@ -59,11 +59,11 @@ def summary(view: PlannerView) -> str:
                 f"{format_bytes(job.cluster.hbm_bytes)} on some GPU. Add GPUs.")
     p = view.chosen
     number = view.plans.index(p) + 1
-    return (f"<b>Layout #{number}</b> of {len(view.plans)}: {html.escape(p.layout.describe())}.<br>"
+    return (f"<b>Layout #{number}</b> of {len(view.plans)}: {html.escape(p.layout.describe())}<br>"
             f"<b>Step {seconds(p.step.total)}</b>, <b>MFU {100 * p.step.mfu:.1f}%</b> at the {c.gpu}'s stated "
             f"efficiency {job.cluster.efficiency:.2f}; memory <b>{format_bytes(p.memory['total'])}</b> of "
             f"{format_bytes(p.hbm_bytes)} (ch. {MEMORY_CHAPTER}'s calculator; most of it "
-            f"{', '.join(k.replace('_', ' ') for k in p.limit)}).<br>"
+            f"{', '.join(k.replace('_', ' ') for k in p.limit)})<br>"
             f"Terms: {terms_text(p)}. Link tiers from the mesh order (ch. {PLACEMENT_CHAPTER}).")
 
 

@@ -1,0 +1,183 @@
+"""Chapter 11: the planner panel shows the planner's numbers, every term names a chapter, the views plot the terms,
+the exercise is the planner's bubble rule, the published misses are explained, and the small end is hand-checked.
+
+The panel's jobs are small ones (a 7.1B model on 64 GPUs) so that each search takes well under a second; the
+published runs are the package's own. Float comparisons: a number the panel prints is compared as the same
+formatting of the planner's value (`seconds`, one decimal of a percentage), so only a different value fails.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wmdist.costs.mesh import StepShape, rank_params
+from wmdist.costs.units import seconds
+from wmdist.planner import predictions
+from wmdist.planner.breakdown import TERMS
+from wmdist.planner.exercises import BUBBLE, bubble_cases, bubble_solution
+from wmdist.planner.explore import CHECKED_IN, PANEL_BOUNDS, TOP, PlanCache, PlannerConfig, job_of, planner_view
+from wmdist.planner.figures import draw_memory, draw_steps
+from wmdist.planner.local import LocalMachine, local_step, rank_flops
+from wmdist.planner.misses import MISS_POINTS, compare_runs, unexplained
+from wmdist.planner.panel import PlannerPanel
+from wmdist.planner.published import RUNS
+from wmdist.planner.rank import rank_layouts
+from wmdist.planner.scoring import EFFICIENCY, published_plan, run_job
+from wmdist.ui.render import canvas_figure
+from wmdist.ui.static import strip_tags
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = PlannerConfig(model="mcore-7.1b", gpu="h100", gpus=64, batch_tokens=2 * 2 ** 20, seq_len=4096)
+
+
+@pytest.fixture(scope="module")
+def panel():
+    p = PlannerPanel(SMALL)
+    yield p
+    p.prefetch.cancel(clear=True)
+    p.prefetch.idle()
+
+
+def test_the_panel_shows_the_planners_ranking_and_its_numbers(panel):
+    """The layouts are rank_layouts' (same order, same steps); the summary prints the chosen one's step, MFU,
+    memory and every non-zero term, each with the chapter that checked it."""
+    expected = rank_layouts(job_of(SMALL), top=TOP, **PANEL_BOUNDS)
+    assert [p.layout for p in panel.result.plans] == [p.layout for p in expected]
+    assert [p.step.total for p in panel.result.plans] == [p.step.total for p in expected]
+    text = strip_tags(panel.summary.value)
+    best = expected[0]
+    assert f"Step {seconds(best.step.total)}" in text and f"MFU {100 * best.step.mfu:.1f}%" in text
+    for term in TERMS:
+        value = best.step.terms[term]
+        shown = f"{term} {seconds(value)}"
+        assert (shown in text) == (value > 0 or term == "compute"), (term, text)
+        if value > 0:
+            assert f"{shown}" in text and f"(ch. {CHECKED_IN[term]})" in text.split(shown, 1)[1][:40]
+    assert panel.error == "" and panel.png
+
+
+def test_show_layout_picks_the_row_without_searching_again(panel):
+    searches = len(panel.cache)
+    panel.controls["pick"].value = 3
+    assert panel.result.chosen is panel.result.plans[2]
+    assert strip_tags(panel.summary.value).startswith(f"Layout #3 of {len(panel.result.plans)}")
+    assert len(panel.cache) == searches                       # the same job: a look-up, not a search
+    panel.controls["pick"].value = 1
+
+
+def test_every_term_names_a_chapter_that_exists():
+    assert set(CHECKED_IN) == set(TERMS)
+    chapters = {p.name[:2] for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    for term, where in CHECKED_IN.items():
+        named = [c.strip() for c in where.split(",")]
+        assert named and all(c in chapters and c < "11" for c in named), (term, where)
+
+
+def test_nothing_fits_is_said_and_drawn_not_an_error():
+    view = planner_view(PlannerConfig(model="llama3-405b", gpus=8, batch_tokens=2 ** 20, seq_len=8192))
+    assert view.plans == () and view.chosen is None
+    p = PlannerPanel(PlannerConfig(model="llama3-405b", gpus=8, batch_tokens=2 ** 20, seq_len=8192))
+    try:
+        assert p.error == "" and p.png and "Nothing fits" in strip_tags(p.summary.value)
+    finally:
+        p.prefetch.cancel(clear=True)
+        p.prefetch.idle()
+
+
+@pytest.mark.parametrize("bad, named", [(dict(model="gpt-9"), "model"), (dict(gpu="tpu"), "gpu"),
+                                        (dict(batch_tokens=3000, seq_len=2048), "batch_tokens"),
+                                        (dict(gpus=0), "gpus"), (dict(pick=TOP + 1), "pick")])
+def test_bad_config_names_the_field(bad, named):
+    with pytest.raises(ValueError, match=named):
+        PlannerConfig(**bad)
+
+
+def _rows(ax, n):
+    """Per bar row, the sum of the filled bars' widths (the outline of the chosen bar is unfilled)."""
+    sums = [0.0] * n
+    for patch in ax.patches:
+        if patch.get_fill():
+            sums[round(patch.get_y() + patch.get_height() / 2)] += patch.get_width()
+    return sums
+
+
+def test_the_views_stack_the_terms_and_the_memory_of_each_layout():
+    view = planner_view(SMALL, PlanCache())
+    fig = canvas_figure(600, 320)
+    draw_steps(fig, view)
+    draw_steps(fig, view)                                   # a redraw into the same axes keeps #1 on top
+    ax = fig.axes[0]
+    assert _rows(ax, len(view.plans)) == pytest.approx([p.step.total for p in view.plans], rel=1e-12)
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]              # row 0 (#1) at the top
+    draw_memory(fig, view)
+    ax = fig.axes[0]
+    assert _rows(ax, len(view.plans)) == pytest.approx([p.memory["total"] for p in view.plans], rel=1e-12)
+    hbm = [line.get_xdata()[0] for line in ax.lines]
+    assert hbm == [view.chosen.hbm_bytes]
+
+
+def test_the_exercise_is_the_planners_bubble_on_real_layouts():
+    """The reference equals the breakdown's bubble for published layouts with a pipeline (interleaved or not)."""
+    checked = 0
+    for name in ("llama3-405b-8k-16384gpu", "narayanan21-145.6b", "bloom-176b"):
+        run = next(r for r in RUNS if r.name == name)
+        job = run_job(run, efficiency=EFFICIENCY[run.gpu])
+        plan = published_plan(job, run)
+        t = plan.step.terms
+        busy = t["compute"] + t["elementwise"] + t["tp"] + t["cp"] + t["ep"]
+        assert plan.layout.pp > 1
+        assert bubble_solution(plan.layout.pp, plan.layout.microbatches(job), plan.layout.virtual, busy) == \
+            round(t["bubble"], 9)
+        checked += 1
+    assert checked == 3 and any(c[2] > 1 for c in bubble_cases()) and any(c[0] == 1 for c in bubble_cases())
+    assert BUBBLE.cases is bubble_cases
+
+
+def test_every_published_miss_is_explained_and_is_the_planners_prediction():
+    rows = compare_runs()
+    assert len(rows) == len(RUNS)
+    assert unexplained(rows) == []
+    assert any(c.miss for c in rows) and all(abs(c.points) <= MISS_POINTS or c.why for c in rows)
+    c = rows[0]
+    again = published_plan(run_job(c.run, efficiency=EFFICIENCY[c.run.gpu]), c.run)
+    assert c.plan.step.total == again.step.total
+
+
+def test_the_prompts_answer_is_the_axis_the_published_layouts_add():
+    short, long = (next(r for r in RUNS if r.name == n) for n in (predictions.SHORT, predictions.LONG))
+    assert predictions.added_axes(short, long) == ["cp"]
+    answer = predictions.added_axis()
+    assert answer.measured == "cp" and set(answer.values) == {"dp", "tp", "pp", "cp"}
+    assert all(v >= 0 for v in answer.values.values())
+
+
+def test_the_small_end_by_hand():
+    """dp = 2 only, one bucket, enough cores: dp sends 2 messages of a ring all-reduce, 2(2-1)/2 x P x 4 bytes;
+    compute 6 P tokens + attention at the FLOP/s; no pipeline, no bubble. Then 8 ranks on 2 cores stretch
+    compute 4x and communication by 1 + g (8/2 - 1)."""
+    shape = StepShape(width=16, heads=2, hidden=32, layers=2, seq_len=4, batch=4, dp=2)
+    coords = [{"dp": r, "tp": 0, "pp": 0, "cp": 0} for r in range(2)]
+    machine = LocalMachine(alpha=1e-3, beta=1e-9, flops_per_s=1e9, cores=8)
+    step = local_step(shape, coords, machine)
+    p = rank_params(shape, 0, 0)
+    assert step.terms["dp"] == pytest.approx(2 * 1e-3 + 1e-9 * 4 * p, rel=1e-12)
+    assert step.terms["tp"] == step.terms["pp"] == step.terms["cp"] == step.terms["bubble"] == 0
+    flops = 6 * p * (4 * 4 / 2) + 3 * shape.layers * _causal_attention(4, 8, heads=2, batch=2)
+    assert rank_flops(shape, coords[0]) == pytest.approx(flops, rel=1e-12)
+    assert step.terms["compute"] == pytest.approx(flops / 1e9, rel=1e-12)
+    crowded = LocalMachine(alpha=1e-3, beta=1e-9, flops_per_s=1e9, cores=2, contention=0.5)
+    big = StepShape(width=16, heads=2, hidden=32, layers=2, seq_len=4, batch=8, dp=8)
+    c8 = [{"dp": r, "tp": 0, "pp": 0, "cp": 0} for r in range(8)]
+    lone = local_step(big, c8, LocalMachine(alpha=1e-3, beta=1e-9, flops_per_s=1e9, cores=8))
+    shared = local_step(big, c8, crowded)
+    assert shared.terms["compute"] == pytest.approx(4 * lone.terms["compute"], rel=1e-12)
+    assert shared.terms["dp"] == pytest.approx((1 + 0.5 * 3) * lone.terms["dp"], rel=1e-12)
+    with pytest.raises(ValueError, match="all_coords"):
+        local_step(big, c8[:3], crowded)
+
+
+def _causal_attention(seq: int, head_dim: int, *, heads: int, batch: int) -> float:
+    """QK^T and AV forward on the pairs a causal mask keeps, by hand: 2 products x 2 FLOPs x d per pair,
+    s (s + 1) / 2 pairs per head and sequence."""
+    return 2 * 2 * head_dim * seq * (seq + 1) / 2 * heads * batch
