@@ -64,7 +64,7 @@ def test_the_text_caching_canvas_paints_every_panel_view_as_matplotlib_does():
                 assert not cache.broken and cache.hits > 0, (name, view.name)
         panel.prefetch.cancel()
         panel.prefetch.idle()
-    assert compared >= 2 * 6 * 3
+    assert compared >= 2 * 7 * 3
 
 
 @pytest.mark.parametrize("angle", [0, 90, 33])

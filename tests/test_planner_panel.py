@@ -148,7 +148,7 @@ def test_the_prompts_answer_is_the_axis_the_published_layouts_add():
     short, long = (next(r for r in RUNS if r.name == n) for n in (predictions.SHORT, predictions.LONG))
     assert predictions.added_axes(short, long) == ["cp"]
     answer = predictions.added_axis()
-    assert answer.measured == "cp" and set(answer.values) == {"dp", "tp", "pp", "cp"}
+    assert answer.measured == answer.formula == "cp" and set(answer.values) == {"dp", "tp", "pp", "cp"}
     assert all(v >= 0 for v in answer.values.values())
 
 

@@ -1,6 +1,6 @@
 """The course site: built from the stored notebooks, and read page by page in headless Chromium.
 
-The whole site (all eleven chapters) is built once into a temporary folder by tools/build_site.py
+The whole site (all twelve chapters) is built once into a temporary folder by tools/build_site.py
 (a few seconds: nothing is executed), then served on 127.0.0.1 and crawled from its index.
 Every page reached must load with HTTP 200, every image on it must load (requests that leave
 this machine are refused, so an image from elsewhere fails too), every link must resolve (a
@@ -66,7 +66,7 @@ def site(tmp_path_factory) -> Path:
 
 def test_every_chapter_has_a_page_with_its_launch_link_and_its_figures(site):
     chapters = build_site.chapters()
-    assert len(chapters) == 11
+    assert len(chapters) == 12
     index = (site / "index.html").read_text(encoding="utf-8")
     for path in chapters:
         page = site / f"{path.stem}.html"
@@ -142,7 +142,7 @@ def test_every_page_opens_in_chromium_with_its_images_and_links(site):
     problems += [f"{source}: link to #{fragment} on {target}, which has no such element"
                  for target, fragment, source in wanted if fragment not in anchors.get(target, set())]
     chapter_pages = {u for u in seen if re.search(r"/\d\d_\w+\.html$", u)}
-    assert len(chapter_pages) == 11, f"the crawl reached {len(chapter_pages)} chapter pages: {sorted(seen)}"
+    assert len(chapter_pages) == 12, f"the crawl reached {len(chapter_pages)} chapter pages: {sorted(seen)}"
     assert not problems, "\n".join(problems)
 
 

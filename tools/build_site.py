@@ -1,7 +1,7 @@
 """Build the course site: a static HTML page per chapter from the stored notebooks, and an index.
 
 Usage:
-    python tools/build_site.py                  all eleven chapters -> build/site/index.html
+    python tools/build_site.py                  all twelve chapters -> build/site/index.html
     python tools/build_site.py --chapters 00 05 only those (what the test suite builds)
     python tools/build_site.py --readme         rewrite the README's Binder links from pyproject.toml
 

@@ -41,16 +41,17 @@ CONTENDED_AFTER_S = 0.05    # after the previous move: past the worker's start d
 
 
 def panel_factories() -> dict[str, Callable[[], Panel]]:
-    """The six panels at their opening settings, by the chapter that shows them."""
+    """The seven panels at their opening settings, by the chapter that shows them."""
     from wmdist.data_parallel.panel import ScalingPanel
     from wmdist.experts.panel import ExpertsPanel
     from wmdist.memory.panel import MemoryPanel
     from wmdist.mesh.panel import PatternsPanel
     from wmdist.pipeline.panel import BubblePanel
+    from wmdist.planner.panel import PlannerPanel
     from wmdist.ring_attention.panel import TrafficPanel
     return {"00 memory": MemoryPanel, "01 scaling": ScalingPanel, "05 bubble": BubblePanel,
             "06 traffic": TrafficPanel, "09 patterns": PatternsPanel,
-            "10 experts": ExpertsPanel}
+            "10 experts": ExpertsPanel, "11 planner": PlannerPanel}
 
 
 def _move(panel: Panel, control: W.ValueWidget, up: bool) -> dict[str, float] | None:

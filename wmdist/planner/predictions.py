@@ -7,8 +7,13 @@ answer away (issue 33); it runs only at the press.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from wmdist.costs.units import seconds
+from wmdist.planner.layout import ParallelLayout
+from wmdist.planner.model import TrainingJob
 from wmdist.planner.published import RUNS, PublishedRun
+from wmdist.planner.rank import plan
 from wmdist.planner.scoring import EFFICIENCY, published_plan, run_job
 from wmdist.ui.choose import ChoiceAnswer
 
@@ -25,6 +30,20 @@ def added_axes(short: PublishedRun, long: PublishedRun) -> list[str]:
     return [a for a in AXES if getattr(short.layout, a) == 1 < getattr(long.layout, a)]
 
 
+def planner_axes(job: TrainingJob, layout: ParallelLayout, factor: int) -> list[str]:
+    """The axes that can take `factor` from dp in `layout` (dp / factor, that axis x factor) and still fit in
+    the job's memory by the planner: what the planner would move dp's share to."""
+    out = []
+    for axis in AXES[1:]:
+        trial = replace(layout, dp=layout.dp // factor, **{axis: getattr(layout, axis) * factor})
+        try:
+            if plan(job, trial).fits:
+                out.append(axis)
+        except ValueError:           # a degree the model cannot take (tp past the KV heads, pp past the layers)
+            continue
+    return out
+
+
 def added_axis() -> ChoiceAnswer:
     """The axis the 128K run adds (from the published layouts), with each axis's exposed seconds per step in the
     planner's prediction of that run."""
@@ -36,8 +55,14 @@ def added_axis() -> ChoiceAnswer:
     p8, p128 = plans[SHORT].step, plans[LONG].step
     axis = added[0]
     lay8, lay128 = short.layout, long.layout
+    factor = lay8.dp // lay128.dp
+    job = run_job(long, efficiency=EFFICIENCY[long.gpu])
+    start = replace(plans[LONG].layout, dp=lay8.dp, tp=lay8.tp, pp=lay8.pp, cp=lay8.cp, virtual=1)
+    picks = planner_axes(job, start, factor)
     return ChoiceAnswer(
-        measured=axis, values={a: p128.axes[a].exposed for a in AXES},
+        measured=axis, formula=picks[0] if len(picks) == 1 else None,
+        formula_text=f"the one axis that can take dp's factor {factor} and still fit (rank.plan)",
+        values={a: p128.axes[a].exposed for a in AXES},
         why=f"the published 128K layout keeps tp={lay128.tp} and pp={lay128.pp}, and cuts every sequence into "
             f"{lay128.cp} pieces along {axis} (dp falls from {lay8.dp} to {lay128.dp}: the same 16M tokens are "
             f"now {long.batch_tokens // long.seq_len} sequences). The ring's K, V passes run beside the attention "
