@@ -41,7 +41,7 @@ MEMORY_CHAPTER = "00"               # the calculator behind every memory bar
 
 MODELS = ("llama3-405b", "gpt3-175b", "bloom-176b", "mcore-70b", "mcore-7.1b", "mixtral-8x22b")
 GPUS = ("h100", "a100-80gb", "h800")
-GPU_COUNTS = tuple(2 ** k for k in range(3, 15))                # 8 ... 16,384
+GPU_COUNTS = tuple(2 ** k for k in range(3, 17))                # 8 ... 65,536
 MIB = 2 ** 20
 BATCHES = tuple((f"{n}M tokens", n * MIB) for n in (1, 2, 4, 8, 16))
 CONTEXTS = tuple((f"{s // 1024}K", s) for s in (2048, 4096, 8192, 32768, 131072))
