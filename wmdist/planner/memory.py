@@ -20,6 +20,7 @@ listed below. For a GPT-3 block (GELU, g = a, dropout) it gives Korthikanti's 34
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -53,14 +54,15 @@ def layer_activation_bytes(model: TransformerSpec, seq_len: int, *, elem_bytes: 
     return float((attention + mlp) * e + masks + quadratic), float(4 * h * e + masks)
 
 
-def _stage_layers(model: TransformerSpec, pp: int) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=4096)
+def _stage_layers(model: TransformerSpec, pp: int) -> tuple[tuple[int, int], ...]:
     """(dense-MLP layers, MoE layers) on each stage: layers tensor_split over pp, the dense ones first."""
     out, start = [], 0
     for n in ring_chunk_sizes(model.layers, pp):
         dense = max(0, min(start + n, model.layers - model.moe_layers) - start)
         out.append((dense, n - dense))
         start += n
-    return out
+    return tuple(out)
 
 
 def _pieces(model: TransformerSpec, layout: ParallelLayout) -> tuple[tuple[int, ...], tuple[int, ...]]:

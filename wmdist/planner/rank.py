@@ -57,11 +57,15 @@ def plan(job: TrainingJob, layout: ParallelLayout) -> Plan:
                 hbm_bytes=job.cluster.hbm_bytes)
 
 
+def compute_seconds(job: TrainingJob, layout: ParallelLayout) -> float:
+    """The breakdown's compute term alone (it depends on tp, pp, cp, dp and recompute only)."""
+    return stage_work(job, layout)[0] / (job.cluster.efficiency * job.cluster.peak_flops)
+
+
 def lower_bound(job: TrainingJob, layout: ParallelLayout) -> float:
     """Seconds no breakdown of `layout` can beat: the stage's compute and the bubble on that compute alone."""
-    work, _, _, _ = stage_work(job, layout)
-    compute = work / (job.cluster.efficiency * job.cluster.peak_flops)
-    return compute * (1 + bubble_over_ideal(layout.pp, layout.microbatches(job), chunks=layout.virtual))
+    return compute_seconds(job, layout) * (1 + bubble_over_ideal(layout.pp, layout.microbatches(job),
+                                                                 chunks=layout.virtual))
 
 
 def fitting_layouts(job: TrainingJob, **bounds: object) -> Iterator[Plan]:
@@ -87,7 +91,14 @@ def rank_layouts(job: TrainingJob, *, top: int = 10, **bounds: object) -> list[P
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ValueError(f"top must be an integer >= 1, got {top!r}")
     options = {**search_space(job), **bounds}
-    queue = sorted(((lower_bound(job, lay), i, lay) for i, lay in enumerate(candidate_layouts(job, **options))),
+    compute: dict[tuple, float] = {}        # compute_seconds depends on these five fields only
+
+    def bound(lay: ParallelLayout) -> float:
+        key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.recompute)
+        if key not in compute:
+            compute[key] = compute_seconds(job, lay)
+        return compute[key] * (1 + bubble_over_ideal(lay.pp, lay.microbatches(job), chunks=lay.virtual))
+    queue = sorted(((bound(lay), i, lay) for i, lay in enumerate(candidate_layouts(job, **options))),
                    key=lambda t: t[:2])   # type: ignore[arg-type]
     best: list[tuple[float, int, Plan]] = []
     partials: dict[ParallelLayout, StepBreakdown] = {}
