@@ -52,6 +52,7 @@ def test_full_recompute_adds_one_forward():
     assert full.recompute == pytest.approx((2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2 / RATE, rel=REL)
     assert full.compute == pytest.approx(4 / 3 * bd.breakdown(JOB, LAYOUT).compute, rel=REL)
     assert full.hfu == pytest.approx(full.mfu * 4 / 3, rel=REL)
+    assert full.axes["tp"].traffic.messages == 12 * 1 * 2 * M             # the forward's 4 collectives again
 
 
 def test_elementwise_moves_each_saved_activation_four_times_through_hbm(step):
