@@ -16,13 +16,14 @@ published before 2023 ran attention without FlashAttention (Dao et al., 2022), l
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from wmdist.bench_result import BenchResult
-from wmdist.planner.breakdown import breakdown
+from wmdist.planner.breakdown import StepBreakdown, breakdown, partial_breakdown, with_data_parallel
 from wmdist.planner.hardware import CLUSTERS, GPUS
 from wmdist.planner.layout import RECOMPUTE, ParallelLayout, check_layout
+from wmdist.planner.memory import gpu_memory
 from wmdist.planner.model import ClusterSpec, TrainingJob, from_architecture
 from wmdist.planner.presets import PRESETS
 from wmdist.planner.published import RUNS, PublishedRun
@@ -80,11 +81,22 @@ def completions(job: TrainingJob, run: PublishedRun) -> list[ParallelLayout]:
 def published_plan(job: TrainingJob, run: PublishedRun) -> Plan:
     """The published layout as the planner completes it: the fastest fitting completion, or, if none fits, the
     one that needs the least memory (so the miss shows). A ValueError if the job cannot run the layout at all."""
-    plans = [plan(job, lay) for lay in completions(job, run)]
-    if not plans:
+    layouts = completions(job, run)
+    if not layouts:
         raise ValueError(f"{run.name}: the published layout {run.layout} is not one the planner can run")
-    fitting = [p for p in plans if p.fits]
-    return min(fitting, key=lambda p: p.step.total) if fitting else min(plans, key=lambda p: p.memory["total"])
+    memory = {lay: gpu_memory(job, lay) for lay in layouts}
+    fitting = [lay for lay in layouts if memory[lay]["total"] <= job.cluster.hbm_bytes]
+    if not fitting:
+        return plan(job, min(layouts, key=lambda lay: memory[lay]["total"]))
+    partials: dict[ParallelLayout, StepBreakdown] = {}
+    plans = []
+    for lay in fitting:
+        key = replace(lay, zero=0)
+        if key not in partials:
+            partials[key] = partial_breakdown(job, lay)
+        plans.append(Plan(layout=lay, step=with_data_parallel(job, lay, partials[key]), memory=memory[lay],
+                          hbm_bytes=job.cluster.hbm_bytes))
+    return min(plans, key=lambda p: p.step.total)
 
 
 def published_utilisation(run: PublishedRun) -> float:
@@ -204,8 +216,12 @@ def score_table(scores: list[RunScore]) -> str:
 
 def bench_plan() -> BenchResult:
     """`wmdist bench plan`: fit, score every published run, and report the three goals with the table."""
-    runs = RUNS
-    fitted, scores = score_runs(runs)
+    return plan_result(*score_runs(RUNS))
+
+
+def plan_result(fitted: dict[str, float], scores: list[RunScore]) -> BenchResult:
+    """The BenchResult of score_runs' output: the goals measured, the efficiencies, the largest miss, the table."""
+    runs = tuple(s.run for s in scores)
     g = goals(scores)
     worst = max(scores, key=lambda s: s.error_points)
     notes = [f"efficiency per GPU type, fitted once across its runs (mean absolute error on a 0.01 grid): "
