@@ -181,7 +181,7 @@ def test_enumeration_counts_a_small_case_by_hand():
 
 def test_rank_layouts_is_the_exact_top_of_every_fitting_layout():
     job = replace(JOB, gpus=8, batch_tokens=16 * 1024)
-    options = dict(max_virtual=2, max_micro_batch=2)
+    options = {"max_virtual": 2, "max_micro_batch": 2}
     every = sorted(fitting_layouts(job, **options), key=lambda p: p.step.total)
     top = rank_layouts(job, top=5, zero_stages=(0, 1, 2, 3), recompute=("none", "selective", "full"), **options)
     assert [p.step.total for p in top] == pytest.approx([p.step.total for p in every[:5]], rel=REL)

@@ -66,3 +66,14 @@ def test_bad_input_is_one_line_and_status_2(change, words, capsys):
     code, out, err = _run(argv, capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and words in err and err.startswith("wmdist plan")
+
+
+def test_plan_imports_no_torch():
+    """Like the other planning commands, `wmdist plan` answers without importing torch."""
+    import subprocess
+    import sys
+    probe = ("import sys\nfrom wmdist.cli import main\n"
+             f"code = main({[*BASE, '--layout', 'dp=32,micro_batch=4']!r})\n"
+             "print('exit', code, 'torch imported:', 'torch' in sys.modules, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=120)
+    assert done.stderr.splitlines()[-1] == "exit 0 torch imported: False", done.stderr

@@ -9,14 +9,14 @@ from dataclasses import replace
 from fractions import Fraction
 
 import pytest
+from test_planner import JOB, MODEL
 
 from wmdist.costs.pipeline import peak_activations_in_flight
 from wmdist.costs.tensor_parallel import korthikanti_layer_bytes
 from wmdist.memory.footprint import MemoryConfig, activation_bytes, per_rank_bytes
 from wmdist.planner.layout import ParallelLayout
 from wmdist.planner.memory import DTYPES, gpu_memory, layer_activation_bytes
-from wmdist.planner.model import TrainingJob, TransformerSpec
-from test_planner import CLUSTER, JOB, MODEL
+from wmdist.planner.model import TransformerSpec
 
 H = 1024
 

@@ -30,7 +30,7 @@ from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.planner.layout import ParallelLayout
 from wmdist.planner.model import TrainingJob, TransformerSpec
 
-DTYPES = dict(param_dtype="bf16", grad_dtype="fp32", optimizer="adam", master_weights=True)
+DTYPES = {"param_dtype": "bf16", "grad_dtype": "fp32", "optimizer": "adam", "master_weights": True}
 
 
 def layer_activation_bytes(model: TransformerSpec, seq_len: int, *, elem_bytes: int = 2, scores: bool,

@@ -18,8 +18,7 @@ from dataclasses import dataclass, replace
 from wmdist.costs.pipeline import bubble_over_ideal
 from wmdist.costs.units import seconds, si
 from wmdist.memory.footprint import KINDS, format_bytes
-from wmdist.planner.breakdown import (TERMS, StepBreakdown, breakdown, partial_breakdown, stage_work,
-                                      with_data_parallel)
+from wmdist.planner.breakdown import TERMS, StepBreakdown, breakdown, partial_breakdown, stage_work, with_data_parallel
 from wmdist.planner.layout import ParallelLayout, candidate_layouts, check_layout
 from wmdist.planner.memory import gpu_memory
 from wmdist.planner.model import TrainingJob
@@ -127,10 +126,10 @@ def judge(job: TrainingJob, layout: ParallelLayout) -> str:
     verdict = "fits" if p.fits else "does NOT fit"
     share = ", ".join(f"{k} {format_bytes(mem[k])} ({100 * mem[k] / mem['total']:.0f}%)" for k in p.limit)
     lines = [f"{layout.describe()}",
-             f"  memory: {format_bytes(mem['total'])} on the fullest GPU, {verdict} in {format_bytes(hbm)} of HBM; "
-             f"most of it: {share}",
-             f"  step: {seconds(p.step.total)}, MFU {100 * p.step.mfu:.1f}% "
-             f"({si(p.step.model_flops / p.step.total / p.step.gpus, 'FLOP/s')} per GPU of model FLOPs)",
+             (f"  memory: {format_bytes(mem['total'])} on the fullest GPU, {verdict} in {format_bytes(hbm)} of HBM; "
+             f"most of it: {share}"),
+             (f"  step: {seconds(p.step.total)}, MFU {100 * p.step.mfu:.1f}% "
+             f"({si(p.step.model_flops / p.step.total / p.step.gpus, 'FLOP/s')} per GPU of model FLOPs)"),
              "  " + format_terms(p.step)]
     return "\n".join(lines)
 

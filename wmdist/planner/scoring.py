@@ -65,7 +65,7 @@ def run_job(run: PublishedRun, *, efficiency: float) -> TrainingJob:
 def completions(job: TrainingJob, run: PublishedRun) -> list[ParallelLayout]:
     """Every layout the job accepts that agrees with what the source prints (its None fields left open)."""
     lay = run.layout
-    open_or = lambda value, choices: (value,) if value is not None else choices    # noqa: E731
+    open_or = lambda value, choices: (value,) if value is not None else choices
     out = []
     for b, v, z, r in product(open_or(lay.micro_batch, (1, 2, 4, 8)), open_or(lay.virtual_stages, range(1, 9)),
                               open_or(lay.zero_stage, (0, 1, 2, 3)), open_or(lay.recompute, RECOMPUTE)):
@@ -205,8 +205,8 @@ def goals(scores: list[RunScore]) -> dict[str, float | bool]:
 
 def score_table(scores: list[RunScore]) -> str:
     """One line per run: published and predicted utilisation, held out, memory, the layout's ratio to the best."""
-    lines = [f"{'run':32s} {'counted':8s} {'published':>9s} {'predicted':>9s} {'held-out':>8s} {'memory GB':>9s} "
-             f"{'fits':>4s} {'vs best':>7s} {'any':>6s}  completed layout"]
+    lines = [(f"{'run':32s} {'counted':8s} {'published':>9s} {'predicted':>9s} {'held-out':>8s} {'memory GB':>9s} "
+             f"{'fits':>4s} {'vs best':>7s} {'any':>6s}  completed layout")]
     for s in scores:
         lines.append(f"{s.run.name:32s} {s.run.flops_counted:8s} {100 * s.published:8.1f}% {100 * s.predicted:8.1f}% "
                      f"{100 * s.held_out:7.1f}% {s.plan.memory['total'] / 1e9:9.1f} {'yes' if s.plan.fits else 'NO':>4s} "
@@ -224,12 +224,12 @@ def plan_result(fitted: dict[str, float], scores: list[RunScore]) -> BenchResult
     runs = tuple(s.run for s in scores)
     g = goals(scores)
     worst = max(scores, key=lambda s: s.error_points)
-    notes = [f"efficiency per GPU type, fitted once across its runs (mean absolute error on a 0.01 grid): "
-             f"{fitted}; stored in scoring.EFFICIENCY: {EFFICIENCY}",
-             f"largest miss: {worst.run.name}, published {100 * worst.published:.1f}% vs predicted "
-             f"{100 * worst.predicted:.1f}%",
-             "layout goal: each published layout's predicted step over the planner's best for the same job, with "
-             "the run's printed recompute kind held (the unrestricted ratio is the 'any' column)",
+    notes = [(f"efficiency per GPU type, fitted once across its runs (mean absolute error on a 0.01 grid): "
+             f"{fitted}; stored in scoring.EFFICIENCY: {EFFICIENCY}"),
+             (f"largest miss: {worst.run.name}, published {100 * worst.published:.1f}% vs predicted "
+             f"{100 * worst.predicted:.1f}%"),
+             ("layout goal: each published layout's predicted step over the planner's best for the same job, with "
+             "the run's printed recompute kind held (the unrestricted ratio is the 'any' column)"),
              *score_table(scores).splitlines()]
     return BenchResult(name="plan", inputs={"runs": len(runs), "gpu_types": sorted(fitted),
                                             "sources": len({r.citation.title for r in runs})},
