@@ -9,9 +9,10 @@ record also answers that (`nvlink_send_bytes_per_s`, `network_send_bytes_per_s`)
 
 Peak FLOP/s is the dense bf16 tensor-core figure (the datasheets' headline
 doubles it "with sparsity"; no published run here used 2:4 sparsity). HBM is
-the capacity the datasheet names; HBM stacks are binary-sized, so "80GB" is
-80 GiB of DRAM, of which the driver keeps some: `hbm_bytes` is 80 * 10**9, the
-smaller reading, so a layout that fits here fits on the card.
+the capacity the datasheet names, "80GB", read as 80 * 10**9 bytes: the
+smaller of its two readings (80 GiB is 7% more, and the driver keeps some), so
+a layout that fits by this figure fits on the card. Link latencies are not
+here: no datasheet or paper prints them for these fabrics.
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class ClusterFabric:
     gpus_per_node: int
     network_bits_per_s: float       # inter-node bandwidth per GPU, one direction, as the paper gives it
     fabric: str                     # the paper's description, in words
+    network_published: bool = True  # False: the paper does not describe its network; the GPU's typical stands in
     source: str
 
     @property
@@ -77,7 +79,6 @@ GPUS: dict[str, GpuType] = {g.name: g for g in (
                    "so 989.4 dense; HBM3 3.35 TB/s; NVLink 900 GB/s); network: one 400 Gb/s "
                    "ConnectX-7 (NDR InfiniBand or RoCE) per GPU as in the DGX H100 user guide"),
 )}
-GpuName = str   # a key of GPUS
 
 CLUSTERS: dict[str, ClusterFabric] = {c.name: c for c in (
     ClusterFabric(name="selene", gpu="a100-80gb", gpus_per_node=8, network_bits_per_s=200 * GBIT,
@@ -90,10 +91,11 @@ CLUSTERS: dict[str, ClusterFabric] = {c.name: c for c in (
                          "Omni-Path links per node (50 Gb/s per GPU)",
                   source="BigScience 2022, BLOOM (arXiv 2211.05100), section 3.4 (hardware)"),
     ClusterFabric(name="meta-opt", gpu="a100-80gb", gpus_per_node=8, network_bits_per_s=200 * GBIT,
+                  network_published=False,
                   fabric="992 A100 80GB (124 nodes of 8); the paper does not describe the network, "
                          "so the DGX A100 typical 200 Gb/s per GPU stands in",
                   source="Zhang et al. 2022, OPT (arXiv 2205.01068), section 2.4 (GPU count only)"),
-    ClusterFabric(name="meta-rsc-roce", gpu="h100", gpus_per_node=8, network_bits_per_s=400 * GBIT,
+    ClusterFabric(name="meta-llama3-roce", gpu="h100", gpus_per_node=8, network_bits_per_s=400 * GBIT,
                   fabric="Meta 24K-GPU RoCE cluster: Grand Teton servers of 8 H100 (80GB HBM3, 700 W) on NVLink; "
                          "400 Gb/s per GPU through a three-layer Clos, pods of 3,072 GPUs at full bisection, "
                          "1:7 oversubscribed between pods",

@@ -46,7 +46,7 @@ RUNS_H100: tuple[PublishedRun, ...] = (
         ("119B", 8, 4, 1536, 768, 420.5, 43), ("177B", 8, 6, 2304, 1152, 432.8, 44),
         ("314B", 8, 8, 3072, 1536, 474.4, 48), ("462B", 8, 16, 6144, 3072, 459.9, 47))),
     *(PublishedRun(
-        name=name, model="llama3-405b", gpu="h100", cluster="meta-rsc-roce", gpus=gpus,
+        name=name, model="llama3-405b", gpu="h100", cluster="meta-llama3-roce", gpus=gpus,
         layout=Layout(dp=dp, tp=8, pp=16, cp=cp, virtual_stages=None, pipeline_padding=2, zero_stage=2,
                       recompute="none" if cp == 1 else None),
         seq_len=seq, global_batch=per_dp * dp, batch_per_dp=per_dp, printed_batch_tokens="16M",
