@@ -15,7 +15,7 @@ import pytest
 
 from wmdist.planner.hardware import CLUSTERS, GPUS
 from wmdist.planner.presets import PRESETS, Architecture, layer_params, nominal_params, param_count, printed_size
-from wmdist.planner.published import RUNS, Layout, gpt_step_flops, known_keys_ok, peak_flops, run
+from wmdist.planner.published import RUNS, Layout, gpt_step_flops, known_keys_ok, peak_flops, published_share, run
 from wmdist.planner.records import MEGA
 
 IDS = [r.name for r in RUNS]
@@ -217,3 +217,15 @@ def test_bad_records_and_names_are_refused_with_the_value():
     with pytest.raises(ValueError, match="width 100 must be divisible by heads 3"):
         Architecture(name="bad", layers=1, hidden=100, ffn=400, heads=3, kv_heads=3, vocab=10, seq_len=8,
                      nominal="1M", source="none")
+
+
+def test_published_share_compares_like_with_like():
+    """MFU where printed, else HFU, else TFLOP/s over peak, each with what it counts."""
+    assert published_share(run("korthikanti22-1t")) == (0.563, "model")
+    assert published_share(run("narayanan21-1008.0b")) == (0.52, "hardware")
+    share, counted = published_share(run("mcore24-mixtral-8x7b"))
+    assert counted == "model" and math.isclose(share, 438 / 989.4)
+    assert published_share(run("opt-175b"))[1] is None            # the paper does not say what it counts
+    assert run("llama3-405b-128k-16384gpu").layout.overlapped == ("dp", "pp")   # CP's all-gather is exposed
+    with pytest.raises(ValueError, match="overlapped must name axes"):
+        Layout(dp=1, tp=1, pp=1, overlapped=("nvlink",))

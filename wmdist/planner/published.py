@@ -11,10 +11,10 @@ from __future__ import annotations
 from wmdist.planner.hardware import CLUSTERS, GPUS
 from wmdist.planner.presets import PRESETS
 from wmdist.planner.published_a100 import RUNS_A100
-from wmdist.planner.records import Citation, Layout, PublishedRun, gpt_step_flops
+from wmdist.planner.records import Citation, FlopsCounted, Layout, PublishedRun, gpt_step_flops
 
 __all__ = ["RUNS", "RUNS_BY_NAME", "Citation", "Layout", "PublishedRun", "gpt_step_flops", "known_keys_ok",
-           "peak_flops", "run"]
+           "peak_flops", "published_share", "run"]
 
 MCORE = Citation(authors="NVIDIA (Megatron-LM team)", year=2024, title="Megatron-LM README: Performance Benchmarking",
                  arxiv=None, where="model table (images/model_table.png, added in commit f2e5db402c, 2024-07-15)",
@@ -30,12 +30,14 @@ MOE = Citation(authors="NVIDIA (Megatron-LM team)", year=2024, title="Megatron C
 def _mcore(size: str, tp: int, pp: int, gpus: int, batch: int, tflops: float, mfu: int) -> PublishedRun:
     return PublishedRun(
         name=f"mcore24-{size.lower()}", model=f"mcore-{size.lower()}", gpu="h100", cluster=None, gpus=gpus,
-        layout=Layout(dp=gpus // (tp * pp), tp=tp, pp=pp, virtual_stages=None, zero_stage=1), seq_len=4096,
+        layout=Layout(dp=gpus // (tp * pp), tp=tp, pp=pp, virtual_stages=None, zero_stage=1,
+                      sequence_parallel=tp > 1, overlapped=("dp", "tp", "pp")), seq_len=4096,
         global_batch=batch, tflops_per_gpu=tflops, tflops_step=0.1, flops_counted="model", mfu=mfu / 100,
         citation=MCORE, confidence="checked",
         note="Read from the README's table image: GPT models, vocabulary 131,072, sequence 4096, data-parallel "
-             "size 48 in every row; throughput end to end. ZeRO-1 is inferred: the README's "
-             "--overlap-param-gather needs Megatron's distributed optimizer. Micro-batch, interleaving and "
+             "size 48 in every row; throughput end to end; DP, TP and PP communication overlapped. ZeRO-1 and "
+             "sequence parallelism are inferred: --overlap-param-gather needs Megatron's distributed optimizer "
+             "and --tp-comm-overlap needs --sequence-parallel. Micro-batch, interleaving and "
              "recompute are not given, nor the cluster beyond 'H100'. The MFUs divide by 989 TFLOP/s.")
 
 
@@ -48,14 +50,16 @@ RUNS_H100: tuple[PublishedRun, ...] = (
     *(PublishedRun(
         name=name, model="llama3-405b", gpu="h100", cluster="meta-llama3-roce", gpus=gpus,
         layout=Layout(dp=dp, tp=8, pp=16, cp=cp, virtual_stages=None, pipeline_padding=2, zero_stage=2,
-                      recompute="none" if cp == 1 else None),
+                      recompute="none" if cp == 1 else None, overlapped=("dp", "pp")),
         seq_len=seq, global_batch=per_dp * dp, batch_per_dp=per_dp, printed_batch_tokens="16M",
         tflops_per_gpu=tflops, tflops_step=10, flops_counted="model", mfu=mfu, citation=LLAMA3,
         confidence="checked",
         note="Table 4, read in two copies of the paper. FSDP shards optimizer state and gradients and keeps the "
              "parameters gathered from forward to backward (no reshard), ZeRO-2 in memory. Interleaved schedule "
              "with an unstated number of chunks; one block fewer on the first and last stages; 8K runs without "
-             "activation checkpointing (section 3.3.2). CP is all-gather based, 2 x CP chunks per sequence. "
+             "activation checkpointing (section 3.3.2). FSDP prefetches and reduces asynchronously and PP "
+             "point-to-point is asynchronous; CP all-gathers K and V with the latency exposed, 2 x CP chunks per "
+             "sequence. "
              "Earlier arXiv versions print DP 4 in the 128K row; v3 prints 8, which GPUs / (TP x CP x PP) and "
              "16M tokens both require. TFLOP/s are printed to two digits.")
       for name, gpus, dp, cp, seq, per_dp, tflops, mfu in (
@@ -74,6 +78,18 @@ RUNS_H100: tuple[PublishedRun, ...] = (
 
 RUNS: tuple[PublishedRun, ...] = RUNS_A100 + RUNS_H100
 RUNS_BY_NAME: dict[str, PublishedRun] = {r.name: r for r in RUNS}
+
+
+def published_share(r: PublishedRun) -> tuple[float, FlopsCounted | None] | None:
+    """The fraction of peak a run reached as its source counts it, and what it counts: the printed MFU, else
+    the printed HFU, else the printed TFLOP/s over the GPU's peak (None where a run prints none of these)."""
+    if r.mfu is not None:
+        return r.mfu, "model"
+    if r.hfu is not None:
+        return r.hfu, "hardware"
+    if r.tflops_per_gpu is not None:
+        return r.tflops_per_gpu * 1e12 / peak_flops(r), r.flops_counted
+    return None
 
 
 def run(name: str) -> PublishedRun:

@@ -108,7 +108,9 @@ RUNS_A100: tuple[PublishedRun, ...] = (
         seq_len=2048, global_batch=8 * 280, tflops_per_gpu=None, flops_counted="model", mfu=0.542,
         utilization_step=0.001, iteration_s=39.15, citation=KORTHIKANTI_DP, confidence="checked",
         note="Section 6.3: the Table 3 530B layout at 8-way data parallelism, batch per model instance kept "
-             "(280 x 8), 39.15 s per step against 37.83 s; gradient all-reduce not overlapped."),
+             "(280 x 8), 39.15 s per step against 37.83 s; the data-parallel gradient all-reduce is not "
+             "overlapped with backward (the paper says so), while TP's backward all-reduce overlaps the weight "
+             "gradients (section 6.2)."),
     PublishedRun(
         name="korthikanti22-530b-2240gpu-full-recompute", model="megatron-530b", gpu="a100-80gb", cluster="selene",
         gpus=2240, layout=Layout(dp=8, tp=8, pp=35, virtual_stages=None, micro_batch=1, recompute="full"),

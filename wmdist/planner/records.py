@@ -63,6 +63,8 @@ class Layout:
     micro_batch: int | None = None  # sequences per micro-batch
     recompute: Recompute | None = None
     sequence_parallel: bool | None = None
+    overlapped: tuple[str, ...] | None = None   # axes whose communication the source says it hides behind
+                                                # compute; () where it says none is, None where it is silent
 
     def __post_init__(self) -> None:
         require_fields(self, ("dp", "tp", "pp", "cp", "ep", "expert_tp"), 1)
@@ -71,6 +73,8 @@ class Layout:
                                        ("zero_stage", self.zero_stage, 0, 3), ("micro_batch", self.micro_batch, 1, None)):
             if value is not None:
                 require_int(name, value, low, high=high)
+        if self.overlapped is not None and not set(self.overlapped) <= {"dp", "tp", "pp", "cp", "ep"}:
+            raise ValueError(f"overlapped must name axes among dp, tp, pp, cp, ep, got {self.overlapped!r}")
         if self.recompute not in (None, "none", "selective", "full"):
             raise ValueError(f"recompute must be 'none', 'selective', 'full' or None, got {self.recompute!r}")
 
