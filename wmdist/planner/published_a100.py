@@ -52,7 +52,8 @@ def _ptd(model: str, tp: int, pp: int, gpus: int, batch: int, tflops: int) -> Pu
         seq_len=2048, global_batch=batch, tflops_per_gpu=tflops, flops_counted="hardware", citation=NARAYANAN_T2,
         confidence="partly checked",
         note="Table 2 prints the model-parallel size (96 for 174.6B, 280 for 529.6B) without its split; TP 8 "
-             "within a node and the rest pipeline is the paper's own rule (section 3.3), giving PP 12 and 35. "
+             "within a node and the rest pipeline (the paper's takeaway in section 3, and Table 1's 529.6B "
+             "layout) gives PP 12 and 35. "
              + _FULL)
 
 
