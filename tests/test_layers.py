@@ -16,12 +16,12 @@ ROOT = Path(__file__).resolve().parents[1] / "wmdist"
 LAYERS = [("costs", "knobs", "spans", "bench_result", "on_progress", "measured"), ("comm",), ("runtime",), ("report", "report_html", "compare", "models", "transformer"), ("exercises", "experiment"),
           ("ui",)]
 TOP = ("demos", "bench", "bench_panels", "cli", "__main__", "__init__", "kernel", "lab")   # kernel: the Jupyter entry point
-CAPSTONES = ("mesh", "yours")   # chapter 09 and "your own model" build on the chapters before them
+CAPSTONES = ("mesh", "yours", "planner")   # chapters 09 and 11 and "your own model" build on the chapters before
 PURE = ["costs", "knobs.py", "spans.py", "comm/mesh.py", "memory/footprint.py", "memory/remedies.py",
         "data_parallel/scaling.py", "pipeline/schedules.py", "pipeline/simulate.py", "pipeline/plan.py",
         "pipeline/bubble.py", "ring_attention/layout.py", "ring_attention/traffic.py",
         "mesh/spec.py", "mesh/patterns.py", "memory/transient.py", "memory/presets.py", "experts/tradeoff.py",
-        "bench_result.py", "on_progress.py", "measured.py"]
+        "bench_result.py", "on_progress.py", "measured.py", "planner"]
 NOT_IN_PURE = {"torch", "ipywidgets", "matplotlib", "IPython"}
 ALLOWED_TORCH_DISTRIBUTED = ("torch.distributed.checkpoint", "torch.distributed.optim",
                              "torch.distributed.pipelining", "torch.distributed.tensor",

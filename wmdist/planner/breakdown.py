@@ -32,14 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from wmdist.costs import experts as ecosts
-from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.mesh import Link, Traffic, axis_in_node, strides
 from wmdist.costs.pipeline import bubble_over_ideal
 from wmdist.costs.ring_attention import attention_flops, ring_backward_bytes_per_rank, ring_kv_bytes_per_rank
 from wmdist.costs.tensor_parallel import megatron_layer_bytes
 from wmdist.costs.zero import zero_step_bytes, zero_step_rounds
-from wmdist.planner.layout import ParallelLayout, check_layout
 from wmdist.memory.footprint import local_params
+from wmdist.planner.layout import ParallelLayout, check_layout
 from wmdist.planner.memory import _pieces, _stage_layers, layer_activation_bytes, memory_configs
 from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec
 
@@ -121,7 +120,7 @@ def stage_work(job: TrainingJob, layout: ParallelLayout) -> tuple[float, float, 
     with the most FLOPs. The HBM bytes: each layer's saved activations (memory.layer_activation_bytes, the
     s x s scores included when FlashAttention does not fuse them away) moved HBM_PASSES times, twice more when
     full recompute runs the forward again; with sequence parallelism every tp rank moves 1/tp of them."""
-    m, s, b, micro = job.model, job.seq_len, layout.micro_batch, layout.microbatches(job)
+    m, s = job.model, job.seq_len
     tokens = -(-job.sequences // layout.dp) * s / layout.cp    # tokens a GPU's stage sees per step (tp shares them)
     attn = attention_flops(s, m.head_dim, heads=m.heads, causal=True) / s     # forward, per token and layer
     dense = 2 * (m.attention_params + m.dense_mlp_params) + attn

@@ -9,9 +9,10 @@ record also answers that (`nvlink_send_bytes_per_s`, `network_send_bytes_per_s`)
 
 Peak FLOP/s is the dense bf16 tensor-core figure (the datasheets' headline
 doubles it "with sparsity"; no published run here used 2:4 sparsity). HBM is
-the capacity the datasheet names; HBM stacks are binary-sized, so "80GB" is
-80 GiB of DRAM, of which the driver keeps some: `hbm_bytes` is 80 * 10**9, the
-smaller reading, so a layout that fits here fits on the card.
+the capacity the datasheet names, "80GB", read as 80 * 10**9 bytes: the
+smaller of its two readings (80 GiB is 7% more, and the driver keeps some), so
+a layout that fits by this figure fits on the card. Link latencies are not
+here: no datasheet or paper prints them for these fabrics.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class ClusterFabric:
     gpus_per_node: int
     network_bits_per_s: float       # inter-node bandwidth per GPU, one direction, as the paper gives it
     fabric: str                     # the paper's description, in words
-    nvlink_bytes_per_s: float | None = None   # only where the paper names a figure other than the datasheet's
+    network_published: bool = True  # False: the paper does not describe its network; the GPU's typical stands in
     source: str
 
     @property
@@ -77,35 +78,30 @@ GPUS: dict[str, GpuType] = {g.name: g for g in (
             source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: BF16 1,979 TFLOPS with sparsity, "
                    "so 989.4 dense; HBM3 3.35 TB/s; NVLink 900 GB/s); network: one 400 Gb/s "
                    "ConnectX-7 (NDR InfiniBand or RoCE) per GPU as in the DGX H100 user guide"),
-    GpuType(name="h800", generation="Hopper", peak_bf16_flops=989.4 * TERA, hbm_bytes=80 * GB,
-            hbm_bytes_per_s=3350 * GB, nvlink="NVLink 4, reduced to 8 links", nvlink_bytes_per_s=400 * GB,
-            gpus_per_node=8, network_bits_per_s=400 * GBIT,
-            source="NVIDIA H800 SXM: the H100 SXM's compute and HBM3 with NVLink cut to 400 GB/s "
-                   "(DeepSeek-AI 2025, 'Insights into DeepSeek-V3', arXiv 2505.09343, section 2; "
-                   "8 x 400 Gb/s CX7 InfiniBand per node)"),
 )}
-GpuName = str   # a key of GPUS
 
 CLUSTERS: dict[str, ClusterFabric] = {c.name: c for c in (
     ClusterFabric(name="selene", gpu="a100-80gb", gpus_per_node=8, network_bits_per_s=200 * GBIT,
                   fabric="NVIDIA Selene, DGX A100 nodes: NVLink/NVSwitch inside, eight 200 Gb/s HDR "
-                         "InfiniBand HCAs per node for the application (two more for storage)",
+                         "InfiniBand HCAs per node for the application (two more for storage), a three-level "
+                         "fat tree of 850 switches",
                   source="Narayanan et al. 2021 (arXiv 2104.04473), section 5"),
     ClusterFabric(name="jean-zay", gpu="a100-80gb", gpus_per_node=8, network_bits_per_s=50 * GBIT,
                   fabric="Jean Zay (IDRIS), 48 nodes of 8 A100 80GB: NVLink inside, four 100 Gb/s "
                          "Omni-Path links per node (50 Gb/s per GPU)",
-                  source="BigScience 2022, BLOOM (arXiv 2211.05100), section 3.4.1"),
+                  source="BigScience 2022, BLOOM (arXiv 2211.05100), section 3.4 (hardware)"),
     ClusterFabric(name="meta-opt", gpu="a100-80gb", gpus_per_node=8, network_bits_per_s=200 * GBIT,
+                  network_published=False,
                   fabric="992 A100 80GB (124 nodes of 8); the paper does not describe the network, "
                          "so the DGX A100 typical 200 Gb/s per GPU stands in",
                   source="Zhang et al. 2022, OPT (arXiv 2205.01068), section 2.4 (GPU count only)"),
-    ClusterFabric(name="meta-rsc-roce", gpu="h100", gpus_per_node=8, network_bits_per_s=400 * GBIT,
-                  fabric="Meta 24K-GPU RoCE cluster (Grand Teton servers, 8 H100 per server on NVLink), "
-                         "400 Gb/s per GPU through a three-layer Clos of Arista 7800 / Minipack2 switches",
+    ClusterFabric(name="meta-llama3-roce", gpu="h100", gpus_per_node=8, network_bits_per_s=400 * GBIT,
+                  fabric="Meta 24K-GPU RoCE cluster: Grand Teton servers of 8 H100 (80GB HBM3, 700 W) on NVLink; "
+                         "400 Gb/s per GPU through a three-layer Clos, pods of 3,072 GPUs at full bisection, "
+                         "1:7 oversubscribed between pods",
                   source="Dubey et al. 2024, The Llama 3 Herd of Models (arXiv 2407.21783), section 3.3.1"),
-    ClusterFabric(name="deepseek-h800", gpu="h800", gpus_per_node=8, network_bits_per_s=400 * GBIT,
-                  nvlink_bytes_per_s=None,
-                  fabric="2048 H800 in nodes of 8 on NVLink/NVSwitch, InfiniBand between nodes; the "
-                         "report quotes about 160 GB/s NVLink and 50 GB/s IB as achieved",
-                  source="DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv 2412.19437), sections 3.1, 3.2.2"),
+    ClusterFabric(name="mcore-h100-ib", gpu="h100", gpus_per_node=8, network_bits_per_s=400 * GBIT,
+                  fabric="8x H100 80GB HBM3 per server on 4th-generation NVLink, InfiniBand 8 x 400 Gb/s",
+                  source="NVIDIA Megatron-LM MoE README (megatron/core/transformer/moe/README.md, 2024-08-02), "
+                         "'Detailed Benchmark Information'"),
 )}

@@ -52,7 +52,8 @@ class ParallelLayout:
     def microbatches(self, job: TrainingJob) -> int:
         """M: microbatches per data-parallel rank and step, ceil(ceil(sequences / dp) / b): where dp does not
         divide the sequences, the ranks with one more set the pace (and a last microbatch may be short)."""
-        return -(-(-(-job.sequences // self.dp)) // self.micro_batch)
+        per_rank = (job.sequences + self.dp - 1) // self.dp
+        return (per_rank + self.micro_batch - 1) // self.micro_batch
 
     def describe(self) -> str:
         """'dp=64,tp=8,pp=16,cp=1,ep=1,zero=1,micro_batch=1,virtual=4,recompute=none': what --layout reads."""

@@ -20,6 +20,7 @@ listed below. For a GPT-3 block (GELU, g = a, dropout) it gives Korthikanti's 34
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -29,7 +30,7 @@ from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.planner.layout import ParallelLayout
 from wmdist.planner.model import TrainingJob, TransformerSpec
 
-DTYPES = dict(param_dtype="bf16", grad_dtype="fp32", optimizer="adam", master_weights=True)
+DTYPES = {"param_dtype": "bf16", "grad_dtype": "fp32", "optimizer": "adam", "master_weights": True}
 
 
 def layer_activation_bytes(model: TransformerSpec, seq_len: int, *, elem_bytes: int = 2, scores: bool,
@@ -53,14 +54,15 @@ def layer_activation_bytes(model: TransformerSpec, seq_len: int, *, elem_bytes: 
     return float((attention + mlp) * e + masks + quadratic), float(4 * h * e + masks)
 
 
-def _stage_layers(model: TransformerSpec, pp: int) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=4096)
+def _stage_layers(model: TransformerSpec, pp: int) -> tuple[tuple[int, int], ...]:
     """(dense-MLP layers, MoE layers) on each stage: layers tensor_split over pp, the dense ones first."""
     out, start = [], 0
     for n in ring_chunk_sizes(model.layers, pp):
         dense = max(0, min(start + n, model.layers - model.moe_layers) - start)
         out.append((dense, n - dense))
         start += n
-    return out
+    return tuple(out)
 
 
 def _pieces(model: TransformerSpec, layout: ParallelLayout) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -43,6 +43,7 @@ class Architecture:
     shared_ffn: int = 0
     dense_layers: int = 0            # leading layers with the dense MLP (MoE models)
     nominal: str                     # the size its name or paper prints: "175B", "1.7B", "141B"
+    nominal_active: str | None = None  # MoE: the parameters one token uses, as published ("12.9B")
     source: str                      # where the shape is published
 
     def __post_init__(self) -> None:
@@ -96,10 +97,15 @@ def param_count(m: Architecture, *, active: bool = False) -> int:
     return blocks + embeddings + _norm(m) * (2 if m.embedding_norm else 1)
 
 
+def printed_size(text: str) -> float:
+    """A size as papers print it, as a number: "1.7B" is 1.7e9, "1T" 1e12, "176,247M" 1.76247e11."""
+    scale = {"M": 1e6, "B": 1e9, "T": 1e12}[text[-1]]
+    return float(text[:-1].replace(",", "")) * scale
+
+
 def nominal_params(m: Architecture) -> float:
-    """The size the name prints, as a number: "1.7B" is 1.7e9, "1T" 1e12."""
-    scale = {"M": 1e6, "B": 1e9, "T": 1e12}[m.nominal[-1]]
-    return float(m.nominal[:-1]) * scale
+    """The size the model's name or paper prints, as a number."""
+    return printed_size(m.nominal)
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int, nominal: str, source: str,
@@ -110,31 +116,31 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int, 
                         learned_positions=seq if positions is None else positions, nominal=nominal, source=source)
 
 
-NARAYANAN = "Narayanan et al. 2021 (arXiv 2104.04473), Table 1; heads from the paper's table as recalled, " \
-            "not in the Megatron-LM README image that confirms hidden, layers and size"
+NARAYANAN = "Narayanan et al. 2021 (arXiv 2104.04473), Table 1 (vocabulary 51,200, sequence 2048; section 5.1)"
 KORTHIKANTI = "Korthikanti et al. 2022 (arXiv 2205.05198), Table 3"
 MCORE = "NVIDIA Megatron-LM README, 'Performance Benchmarking' model table (images/model_table.png, 2024-07-15)"
 
 PRESETS: dict[str, Architecture] = {m.name: m for m in (
-    *(_gpt(f"megatron-{size.lower()}", layers, hidden, heads, 51200, 2048, size, NARAYANAN)
-      for size, hidden, layers, heads in (("1.7B", 2304, 24, 24), ("3.6B", 3072, 30, 32), ("7.5B", 4096, 36, 32),
-                                          ("18.4B", 6144, 40, 48), ("39.1B", 8192, 48, 64),
-                                          ("76.1B", 10240, 60, 80), ("145.6B", 12288, 80, 96),
-                                          ("310.1B", 16384, 96, 128), ("529.6B", 20480, 105, 128),
-                                          ("1008.0B", 25600, 128, 160))),
+    *(_gpt(name, layers, hidden, heads, 51200, 2048, size, NARAYANAN)
+      for name, size, hidden, layers, heads in (
+          ("megatron-1.7b", "1.7B", 2304, 24, 24), ("megatron-3.6b", "3.6B", 3072, 30, 32),
+          ("megatron-7.5b", "7.5B", 4096, 36, 32), ("megatron-18.4b", "18.4B", 6144, 40, 48),
+          ("megatron-39.1b", "39.1B", 8192, 48, 64), ("megatron-76.1b", "76.1B", 10240, 60, 80),
+          ("megatron-145.6b", "145.6B", 12288, 80, 96), ("megatron-310.1b", "310.1B", 16384, 96, 128),
+          ("megatron-530b", "529.6B", 20480, 105, 128), ("megatron-1t", "1008.0B", 25600, 128, 160))),
     _gpt("gpt-22b", 48, 6144, 64, 51200, 2048, "22B", KORTHIKANTI),
     _gpt("gpt3-175b", 96, 12288, 96, 51200, 2048, "175B",
-         "Brown et al. 2020 (arXiv 2005.14165) Table 2.1; vocabulary 51200 as Megatron pads it"),
-    _gpt("gpt-530b", 105, 20480, 128, 51200, 2048, "530B", KORTHIKANTI),
-    _gpt("gpt-1t", 128, 25600, 160, 51200, 2048, "1T", KORTHIKANTI),
+         "Brown et al. 2020 (arXiv 2005.14165) Table 2.1, with Megatron's vocabulary of 51,200; Narayanan et al. "
+         "2021 Table 2 prints it as 174.6B"),
     _gpt("mt-nlg-530b", 105, 20480, 128, 50257, 2048, "530B",
          "Smith et al. 2022 (arXiv 2201.11990), section 3.1 (GPT-2 BPE vocabulary)"),
     _gpt("opt-175b", 96, 12288, 96, 50272, 2048, "175B",
          "Zhang et al. 2022 (arXiv 2205.01068), Table 1; vocabulary of the released tokenizer"),
     Architecture(name="bloom-176b", layers=70, hidden=14336, ffn=4 * 14336, heads=112, kv_heads=112, vocab=250880,
-                 seq_len=2048, embedding_norm=True, nominal="176B",
-                 source="BigScience 2022, BLOOM (arXiv 2211.05100), Table 3; ALiBi positions, embedding "
-                        "LayerNorm, vocabulary 250,680 padded to 250,880"),
+                 seq_len=2048, embedding_norm=True, nominal="176,247M",
+                 source="BigScience 2022, BLOOM (arXiv 2211.05100), its hyperparameter table (176,247M "
+                        "parameters); ALiBi positions, embedding LayerNorm, vocabulary 250,680 padded to 250,880 "
+                        "(--pad-vocab-size-to in the training script)"),
     Architecture(name="llama3-405b", layers=126, hidden=16384, ffn=53248, heads=128, kv_heads=8, vocab=128256,
                  seq_len=8192, gated_mlp=True, biases=False, tied_embeddings=False, nominal="405B",
                  source="Dubey et al. 2024 (arXiv 2407.21783), Table 3; vocabulary 128K (128,256 in the release)"),
@@ -144,9 +150,14 @@ PRESETS: dict[str, Architecture] = {m.name: m for m in (
                                           ("32B", 56, 7168, 48), ("70B", 64, 8192, 84), ("119B", 80, 10240, 92),
                                           ("177B", 96, 12288, 96), ("314B", 128, 16384, 96),
                                           ("462B", 144, 18432, 112))),
+    Architecture(name="mixtral-8x7b", layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=32000,
+                 seq_len=32768, gated_mlp=True, biases=False, tied_embeddings=False, experts=8, top_k=2,
+                 expert_ffn=14336, nominal="46.7B", nominal_active="12.9B",
+                 source="Jiang et al. 2024, Mixtral of Experts (arXiv 2401.04088), Table 1; 46.7B total "
+                        "parameters, 12.9B active, from Mistral AI's release"),
     Architecture(name="mixtral-8x22b", layers=56, hidden=6144, ffn=16384, heads=48, kv_heads=8, vocab=32768,
                  seq_len=4096, gated_mlp=True, biases=False, tied_embeddings=False, experts=8, top_k=2,
-                 expert_ffn=16384, nominal="141B",
-                 source="Mistral AI 2024, Mixtral 8x22B release (config.json: 56 layers, 6144, 16384, 48/8 "
-                        "heads, vocabulary 32768, 8 experts, top-2)"),
+                 expert_ffn=16384, nominal="141B", nominal_active="39B",
+                 source="Mistral AI 2024, Mixtral 8x22B release: 141B parameters, 39B active; shape from its "
+                        "config.json (56 layers, 6144, 16384, 48/8 heads, vocabulary 32768, 8 experts, top-2)"),
 )}

@@ -18,8 +18,7 @@ from dataclasses import dataclass, replace
 from wmdist.costs.pipeline import bubble_over_ideal
 from wmdist.costs.units import seconds, si
 from wmdist.memory.footprint import KINDS, format_bytes
-from wmdist.planner.breakdown import (TERMS, StepBreakdown, breakdown, partial_breakdown, stage_work,
-                                      with_data_parallel)
+from wmdist.planner.breakdown import TERMS, StepBreakdown, breakdown, partial_breakdown, stage_work, with_data_parallel
 from wmdist.planner.layout import ParallelLayout, candidate_layouts, check_layout
 from wmdist.planner.memory import gpu_memory
 from wmdist.planner.model import TrainingJob
@@ -57,11 +56,15 @@ def plan(job: TrainingJob, layout: ParallelLayout) -> Plan:
                 hbm_bytes=job.cluster.hbm_bytes)
 
 
+def compute_seconds(job: TrainingJob, layout: ParallelLayout) -> float:
+    """The breakdown's compute term alone (it depends on tp, pp, cp, dp and recompute only)."""
+    return stage_work(job, layout)[0] / (job.cluster.efficiency * job.cluster.peak_flops)
+
+
 def lower_bound(job: TrainingJob, layout: ParallelLayout) -> float:
     """Seconds no breakdown of `layout` can beat: the stage's compute and the bubble on that compute alone."""
-    work, _, _, _ = stage_work(job, layout)
-    compute = work / (job.cluster.efficiency * job.cluster.peak_flops)
-    return compute * (1 + bubble_over_ideal(layout.pp, layout.microbatches(job), chunks=layout.virtual))
+    return compute_seconds(job, layout) * (1 + bubble_over_ideal(layout.pp, layout.microbatches(job),
+                                                                 chunks=layout.virtual))
 
 
 def fitting_layouts(job: TrainingJob, **bounds: object) -> Iterator[Plan]:
@@ -87,7 +90,14 @@ def rank_layouts(job: TrainingJob, *, top: int = 10, **bounds: object) -> list[P
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ValueError(f"top must be an integer >= 1, got {top!r}")
     options = {**search_space(job), **bounds}
-    queue = sorted(((lower_bound(job, lay), i, lay) for i, lay in enumerate(candidate_layouts(job, **options))),
+    compute: dict[tuple, float] = {}        # compute_seconds depends on these five fields only
+
+    def bound(lay: ParallelLayout) -> float:
+        key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.recompute)
+        if key not in compute:
+            compute[key] = compute_seconds(job, lay)
+        return compute[key] * (1 + bubble_over_ideal(lay.pp, lay.microbatches(job), chunks=lay.virtual))
+    queue = sorted(((bound(lay), i, lay) for i, lay in enumerate(candidate_layouts(job, **options))),
                    key=lambda t: t[:2])   # type: ignore[arg-type]
     best: list[tuple[float, int, Plan]] = []
     partials: dict[ParallelLayout, StepBreakdown] = {}
@@ -116,10 +126,10 @@ def judge(job: TrainingJob, layout: ParallelLayout) -> str:
     verdict = "fits" if p.fits else "does NOT fit"
     share = ", ".join(f"{k} {format_bytes(mem[k])} ({100 * mem[k] / mem['total']:.0f}%)" for k in p.limit)
     lines = [f"{layout.describe()}",
-             f"  memory: {format_bytes(mem['total'])} on the fullest GPU, {verdict} in {format_bytes(hbm)} of HBM; "
-             f"most of it: {share}",
-             f"  step: {seconds(p.step.total)}, MFU {100 * p.step.mfu:.1f}% "
-             f"({si(p.step.model_flops / p.step.total / p.step.gpus, 'FLOP/s')} per GPU of model FLOPs)",
+             (f"  memory: {format_bytes(mem['total'])} on the fullest GPU, {verdict} in {format_bytes(hbm)} of HBM; "
+             f"most of it: {share}"),
+             (f"  step: {seconds(p.step.total)}, MFU {100 * p.step.mfu:.1f}% "
+             f"({si(p.step.model_flops / p.step.total / p.step.gpus, 'FLOP/s')} per GPU of model FLOPs)"),
              "  " + format_terms(p.step)]
     return "\n".join(lines)
 

@@ -16,16 +16,17 @@ published before 2023 ran attention without FlashAttention (Dao et al., 2022), l
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from wmdist.bench_result import BenchResult
-from wmdist.planner.breakdown import breakdown
+from wmdist.planner.breakdown import StepBreakdown, breakdown, partial_breakdown, with_data_parallel
 from wmdist.planner.hardware import CLUSTERS, GPUS
 from wmdist.planner.layout import RECOMPUTE, ParallelLayout, check_layout
+from wmdist.planner.memory import gpu_memory
 from wmdist.planner.model import ClusterSpec, TrainingJob, from_architecture
 from wmdist.planner.presets import PRESETS
-from wmdist.planner.published import RUNS, PublishedRun
+from wmdist.planner.published import RUNS, PublishedRun, published_share
 from wmdist.planner.rank import Plan, plan, rank_layouts
 
 INTRA_LATENCY_S = 5e-6
@@ -33,7 +34,7 @@ INTER_LATENCY_S = 10e-6
 FLASH_FROM_YEAR = 2023
 GRID = tuple(round(0.30 + 0.01 * i, 2) for i in range(66))
 GOALS = {"median_points": 5.0, "max_points": 10.0, "layout_ratio": 1.10}
-# The efficiency of each GPU type, as `score_runs(published.RUNS)` fits it (tests/test_planner_bench.py fits it
+# The efficiency of each GPU type, as `score_runs(scored_runs())` fits it (tests/test_planner_bench.py fits it
 # again and holds these to it): A100 from the 19 A100 runs, H100 from the 12 H100 runs. The H800 is an H100 with
 # fewer NVLinks (hardware.py) and no published run here has an MFU on it: it takes the H100's.
 EFFICIENCY = {"a100-80gb": 0.58, "h100": 0.59, "h800": 0.59}
@@ -45,7 +46,7 @@ def cluster_spec(gpu: str, *, fabric: str | None = None, efficiency: float) -> C
         raise ValueError(f"gpu must be one of {', '.join(GPUS)}, got {gpu!r}")
     g = GPUS[gpu]
     f = CLUSTERS[fabric] if fabric is not None else None
-    intra = (f.nvlink_bytes_per_s / 2) if f is not None and f.nvlink_bytes_per_s else g.nvlink_send_bytes_per_s
+    intra = g.nvlink_send_bytes_per_s
     return ClusterSpec(name=fabric or gpu, peak_flops=g.peak_bf16_flops, hbm_bytes=g.hbm_bytes,
                        hbm_bytes_per_s=g.hbm_bytes_per_s, gpus_per_node=f.gpus_per_node if f else g.gpus_per_node,
                        intra_bytes_per_s=intra,
@@ -64,7 +65,7 @@ def run_job(run: PublishedRun, *, efficiency: float) -> TrainingJob:
 def completions(job: TrainingJob, run: PublishedRun) -> list[ParallelLayout]:
     """Every layout the job accepts that agrees with what the source prints (its None fields left open)."""
     lay = run.layout
-    open_or = lambda value, choices: (value,) if value is not None else choices    # noqa: E731
+    open_or = lambda value, choices: (value,) if value is not None else choices
     out = []
     for b, v, z, r in product(open_or(lay.micro_batch, (1, 2, 4, 8)), open_or(lay.virtual_stages, range(1, 9)),
                               open_or(lay.zero_stage, (0, 1, 2, 3)), open_or(lay.recompute, RECOMPUTE)):
@@ -80,26 +81,46 @@ def completions(job: TrainingJob, run: PublishedRun) -> list[ParallelLayout]:
 def published_plan(job: TrainingJob, run: PublishedRun) -> Plan:
     """The published layout as the planner completes it: the fastest fitting completion, or, if none fits, the
     one that needs the least memory (so the miss shows). A ValueError if the job cannot run the layout at all."""
-    plans = [plan(job, lay) for lay in completions(job, run)]
-    if not plans:
+    layouts = completions(job, run)
+    if not layouts:
         raise ValueError(f"{run.name}: the published layout {run.layout} is not one the planner can run")
-    fitting = [p for p in plans if p.fits]
-    return min(fitting, key=lambda p: p.step.total) if fitting else min(plans, key=lambda p: p.memory["total"])
+    memory = {lay: gpu_memory(job, lay) for lay in layouts}
+    fitting = [lay for lay in layouts if memory[lay]["total"] <= job.cluster.hbm_bytes]
+    if not fitting:
+        return plan(job, min(layouts, key=lambda lay: memory[lay]["total"]))
+    partials: dict[ParallelLayout, StepBreakdown] = {}
+    plans = []
+    for lay in fitting:
+        key = replace(lay, zero=0)
+        if key not in partials:
+            partials[key] = partial_breakdown(job, lay)
+        plans.append(Plan(layout=lay, step=with_data_parallel(job, lay, partials[key]), memory=memory[lay],
+                          hbm_bytes=job.cluster.hbm_bytes))
+    return min(plans, key=lambda p: p.step.total)
+
+
+def counted(run: PublishedRun) -> str:
+    """What the run's published figure counts (published.published_share): "model" where the source is silent."""
+    share = published_share(run)
+    return (share[1] if share else None) or "model"
 
 
 def published_utilisation(run: PublishedRun) -> float:
-    """The source's figure as a fraction of peak: its MFU or HFU as printed, else TFLOP/s over the peak."""
-    printed = run.mfu if run.flops_counted == "model" else run.hfu
-    if printed is not None:
-        return printed
-    if run.tflops_per_gpu is None:
+    """The source's figure as a fraction of peak (published.published_share: its MFU, else HFU, else TFLOP/s)."""
+    share = published_share(run)
+    if share is None:
         raise ValueError(f"{run.name} publishes neither a utilisation nor TFLOP/s")
-    return run.tflops_per_gpu * 1e12 / GPUS[run.gpu].peak_bf16_flops
+    return share[0]
 
 
 def predicted_utilisation(p: Plan, run: PublishedRun) -> float:
     """The planner's MFU, or its HFU where the source counts hardware FLOPs."""
-    return p.step.mfu if run.flops_counted == "model" else p.step.hfu
+    return p.step.mfu if counted(run) == "model" else p.step.hfu
+
+
+def scored_runs() -> tuple[PublishedRun, ...]:
+    """The published runs with a figure to compare (published_share is not None)."""
+    return tuple(r for r in RUNS if published_share(r) is not None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,7 +158,7 @@ def _curve(run: PublishedRun, layout: ParallelLayout) -> list[float]:
     out = []
     for e in GRID:
         step = breakdown(run_job(run, efficiency=e), layout)
-        out.append(step.mfu if run.flops_counted == "model" else step.hfu)
+        out.append(step.mfu if counted(run) == "model" else step.hfu)
     return out
 
 
@@ -193,10 +214,10 @@ def goals(scores: list[RunScore]) -> dict[str, float | bool]:
 
 def score_table(scores: list[RunScore]) -> str:
     """One line per run: published and predicted utilisation, held out, memory, the layout's ratio to the best."""
-    lines = [f"{'run':32s} {'counted':8s} {'published':>9s} {'predicted':>9s} {'held-out':>8s} {'memory GB':>9s} "
-             f"{'fits':>4s} {'vs best':>7s} {'any':>6s}  completed layout"]
+    lines = [(f"{'run':32s} {'counted':8s} {'published':>9s} {'predicted':>9s} {'held-out':>8s} {'memory GB':>9s} "
+             f"{'fits':>4s} {'vs best':>7s} {'any':>6s}  completed layout")]
     for s in scores:
-        lines.append(f"{s.run.name:32s} {s.run.flops_counted:8s} {100 * s.published:8.1f}% {100 * s.predicted:8.1f}% "
+        lines.append(f"{s.run.name:32s} {counted(s.run):8s} {100 * s.published:8.1f}% {100 * s.predicted:8.1f}% "
                      f"{100 * s.held_out:7.1f}% {s.plan.memory['total'] / 1e9:9.1f} {'yes' if s.plan.fits else 'NO':>4s} "
                      f"{s.layout_ratio:7.3f} {s.layout_ratio_any:6.3f}  {s.plan.layout.describe()}")
     return "\n".join(lines)
@@ -204,16 +225,20 @@ def score_table(scores: list[RunScore]) -> str:
 
 def bench_plan() -> BenchResult:
     """`wmdist bench plan`: fit, score every published run, and report the three goals with the table."""
-    runs = RUNS
-    fitted, scores = score_runs(runs)
+    return plan_result(*score_runs(scored_runs()))
+
+
+def plan_result(fitted: dict[str, float], scores: list[RunScore]) -> BenchResult:
+    """The BenchResult of score_runs' output: the goals measured, the efficiencies, the largest miss, the table."""
+    runs = tuple(s.run for s in scores)
     g = goals(scores)
     worst = max(scores, key=lambda s: s.error_points)
-    notes = [f"efficiency per GPU type, fitted once across its runs (mean absolute error on a 0.01 grid): "
-             f"{fitted}; stored in scoring.EFFICIENCY: {EFFICIENCY}",
-             f"largest miss: {worst.run.name}, published {100 * worst.published:.1f}% vs predicted "
-             f"{100 * worst.predicted:.1f}%",
-             "layout goal: each published layout's predicted step over the planner's best for the same job, with "
-             "the run's printed recompute kind held (the unrestricted ratio is the 'any' column)",
+    notes = [(f"efficiency per GPU type, fitted once across its runs (mean absolute error on a 0.01 grid): "
+             f"{fitted}; stored in scoring.EFFICIENCY: {EFFICIENCY}"),
+             (f"largest miss: {worst.run.name}, published {100 * worst.published:.1f}% vs predicted "
+             f"{100 * worst.predicted:.1f}%"),
+             ("layout goal: each published layout's predicted step over the planner's best for the same job, with "
+             "the run's printed recompute kind held (the unrestricted ratio is the 'any' column)"),
              *score_table(scores).splitlines()]
     return BenchResult(name="plan", inputs={"runs": len(runs), "gpu_types": sorted(fitted),
                                             "sources": len({r.citation.title for r in runs})},
