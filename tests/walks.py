@@ -11,17 +11,25 @@ What is recorded, with sys.setprofile on this thread only:
   function once; a loop over 64 actions is one visit, not 64). Its module is the frame's
   `__name__` global, so a dataclass's generated `__init__` belongs to the module of its class;
 - the panel base (`wmdist.ui.*`) is left out: it is the same plumbing for every panel, and the
-  issue follows the chapter's rooms. Module-level code (an import on the way) is left out too.
+  issue follows the chapter's rooms. Module-level code (an import on the way) is left out too;
+- `nested=True` (the issue's count) records comprehensions, generator expressions and lambdas as
+  functions of their own, as Python 3.11 runs them (own frames); `nested=False` folds them into the
+  function whose text holds them, which is what a reader reads, and is the same on 3.12+, where
+  comprehensions are inlined (PEP 709).
 
 Consecutive visits to one module collapse into one *stay*; a stay in a module the walk has
-already stayed in is a *return*. On c6505d9 this gives 19 stays / 13 returns for chapter 05's
-bubble panel (M 8 -> 16), the issue's numbers exactly, and 24 / 19 for chapter 10's experts panel
-(skew 0.5 -> 0.8), where the issue says 24 / 20.
+already stayed in is a *return*. On c6505d9, nested: 19 stays / 13 returns for chapter 05's bubble
+panel (M 8 -> 16), the issue's numbers exactly, and 24 / 19 for chapter 10's experts panel (skew
+0.5 -> 0.8), where the issue says 24 / 20; folded: 17 / 11 and 22 / 17.
+
+`validator_callers` counts every call into costs.validate on the same path (not first calls),
+by the function that makes it: where the checks are made, and how many.
 """
 from __future__ import annotations
 
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -88,14 +96,18 @@ def _traced(fn: Callable[[], Any], on_call: Callable[[Any], None]) -> None:
         sys.setprofile(previous)
 
 
-def first_calls(fn: Callable[[], Any]) -> list[tuple[str, str]]:
-    """(module, qualname) of each wmdist function the first time `fn` calls it, drawing subtrees cut."""
+def first_calls(fn: Callable[[], Any], *, nested: bool = True) -> list[tuple[str, str]]:
+    """(module, qualname) of each wmdist function the first time `fn` calls it, drawing subtrees cut.
+
+    nested=False leaves out <listcomp>, <genexpr>, <lambda> ... frames (their text is their function's)."""
     seen: set[Any] = set()
     out: list[tuple[str, str]] = []
 
     def on_call(frame: Any) -> None:
         module, code = frame.f_globals.get("__name__", ""), frame.f_code
         if not module.startswith("wmdist.") or module.startswith(LEFT_OUT) or code.co_name == "<module>":
+            return
+        if not nested and code.co_name.startswith("<"):
             return
         if code not in seen:
             seen.add(code)
@@ -105,19 +117,20 @@ def first_calls(fn: Callable[[], Any]) -> list[tuple[str, str]]:
     return out
 
 
-def validator_calls(fn: Callable[[], Any]) -> int:
-    """Every call `fn` makes into wmdist.costs.validate from another module (all of them, not first calls),
-    drawing cut: how many checks the path makes. Checking once at the boundary keeps it near the inputs' count."""
-    count = 0
+def validator_callers(fn: Callable[[], Any]) -> Counter[tuple[str, str]]:
+    """(module, qualname) -> how many calls it makes into wmdist.costs.validate while `fn` runs, drawing cut
+    (every call, not first calls; calls inside costs.validate itself are not counted)."""
+    callers: Counter[tuple[str, str]] = Counter()
 
     def on_call(frame: Any) -> None:
-        nonlocal count
-        if frame.f_globals.get("__name__") == VALIDATE:
-            back = frame.f_back
-            count += back is not None and back.f_globals.get("__name__") != VALIDATE
+        back = frame.f_back
+        if frame.f_globals.get("__name__") == VALIDATE and back is not None:
+            module = back.f_globals.get("__name__", "")
+            if module != VALIDATE:
+                callers[(module.removeprefix("wmdist."), back.f_code.co_qualname)] += 1
 
     _traced(fn, on_call)
-    return count
+    return callers
 
 
 def collapse(calls: list[tuple[str, str]]) -> Walk:
@@ -139,9 +152,21 @@ def move(panel: Any, control: str, value: Any) -> Callable[[], None]:
     return panel.update
 
 
-def panel_walk(panel: Any, control: str, value: Any) -> Walk:
+def panel_walk(panel: Any, control: str, value: Any, *, nested: bool = True) -> Walk:
     """Move `panel.controls[control]` to `value` and walk the update it makes (read_config, compute, describe)."""
-    calls = first_calls(move(panel, control, value))
+    calls = first_calls(move(panel, control, value), nested=nested)
     if panel.error:
         raise AssertionError(f"the move {control} = {value!r} was refused: {panel.error}")
     return collapse(calls)
+
+
+def call_count(fn: Callable[[], Any], module: str, qualname: str) -> int:
+    """How many times `fn` calls the function `qualname` of wmdist module `module` (e.g. "costs.pipeline")."""
+    count = 0
+
+    def on_call(frame: Any) -> None:
+        nonlocal count
+        count += (frame.f_globals.get("__name__") == f"wmdist.{module}" and frame.f_code.co_qualname == qualname)
+
+    _traced(fn, on_call)
+    return count
