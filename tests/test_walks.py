@@ -9,8 +9,8 @@ chapter 10's experts panel, skew 0.5 -> 0.8, 24 / 19 and 22 / 17; calls into cos
 from __future__ import annotations
 
 import pytest
-
 from walks import Walk, call_count, collapse, first_calls, move, panel_walk, validator_callers
+
 from wmdist.costs import experts as ecosts
 from wmdist.costs import pipeline as pcosts
 from wmdist.experts.panel import ExpertsPanel

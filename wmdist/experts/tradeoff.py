@@ -28,9 +28,19 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from wmdist.costs import experts as ecosts
-from wmdist.costs.experts import (RankTraffic, _capacity_unchecked, _counts_unchecked, _dropped_unchecked,
-                                  _flops_unchecked, _padded_sent_unchecked, _rank_loads_unchecked,
-                                  _seconds_unchecked, _shares_unchecked, _traffic_unchecked, _uniform_unchecked)
+from wmdist.costs.experts import (
+    RankTraffic,
+    _capacity_unchecked,
+    _counts_unchecked,
+    _dropped_unchecked,
+    _flops_unchecked,
+    _padded_sent_unchecked,
+    _rank_loads_unchecked,
+    _seconds_unchecked,
+    _shares_unchecked,
+    _traffic_unchecked,
+    _uniform_unchecked,
+)
 from wmdist.costs.validate import require_fields, require_positive, require_real
 from wmdist.knobs import knob
 
@@ -91,7 +101,7 @@ class ExpertsView:
     uniform_bytes: float                 # one all-to-all, one rank, uniform routing
     counts_bytes: int                    # the counts exchange before each dispatch, per rank
     padded_bytes: int                    # what a fixed-capacity dispatch sends, per rank
-    dispatch_bytes: float                # the most any rank sends or receives in one dispatch (the combine: as much back)
+    dispatch_bytes: float                # the most any rank sends or receives in one dispatch (combine: as much)
     dispatch_sent: float                 # the most any rank sends in one dispatch
     step_sent: float                     # the most any rank sends in a training step's four all-to-alls
     rank_imbalance: float                # max / mean of rank_loads: what the step waits on (per expert: imbalance)

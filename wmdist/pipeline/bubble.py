@@ -16,8 +16,13 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
-from wmdist.costs.pipeline import (ScheduleName, _from_ratio_unchecked, _over_ideal_unchecked, _peaks_unchecked,
-                                   _transfers_unchecked)
+from wmdist.costs.pipeline import (
+    ScheduleName,
+    _from_ratio_unchecked,
+    _over_ideal_unchecked,
+    _peaks_unchecked,
+    _transfers_unchecked,
+)
 from wmdist.costs.validate import require_bool, require_choice, require_fields
 from wmdist.knobs import knob
 from wmdist.pipeline.plan import slow_stage_work

@@ -87,7 +87,8 @@ def simulate(schedule: Schedule, *, forward: Real | Sequence[Real] = 1,
     and the inputs that never arrive, when the orders cannot complete.
     """
     n_virtual = schedule.virtual_stages
-    return _simulate_unchecked(schedule, _per_stage("forward", forward, n_virtual), _per_stage("backward", backward, n_virtual))
+    return _simulate_unchecked(schedule, _per_stage("forward", forward, n_virtual),
+                               _per_stage("backward", backward, n_virtual))
 
 
 def _simulate_unchecked(schedule: Schedule, forward: tuple[Fraction, ...], backward: tuple[Fraction, ...]) -> SimResult:
