@@ -8,6 +8,8 @@ chapter 10's experts panel, skew 0.5 -> 0.8, 24 / 19 and 22 / 17; calls into cos
 """
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from walks import Walk, call_count, collapse, first_calls, move, panel_walk, validator_callers
 
@@ -16,6 +18,8 @@ from wmdist.costs import pipeline as pcosts
 from wmdist.experts.panel import ExpertsPanel
 from wmdist.pipeline.bubble import BubbleConfig, bubble_curve, curve_points
 from wmdist.pipeline.panel import BubblePanel
+from wmdist.pipeline.schedules import Action, Schedule, make_schedule
+from wmdist.pipeline.simulate import simulate
 
 BASELINE_COMMIT = "c6505d9"
 MOVES = {"05": (BubblePanel, "microbatches", 16), "10": (ExpertsPanel, "skew", 0.8)}
@@ -92,3 +96,16 @@ def test_bubble_curve_computes_bubble_over_ideal_once_per_point(config):
     points = len(curve_points(config))
     assert call_count(lambda: bubble_curve(config), "costs.pipeline", "_over_ideal_unchecked") == points
     assert call_count(lambda: bubble_curve(config), "costs.pipeline", "bubble_over_ideal") == 0
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved"])
+def test_schedules_built_unchecked_are_ones_the_checks_accept(name):
+    """make_schedule's builders skip Schedule's and Action's checks (their sizes are checked once, up front):
+    each schedule they make, rebuilt through the checking constructors, passes and is equal."""
+    for p, m, v in itertools.product((1, 2, 3, 4), (1, 2, 4, 6, 8), (1, 2, 3) if name == "interleaved" else (1,)):
+        if name == "interleaved" and m % p:
+            continue
+        built = make_schedule(name, p, m, chunks=v)
+        ranks = tuple(tuple(Action(a.kind, a.microbatch, a.stage) for a in actions) for actions in built.ranks)
+        checked = Schedule(name=built.name, stages=p, microbatches=m, chunks=v, ranks=ranks)
+        assert checked == built and simulate(built).makespan > 0
