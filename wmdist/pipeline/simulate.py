@@ -87,8 +87,15 @@ def simulate(schedule: Schedule, *, forward: Real | Sequence[Real] = 1,
     and the inputs that never arrive, when the orders cannot complete.
     """
     n_virtual = schedule.virtual_stages
-    durations = {FORWARD: _per_stage("forward", forward, n_virtual),
-                 BACKWARD: _per_stage("backward", backward, n_virtual)}
+    return _simulate_unchecked(schedule, _per_stage("forward", forward, n_virtual),
+                               _per_stage("backward", backward, n_virtual))
+
+
+def _simulate_unchecked(schedule: Schedule, forward: tuple[Fraction, ...], backward: tuple[Fraction, ...]) -> SimResult:
+    """simulate's run for durations already checked: one exact positive Fraction per virtual stage each way
+    (what simulate makes of its arguments, or a config's stage work, e.g. pipeline.bubble's)."""
+    n_virtual = len(forward)
+    durations = {FORWARD: forward, BACKWARD: backward}
     ranks = schedule.ranks
     ends: dict[tuple[str, int, int], Fraction] = {}
     placed: list[list[Timing]] = [[] for _ in ranks]
