@@ -271,6 +271,7 @@ class Zygote:
                                       # zygote dies; it ends with its launcher instead (the default came from the
                                       # zygote's JPY_PARENT_PID, read at import; 0 would print connection info)
             app.initialize(request["argv"])
+            child.register_widget_targets()                  # the preloaded import could not (no kernel then)
             child.give_back_freed_memory_after_cells(app)
             app.start()
             code = 0
