@@ -126,6 +126,16 @@ def _wait_for_server(proc: subprocess.Popen, url: str, log: Path) -> None:
     raise AssertionError(f"jupyter lab did not answer within {WAIT_S} s:\n{log.read_text()[-3000:]}")
 
 
+def _course_kernel(path_dir: Path) -> None:
+    """Install the course's forking kernel (binder/jupyter's spec, what Binder and `wmdist lab` run) as
+    this server's python3, with this interpreter: the page then talks to the kernels learners get, so a
+    widget comm target the zygote fails to register shows (as "Comm not found") here too."""
+    spec = json.loads((REPO / "binder" / "jupyter" / "kernels" / "python3" / "kernel.json").read_text())
+    spec["argv"][0] = sys.executable
+    (path_dir / "kernels" / "python3").mkdir(parents=True)
+    (path_dir / "kernels" / "python3" / "kernel.json").write_text(json.dumps(spec))
+
+
 def _stop(proc: subprocess.Popen | None) -> None:
     """Stop the server (it shuts its kernels down), then kill whatever of its tree is still there.
 
@@ -174,12 +184,13 @@ def lab(tmp_path_factory):
     for name in _notebooks_with(PANEL, ASKED):
         shutil.copy(REPO / "notebooks" / name, root / name)
     _write_settings(settings)
+    _course_kernel(tmp / "path")
     port = free_port()
     base = f"http://127.0.0.1:{port}/"
     env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND",)}   # the kernel must use the inline backend
     env.update(JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(settings),
-               JUPYTERLAB_WORKSPACES_DIR=str(workspaces))
+               JUPYTERLAB_WORKSPACES_DIR=str(workspaces), JUPYTER_PATH=str(tmp / "path"))   # first: before the venv's
     log = tmp / "jupyter.log"
     before = _alive_descendants()
     proc = None
@@ -196,6 +207,9 @@ def lab(tmp_path_factory):
             browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS, timeout=MS)
             try:
                 _wait_for_server(proc, base, log)
+                with urllib.request.urlopen(base + "api/kernelspecs", timeout=30) as reply:
+                    argv = json.load(reply)["kernelspecs"]["python3"]["spec"]["argv"]
+                assert argv[1:3] == ["-m", "wmdist.kernel"], f"the page would not talk to the course's kernel: {argv}"
                 yield browser, base
             finally:
                 browser.close()
