@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from wmdist import bench, costs
-from wmdist.bench_result import BenchResult
+from wmdist.base.bench_result import BenchResult
 from wmdist.cli import main
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from wmdist.bench_catalog import BENCHMARKS
-from wmdist.bench_result import SLOWDOWN_LIMIT, BenchResult, Load, load_line, load_verdict, others_load
+from wmdist.base.bench_result import SLOWDOWN_LIMIT, BenchResult, Load, load_line, load_verdict, others_load
 
 
 def _load(before: float | None, *, after: float | None = None, cpus: int = 8, busy: float = 4, seconds: float = 0.0,

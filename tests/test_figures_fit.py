@@ -20,7 +20,7 @@ from IPython.core.pylabtools import print_figure
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 from wmdist.ui.layout import COLUMN_PX, SCREEN_HEIGHT_PX
 
 matplotlib.use("Agg")

@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "wmdist"
-LAYERS = [("costs", "knobs", "spans", "bench_result", "on_progress", "measured"), ("comm",), ("runtime",), ("report", "report_html", "compare", "models", "transformer"), ("exercises", "experiment"),
+LAYERS = [("costs", "base"), ("comm",), ("runtime",), ("report", "report_html", "compare", "models", "transformer"), ("exercises", "experiment"),
           ("ui",)]
 TOP = ("demos", "bench", "bench_panels", "cli", "__main__", "__init__", "kernel", "lab")   # kernel: the Jupyter entry point
 CAPSTONES = ("mesh", "yours")   # chapter 09 and "your own model" build on the chapters before them
-PURE = ["costs", "knobs.py", "spans.py", "comm/mesh.py", "memory/footprint.py", "memory/remedies.py",
+PURE = ["costs", "base", "comm/mesh.py", "memory/footprint.py", "memory/remedies.py",
         "data_parallel/scaling.py", "pipeline/schedules.py", "pipeline/simulate.py", "pipeline/plan.py",
         "pipeline/bubble.py", "ring_attention/layout.py", "ring_attention/traffic.py",
-        "mesh/spec.py", "mesh/patterns.py", "memory/transient.py", "memory/presets.py", "experts/tradeoff.py",
-        "bench_result.py", "on_progress.py", "measured.py"]
+        "mesh/spec.py", "mesh/patterns.py", "memory/transient.py", "memory/presets.py", "experts/tradeoff.py"]
 NOT_IN_PURE = {"torch", "ipywidgets", "matplotlib", "IPython"}
 ALLOWED_TORCH_DISTRIBUTED = ("torch.distributed.checkpoint", "torch.distributed.optim",
                              "torch.distributed.pipelining", "torch.distributed.tensor",

@@ -27,8 +27,8 @@ from wmdist.ring_attention.measure import time_ring_forward, time_sdpa
 from wmdist.bench_catalog import BENCHMARKS
 from wmdist.bench_pairs import PairedRatio
 from wmdist.bench_load import watch_load
-from wmdist.bench_result import BenchResult, Load
-from wmdist.on_progress import OnProgress
+from wmdist.base.bench_result import BenchResult, Load
+from wmdist.base.on_progress import OnProgress
 from wmdist.ring_attention.spec import RingSpec
 
 

@@ -10,7 +10,7 @@ import os
 import time
 from typing import Iterator
 
-from wmdist.bench_result import Load
+from wmdist.base.bench_result import Load
 
 
 def _load_1min() -> float | None:

@@ -16,7 +16,7 @@ from typing import Any
 from wmdist import runtime
 from wmdist.exercises import Exercise
 from wmdist.experiment import Experiment
-from wmdist.on_progress import OnProgress
+from wmdist.base.on_progress import OnProgress
 from wmdist.report import Report
 
 

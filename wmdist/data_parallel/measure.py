@@ -23,7 +23,7 @@ from wmdist.comm import Context, barrier, ring_all_reduce
 from wmdist.costs.validate import require_int
 from wmdist.data_parallel.scaling import MIB, Measurement
 from wmdist.experiment import Experiment, Verdict
-from wmdist.on_progress import OnProgress
+from wmdist.base.on_progress import OnProgress
 from wmdist.report import Count, Report, fact_check
 
 DEFAULT_WORLD_SIZES = (2, 4, 8)

@@ -44,7 +44,7 @@ from wmdist.diffusion.sampler import sample as sequential_sample
 from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, require_world
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Count, Report, counts_per_rank, exact_check
-from wmdist.spans import Span, intersection
+from wmdist.base.spans import Span, intersection
 
 CASES = ("1 sample, steps split", "N samples, steps split", "N samples, batched")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from wmdist.costs import experts as ecosts
 from wmdist.costs.experts import RankTraffic
 from wmdist.costs.validate import require_int, require_positive, require_real
-from wmdist.knobs import knob
+from wmdist.base.knobs import knob
 
 
 def pow2(low: int, high: int) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from wmdist.costs.mesh import TRAFFIC_AXES, axis_traffic, rank_params
-from wmdist.on_progress import OnProgress
+from wmdist.base.on_progress import OnProgress
 from wmdist.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.mesh.reference import agreement, reference_step

@@ -18,7 +18,7 @@ from fractions import Fraction
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.pipeline import ScheduleName
 from wmdist.costs.validate import require_bool, require_choice
-from wmdist.knobs import knob
+from wmdist.base.knobs import knob
 from wmdist.pipeline.plan import slow_stage_work
 from wmdist.pipeline.schedules import Schedule, make_schedule
 from wmdist.pipeline.simulate import SimResult, simulate

@@ -28,7 +28,7 @@ from wmdist.pipeline.results import ImbalanceCurve, MeasuredBubble   # noqa: F40
 from wmdist.pipeline.schedules import MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.simulate import simulate, spans
 from wmdist.report import Report, close_check, differ_check
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 
 def idle_fraction(timeline: tuple[Span, ...] | list[Span], ranks: int) -> float:

@@ -10,7 +10,7 @@ machine a failure. The registered pp-bubble demo checks the idle fraction, with 
 from __future__ import annotations
 
 from wmdist.experiment import Experiment, Verdict
-from wmdist.on_progress import OnProgress
+from wmdist.base.on_progress import OnProgress
 from wmdist.pipeline.demos import boundary_counts
 from wmdist.pipeline.measure import check_timed, measured
 from wmdist.pipeline.plan import PipeWork

@@ -28,7 +28,7 @@ from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.ring import positions, ring_forward
 from wmdist.ring_attention.spec import RingSpec
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 LAYOUTS = lay.LAYOUTS
 

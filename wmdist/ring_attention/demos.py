@@ -32,7 +32,7 @@ from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.spec import (DTYPES, Cases, DTypeName, RankCase, RingRun, RingSpec, assemble, ring_run,
                                         run_case)
 from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 CASES = tuple((dtype, causal, layout) for dtype in ("float32", "float64")
               for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")))

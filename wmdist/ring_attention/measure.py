@@ -24,7 +24,7 @@ from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.spec import DTypeName, RingSpec
 from wmdist.ring_attention.traffic import RingMeasurement, TrafficConfig
 from wmdist.experiment import Experiment, Verdict
-from wmdist.on_progress import OnProgress
+from wmdist.base.on_progress import OnProgress
 from wmdist.report import Report, counts_per_rank
 from wmdist.runtime import run
 

@@ -32,7 +32,7 @@ from wmdist.scan.boundaries import CellInputs, CountingStep, relative, time_chun
 from wmdist.scan.cell import GRUCell, picard, rollout
 from wmdist.scan.results import PicardSweeps
 from wmdist.scan.spec import EpisodeSpec
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 BOUNDARIES, CONVERGENCE = "picard boundaries", "picard convergence"
 

@@ -6,8 +6,8 @@ load average around it.
 """
 from __future__ import annotations
 
-from wmdist.bench_result import BenchResult
-from wmdist.on_progress import OnProgress
+from wmdist.base.bench_result import BenchResult
+from wmdist.base.on_progress import OnProgress
 from wmdist.session import memory
 
 
