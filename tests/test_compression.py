@@ -16,7 +16,7 @@ import torch.distributed as dist
 from wmdist.costs import compression as formula
 from wmdist.data_parallel import compression_demo as demo
 from wmdist.data_parallel.compression import HOOK_MODULES, compression_runs, counting_hook_all_reduce
-from wmdist.models import make_model
+from wmdist.models.world import make_model
 from wmdist.runtime import run
 
 SHAPES = [tuple(p.shape) for p in make_model().parameters()]

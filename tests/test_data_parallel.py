@@ -12,7 +12,7 @@ from wmdist.compare import bound_ratio
 from wmdist.data_parallel import pitfalls as dp_pitfalls, ring, training as dp, versus_ddp
 from wmdist.demos import registry
 from wmdist.exercises import check
-from wmdist.models import flat_grads, linear_term_sums, make_batch, make_model, set_flat_grads, shard_batch
+from wmdist.models.world import flat_grads, linear_term_sums, make_batch, make_model, set_flat_grads, shard_batch
 from wmdist.report import differ_check
 from wmdist.runtime import run
 

@@ -10,7 +10,7 @@ import torch
 from wmdist.comm import broadcast
 from wmdist.compare import bound_ratio
 from wmdist.data_parallel import drift, drift_demo as dd
-from wmdist.models import flat_params, make_model
+from wmdist.models.world import flat_params, make_model
 from wmdist.runtime import run
 
 SIZES = dd.DRIFT_DEMO.world_sizes

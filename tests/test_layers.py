@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "wmdist"
-LAYERS = [("costs", "base"), ("comm",), ("runtime",), ("report", "report_html", "compare", "models", "transformer"), ("exercises", "experiment"),
+LAYERS = [("costs", "base"), ("comm",), ("runtime",), ("models",), ("report", "report_html", "compare"), ("exercises", "experiment"),
           ("ui",)]
 TOP = ("demos", "bench", "bench_panels", "cli", "__main__", "__init__", "kernel", "lab")   # kernel: the Jupyter entry point
 CAPSTONES = ("mesh", "yours")   # chapter 09 and "your own model" build on the chapters before them

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from wmdist.compare import one_thread
-from wmdist.models import flat_params, set_flat_grads
+from wmdist.models.world import flat_params, set_flat_grads
 from wmdist.yours import Workload, data_parallel, dp_check, zero
 from wmdist.yours.reference import one_process, param_tolerance
 from wmdist.yours.refusals import digest

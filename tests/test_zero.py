@@ -9,7 +9,7 @@ from wmdist import costs
 from wmdist.exercises import check
 from wmdist.memory import exercises, transient, zero, zero_demos, zero_reference
 from wmdist.memory.footprint import MemoryConfig
-from wmdist.models import count_parameters, make_model
+from wmdist.models.world import count_parameters, make_model
 
 P = count_parameters(make_model())   # 2,105: not divisible by 3, so the chunks are uneven
 

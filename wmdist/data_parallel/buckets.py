@@ -29,7 +29,7 @@ import torch
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, barrier
 from wmdist.experiment import Experiment, Verdict
-from wmdist.models import WorldModelConfig, flat_grads, make_batch, make_model, shard_batch
+from wmdist.models.world import WorldModelConfig, flat_grads, make_batch, make_model, shard_batch
 from wmdist.report import Report, close_check, counts_per_rank
 from wmdist.base.spans import Overlap, Span, overlap
 

@@ -22,7 +22,7 @@ from wmdist.data_parallel.compression import (CompressionRanks, CompressionSpec,
                                               compression_runs)
 from wmdist.data_parallel.training import TrainSpec
 from wmdist.experiment import Experiment, Verdict
-from wmdist.models import make_model
+from wmdist.models.world import make_model
 from wmdist.report import Check, Count, Report, counts_per_rank, exact_check, fact_check
 
 

@@ -19,7 +19,7 @@ from wmdist.compare import bound_ratio
 from wmdist.data_parallel.training import (DPRun, TrainSpec, Weighting, dp_train, make_optimizer, param_tolerance,
                                            single_process_train, step_batch)
 from wmdist.experiment import Experiment, Verdict
-from wmdist.models import WorldModelConfig, flat_grads, flat_params, make_model, shard_batch
+from wmdist.models.world import WorldModelConfig, flat_grads, flat_params, make_model, shard_batch
 from wmdist.report import Check, Report, close_check, counts_per_rank, exact_check, max_abs_error
 
 

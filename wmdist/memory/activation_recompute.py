@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from wmdist.compare import bound_ratio, worst
 from wmdist.costs.rounding import reordered_sum_bound
 from wmdist.costs.validate import require_int
-from wmdist.models import DynamicsCell, WorldModelConfig
+from wmdist.models.world import DynamicsCell, WorldModelConfig
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Report, counts_per_rank, exact_check
 

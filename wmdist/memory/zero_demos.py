@@ -26,7 +26,7 @@ from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.memory.transient import POINTS, zero_step_held
 from wmdist.memory.zero import HELD_KINDS, ZeroConfig, ZeroRun, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
-from wmdist.models import flat_grads, flat_params, make_batch, make_model, shard_batch
+from wmdist.models.world import flat_grads, flat_params, make_batch, make_model, shard_batch
 from wmdist.report import Count, Report, close_check, counts_per_rank, exact_check
 
 

@@ -35,7 +35,7 @@ from wmdist.costs.rounding import FLOAT32_ROUNDOFF, reordered_sum_bound
 from wmdist.mesh.spec import MeshSpec
 from wmdist.mesh.stage import MeshStage, full_model
 from wmdist.mesh.step import Momentum, RankStep
-from wmdist.models import make_batch
+from wmdist.models.world import make_batch
 from wmdist.report import Check, max_abs_error
 
 PARAM_WHY = ("lr x the gradient's first-order allowance, plus p - lr g rounded twice on each side: "

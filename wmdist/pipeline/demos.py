@@ -37,7 +37,7 @@ from wmdist.pipeline.schedules import BACKWARD, FORWARD, MAX_MICROBATCHES, Sched
 from wmdist.pipeline.spec import Plans, StageRuns, by_case, checked_schedule, plans_rank
 from wmdist.pipeline.stages import PipelineReference, gradient_tolerance, loss_tolerance, model_for, reference
 from wmdist.report import Check, Count, Report, close_check, counts_per_rank, exact_check, max_abs_error
-from wmdist.transformer import TransformerConfig
+from wmdist.models.transformer import TransformerConfig
 
 __all__ = ["Plans", "StageRuns", "by_case", "plans_rank", "boundary_counts", "ForwardResult", "forward_spec",
            "compare_forward", "FORWARD_DEMO", "forward_demo", "TrainResult", "backward_orders", "train_plans",

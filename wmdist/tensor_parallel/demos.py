@@ -27,7 +27,7 @@ from wmdist.tensor_parallel.layouts import (MLP_NAMES, LayoutRuns, MLPRun, each_
                                             run_mlp_layout)
 from wmdist.tensor_parallel.sequence import LAYOUTS, BlockRun, reference_run, run_layout, token_slice
 from wmdist.tensor_parallel.versus_dtensor import DTENSOR_CONFIG, OursAndTorch, ours_and_torch
-from wmdist.transformer import TransformerConfig
+from wmdist.models.transformer import TransformerConfig
 
 CONFIG = TransformerConfig(width=32, heads=8)     # MLP hidden width 128; 8 heads, so up to 8 ranks hold one each
 BATCH, SEQ = 2, 12
