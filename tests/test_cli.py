@@ -17,7 +17,7 @@ import pytest
 from conftest import alive, alive_after, patience
 
 from wmdist.cli import main
-from wmdist.report import Check, Report
+from wmdist.course.report import Check, Report
 
 
 def test_list_names_the_ring_demo(capsys):
@@ -93,7 +93,7 @@ def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
 def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monkeypatch, capsys, one_thread):
     """Only errors raised before any process starts are usage errors: a ValueError from a demo's comparison (here a
     tolerance turned NaN after its ranks ran) is that demo's FAIL row with its reason, and the next demo runs."""
-    from wmdist.experiment import Experiment, Verdict
+    from wmdist.course.experiment import Experiment, Verdict
 
     @dataclass(frozen=True)
     class Sized:

@@ -61,7 +61,7 @@ def test_half_bound_is_more_than_one_rounding() -> None:
 def test_sizes_refused_before_any_process(monkeypatch, kwargs, arg) -> None:
     def no_processes(*args, **kw):
         raise AssertionError("a process was started for a refused spec")
-    monkeypatch.setattr("wmdist.experiment.run", no_processes)
+    monkeypatch.setattr("wmdist.course.experiment.run", no_processes)
     with pytest.raises(ValueError, match=arg):
         demo.compression_spec(**kwargs)
     if set(kwargs) == {"world_size"}:

@@ -9,8 +9,8 @@ import pytest
 
 import wmdist.demos as registry_module
 from wmdist.comm import Context
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report
 
 
 @dataclass(frozen=True)

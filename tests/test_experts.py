@@ -265,7 +265,7 @@ def test_our_all_to_all_equals_torch_distributed_nn_forward_and_backward():
 
 
 def test_exercise_solution_passes_and_a_wrong_inverse_fails():
-    from wmdist.exercises import check
+    from wmdist.course.exercises import check
     from wmdist.experts.exercises import DISPATCH, dispatch_solution
 
     def wrong(ctx, expert_ids):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "wmdist"
-LAYERS = [("costs", "base"), ("comm",), ("runtime",), ("models",), ("report", "report_html", "compare"), ("exercises", "experiment"),
+LAYERS = [("costs", "base"), ("comm",), ("runtime",), ("models",), ("course",),
           ("ui",)]
 TOP = ("demos", "bench", "bench_panels", "cli", "__main__", "__init__", "kernel", "lab")   # kernel: the Jupyter entry point
 CAPSTONES = ("mesh", "yours")   # chapter 09 and "your own model" build on the chapters before them
@@ -85,7 +85,7 @@ def _pure_files() -> list[Path]:
 @pytest.mark.parametrize("path", _pure_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_pure_modules_import_no_torch_widgets_or_plots(path):
     bad = {n for n in _imports(path) if n.split(".")[0] in NOT_IN_PURE}
-    bad |= {n for n in _imports(path) if n.startswith(("wmdist.runtime", "wmdist.ui", "wmdist.exercises"))}
+    bad |= {n for n in _imports(path) if n.startswith(("wmdist.runtime", "wmdist.ui", "wmdist.course.exercises"))}
     assert not bad, f"{path.name} is meant to be pure but imports {sorted(bad)}"
 
 

@@ -13,7 +13,7 @@ import torch
 from matplotlib.figure import Figure
 
 from wmdist.costs import scan as costs
-from wmdist.experiment import Experiment
+from wmdist.course.experiment import Experiment
 from wmdist.scan import affine_demos, affine_ranks, boundaries, bounds, cell_demos, figures, one_process, picard_ranks
 from wmdist.scan.cell import GRUCell, rollout
 from wmdist.scan.chapter import DEMOS, EXERCISES

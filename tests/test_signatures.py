@@ -30,7 +30,7 @@ POSITIONAL_DATA = {
     ("demos.py", "plan", "names"),
     ("demos.py", "prepare", "names"),
     ("bench.py", "tree_pss_mb", "pid"),    # tree_pss_mb(pid): whose memory (default: this process)
-    ("report.py", "exact_check", "reason"),  # exact_check(name, got, expected, reason): like close_check's, the
+    ("course/report.py", "exact_check", "reason"),  # exact_check(name, got, expected, reason): like close_check's, the
 }                                          # check's own statement (it has a default only for "same ops, same order")
 # Parameters whose string default is free text (a label, a title, a path), not one of a few choices.
 FREE_TEXT = {"label", "title", "name", "prefix", "text", "reason", "phase", "case", "description", "unit", "tag",

@@ -116,7 +116,7 @@ def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser, runs: lis
     if unknown:                        # answered before torch is imported
         parser.error(f"unknown demo(s): {', '.join(unknown)} (see `wmdist list`)")
     from wmdist.demos import prepare, verify
-    from wmdist.report import format_table, to_json
+    from wmdist.course.report import format_table, to_json
 
     world = args.world_size
     if under_torchrun():

@@ -32,7 +32,7 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import Context, all_gather, all_reduce, broadcast
-from wmdist.compare import one_thread
+from wmdist.course.compare import one_thread
 from wmdist.models.world import flat_grads, flat_params, make_batch, make_model, set_flat_grads, shard_batch
 
 Case = Literal["same", "init", "lr"]

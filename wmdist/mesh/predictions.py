@@ -12,7 +12,7 @@ from __future__ import annotations
 from wmdist.costs.mesh import TRAFFIC_AXES, axis_traffic
 from wmdist.mesh import demos
 from wmdist.mesh.scenarios import MESH_3D
-from wmdist.report import Report
+from wmdist.course.report import Report
 from wmdist.ui.choose import ChoiceAnswer
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from wmdist.compare import one_thread
+from wmdist.course.compare import one_thread
 from wmdist.costs.rounding import reordered_sum_bound
 from wmdist.pipeline.executor import (  # the model cut into stages lives with the executor; re-exported here
     StageModule,

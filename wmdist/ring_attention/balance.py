@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, counts_per_rank
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, counts_per_rank
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.spec import Cases
 from wmdist.ring_attention.layout import Layout

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from wmdist.comm import Context
-from wmdist.compare import worst as worst_of
+from wmdist.course.compare import worst as worst_of
 from wmdist.costs import require_int
 from wmdist.costs import tensor_parallel as costs
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check, max_abs_error
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check, max_abs_error
 from wmdist.tensor_parallel.block import NAMES, block_shape, shard_of
 from wmdist.tensor_parallel.compare import WHY, agreement_checks, collective_counts, reordered_terms, tolerance
 from wmdist.tensor_parallel.layouts import (MLP_NAMES, LayoutRuns, MLPRun, each_layout, mlp_reference, mlp_slice,
