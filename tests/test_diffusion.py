@@ -85,7 +85,7 @@ def test_one_step_runs_everywhere_and_stale_kv_is_left_out():
 
 
 def test_the_chapter_is_registered():
-    from wmdist.demos import exercises as all_exercises, registry
+    from wmdist.registry.demos import exercises as all_exercises, registry
     chapter = {name: d for name, d in registry().items() if d.chapter == "08"}
     assert set(chapter) == {"diffusion-tokens", "diffusion-steps", "diffusion-picard"}
     assert all(isinstance(d, Experiment) for d in chapter.values())

@@ -167,7 +167,7 @@ def _wrong_answers():
 
 
 def _registry():
-    from wmdist.demos import exercises
+    from wmdist.registry.demos import exercises
     return exercises()
 
 

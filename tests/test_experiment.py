@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-import wmdist.demos as registry_module
+import wmdist.registry.demos as registry_module
 from wmdist.comm import Context
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.course.report import Check, Count, Report
@@ -120,7 +120,7 @@ def test_an_experiment_runs_one_way_only(no_processes):
 def test_verify_from_the_command_line_builds_the_registry_and_each_spec_once(monkeypatch, one_thread, capsys):
     from types import SimpleNamespace
 
-    from wmdist import catalog
+    from wmdist.registry import catalog
     from wmdist.cli import main
     calls, built = [], []
 

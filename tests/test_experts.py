@@ -137,7 +137,7 @@ def test_layer_equals_a_token_by_token_loop(router, k, cap):
 
 @pytest.mark.usefixtures("no_processes")
 def test_bad_sizes_are_refused_before_any_process_starts():
-    from wmdist.demos import plan
+    from wmdist.registry.demos import plan
     with pytest.raises(ValueError, match="not divisible by ranks=3"):
         demos.EP_DEMO.run(3)
     with pytest.raises(ValueError, match="moe-ep.*divisible"):

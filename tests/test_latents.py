@@ -10,7 +10,7 @@ import torch
 from wmdist import costs
 from wmdist.latents import demos, estimators, training
 from wmdist.comm import all_reduce
-from wmdist.demos import registry
+from wmdist.registry.demos import registry
 from wmdist.course.exercises import check
 
 

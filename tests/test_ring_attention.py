@@ -126,7 +126,7 @@ def test_bad_inputs_are_refused_in_one_line_before_any_process_starts(no_process
 
 
 def test_every_demo_of_the_chapter_is_an_experiment_refusing_before_any_process(no_processes):
-    from wmdist.demos import registry
+    from wmdist.registry.demos import registry
     from wmdist.course.experiment import Experiment
     chapter = {name: d for name, d in registry().items() if d.chapter == "06"}
     assert len(chapter) == 6 and all(isinstance(d, Experiment) for d in chapter.values())

@@ -26,7 +26,7 @@ DEMO_NAMES = ("scan-affine", "scan-bytes", "scan-one-process", "scan-cell", "sca
 # --- pure parts and refusals: no processes ----------------------------------------------------------
 
 def test_demos_are_registered_for_chapter_07():
-    from wmdist.demos import exercises, registry  # imports every chapter: fails if any chapter is broken
+    from wmdist.registry.demos import exercises, registry  # imports every chapter: fails if any chapter is broken
 
     demos = registry()
     assert [d.name for d in DEMOS] == list(DEMO_NAMES) and all(demos[d.name] == d for d in DEMOS)
