@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from wmdist import bench, costs
+from wmdist import costs
+from wmdist.bench import suite as bench
 from wmdist.base.bench_result import BenchResult
 from wmdist.cli import main
 

@@ -219,7 +219,7 @@ def test_titles_and_tick_labels_keep_apart(name):
 
 @pytest.fixture(scope="module")
 def panels():
-    from wmdist.bench_panels import panel_factories
+    from wmdist.bench.panels import panel_factories
     return {name: make() for name, make in panel_factories().items()}
 
 

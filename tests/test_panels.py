@@ -15,7 +15,7 @@ import matplotlib
 import pytest
 from PIL import Image
 
-from wmdist.bench_panels import panel_factories, time_panel
+from wmdist.bench.panels import panel_factories, time_panel
 from wmdist.costs.units import flops, seconds, si
 from wmdist.ui.panel import Panel, View, strip_tags
 from wmdist.ui.prefetch import Prefetcher, candidates, steps

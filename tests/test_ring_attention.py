@@ -194,7 +194,7 @@ def test_merge_exercise_rejects_a_merge_that_turns_empty_rows_into_nan():
 
 
 def test_bench_reports_time_and_memory_ratios():
-    from wmdist import bench
+    from wmdist.bench import suite as bench
     result = bench.bench_ring_attention(world_size=2, seq_len=512, repeats=1)
     assert result.value > 0 and result.measured["sdpa_peak_bytes"] > 0
     assert result.met == (max(result.measured["ring_peak_bytes_per_rank"]) < result.measured["sdpa_peak_bytes"])

@@ -29,7 +29,7 @@ POSITIONAL_DATA = {
     ("registry/demos.py", "verify", "names"),       # verify(["ring-allreduce"], world_size=4): which demos
     ("registry/demos.py", "plan", "names"),
     ("registry/demos.py", "prepare", "names"),
-    ("bench.py", "tree_pss_mb", "pid"),    # tree_pss_mb(pid): whose memory (default: this process)
+    ("bench/suite.py", "tree_pss_mb", "pid"),    # tree_pss_mb(pid): whose memory (default: this process)
     ("course/report.py", "exact_check", "reason"),  # exact_check(name, got, expected, reason): like close_check's, the
 }                                          # check's own statement (it has a default only for "same ops, same order")
 # Parameters whose string default is free text (a label, a title, a path), not one of a few choices.

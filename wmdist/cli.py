@@ -20,7 +20,8 @@ import re
 import sys
 from typing import NoReturn
 
-from wmdist import bench_catalog, lab
+from wmdist import lab
+from wmdist.bench import catalog as bench_catalog
 from wmdist.registry import catalog
 from wmdist.memory.command import add_memory_parser, join_signed_values, memory_main
 from wmdist.pipeline import cli as schedule_cli
@@ -173,7 +174,7 @@ def _bench_progress(done: int, total: int, text: str) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from wmdist.bench import benchmarks
+    from wmdist.bench.suite import benchmarks
 
     table = benchmarks(progress=_bench_progress)
     unknown = [n for n in args.names if n not in table]

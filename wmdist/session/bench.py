@@ -1,7 +1,7 @@
 """`wmdist bench session-memory`: a Binder session of every chapter, as one benchmark record.
 
 run_session (memory.py) measures; this turns its SessionMemory into a BenchResult whose headline is the
-peak over chapters of the summed PSS over the memory limit. wmdist/bench.py registers it and reads the
+peak over chapters of the summed PSS over the memory limit. wmdist/bench/suite.py registers it and reads the
 load average around it.
 """
 from __future__ import annotations
