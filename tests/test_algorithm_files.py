@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 WMDIST = ROOT / "wmdist"
 CHAPTERS = sorted(p.parent.name for p in WMDIST.glob("*/chapter.py"))      # every folder that registers a chapter
-HARNESS_TOP = {"course", "registry", "ui", "bench", "lab", "kernel", "session", "cli", "__main__"}
+HARNESS_TOP = {"course", "registry", "ui", "bench", "app", "kernel", "session", "__main__"}
 HARNESS_STEMS = {"spec", "demos", "chapter", "results", "figures", "panel", "tolerance", "tables", "exercises",
                  "reference", "compare", "measure", "cli", "command"}
 HARNESS_ENDINGS = ("_demos", "_demo", "_reference", "_tolerance")

@@ -126,7 +126,7 @@ def test_session_memory_says_each_chapter_as_it_starts_and_ends():
 
 def test_the_bench_command_prints_a_long_benchmarks_progress(monkeypatch, capsys):
     from wmdist.bench import suite as bench
-    from wmdist.cli import main
+    from wmdist.app.cli import main
 
     def fake(*, progress=None):
         for k in range(2):
@@ -143,7 +143,7 @@ def test_the_bench_command_prints_a_long_benchmarks_progress(monkeypatch, capsys
 def test_bench_help_names_every_benchmark_of_the_registry_without_torch():
     from wmdist.bench import suite as bench
     assert list(bench.benchmarks()) == [b.name for b in BENCHMARKS]          # the callables come from the catalog
-    probe = ("import sys\nfrom wmdist.cli import main\ntry:\n    main(['bench', '--help'])\nexcept SystemExit:\n"
+    probe = ("import sys\nfrom wmdist.app.cli import main\ntry:\n    main(['bench', '--help'])\nexcept SystemExit:\n"
              "    pass\nprint('torch imported:', 'torch' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.rstrip().endswith("torch imported: False"), done.stderr

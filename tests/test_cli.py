@@ -16,7 +16,7 @@ import pytest
 
 from conftest import alive, alive_after, patience
 
-from wmdist.cli import main
+from wmdist.app.cli import main
 from wmdist.course.report import Check, Report
 
 
@@ -43,7 +43,7 @@ def test_the_catalog_wmdist_list_prints_is_the_registry():
 def test_commands_that_start_no_rank_import_no_torch(args):
     """Help, usage errors, list, schedule and memory answer without importing torch (seconds on a busy machine)."""
     probe = ("import sys\n"
-             "from wmdist.cli import main\n"
+             "from wmdist.app.cli import main\n"
              "try:\n"
              f"    code = main({args!r})\n"
              "except SystemExit as stop:\n"
@@ -57,7 +57,7 @@ def test_commands_that_start_no_rank_import_no_torch(args):
 
 def test_the_cli_reads_torchrun_as_the_runtime_does(monkeypatch):
     from wmdist import runtime
-    from wmdist.cli import TORCHRUN_VARS, under_torchrun
+    from wmdist.app.cli import TORCHRUN_VARS, under_torchrun
     for present in range(1 << len(TORCHRUN_VARS)):
         for i, name in enumerate(TORCHRUN_VARS):
             if present >> i & 1:

@@ -121,7 +121,7 @@ def test_verify_from_the_command_line_builds_the_registry_and_each_spec_once(mon
     from types import SimpleNamespace
 
     from wmdist.registry import catalog
-    from wmdist.cli import main
+    from wmdist.app.cli import main
     calls, built = [], []
 
     def counted(n: int) -> Pairs:

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "wmdist"
 LAYERS = [("costs", "base"), ("comm",), ("runtime",), ("models",), ("course",),
           ("ui",)]
-TOP = ("registry", "bench", "cli", "__main__", "__init__", "kernel", "lab")   # kernel: the Jupyter entry point
+TOP = ("registry", "bench", "app", "__main__", "__init__", "kernel")   # kernel: the Jupyter entry point
 CAPSTONES = ("mesh", "yours")   # chapter 09 and "your own model" build on the chapters before them
 PURE = ["costs", "base", "comm/mesh.py", "memory/footprint.py", "memory/remedies.py",
         "data_parallel/scaling.py", "pipeline/schedules.py", "pipeline/simulate.py", "pipeline/plan.py",

@@ -25,7 +25,7 @@ CONFIG_SUFFIXES = ("Config", "Spec", "Shape", "Params", "Work", "Options")
 # Data that may be left out, so it has a default, and stays positional: (module, function, parameter), each
 # the one thing its function works on.
 POSITIONAL_DATA = {
-    ("cli.py", "main", "argv"),            # main(["verify", "-n", "2"]): the command line, as every CLI takes it
+    ("app/cli.py", "main", "argv"),            # main(["verify", "-n", "2"]): the command line, as every CLI takes it
     ("registry/demos.py", "verify", "names"),       # verify(["ring-allreduce"], world_size=4): which demos
     ("registry/demos.py", "plan", "names"),
     ("registry/demos.py", "prepare", "names"),

@@ -20,7 +20,7 @@ import re
 import sys
 from typing import NoReturn
 
-from wmdist import lab
+from wmdist.app import lab
 from wmdist.bench import catalog as bench_catalog
 from wmdist.registry import catalog
 from wmdist.memory.command import add_memory_parser, join_signed_values, memory_main
