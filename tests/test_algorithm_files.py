@@ -156,7 +156,7 @@ def test_every_course_chapter_is_checked():
 
 
 def test_the_check_fails_on_a_harness_import(tmp_path, monkeypatch):
-    """The rule can fail: an algorithm file that imports wmdist.course.report is caught, directly and through a helper."""
+    """The rule can fail: an algorithm file importing wmdist.course.report is caught, directly and through a helper."""
     pkg = tmp_path / "wmdist" / "toy"
     pkg.mkdir(parents=True)
     (tmp_path / "wmdist" / "__init__.py").write_text("")
@@ -177,7 +177,8 @@ def test_the_check_fails_on_a_harness_import(tmp_path, monkeypatch):
     (pkg / "helper.py").write_text("def f():\n    return 1\n")
     assert not harness_reached(files[0])
     (pkg / "helper.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                   "    from wmdist.course.report import Check\nelse:\n    import wmdist.course.experiment\n")
+                                   "    from wmdist.course.report import Check\nelse:\n"
+                                   "    import wmdist.course.experiment\n")
     (tmp_path / "wmdist" / "course" / "experiment.py").write_text("")
     assert list(harness_reached(files[0])) == ["wmdist.course.experiment"]     # the annotation-only import is skipped
     (pkg / "helper.py").write_text("from wmdist.toy import runner\n")

@@ -84,7 +84,8 @@ def test_verify_json_is_a_list_of_report_dicts(capsys):
 
 def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
     failing = Report(name="broken", world_size=2, checks=[Check(name="deliberately wrong", error=1.0, tolerance=0.0, reason="test")])
-    monkeypatch.setattr("wmdist.registry.demos.verify", lambda names=None, *, world_size=None, progress=None, prepared=None: [failing])
+    monkeypatch.setattr("wmdist.registry.demos.verify",
+                        lambda names=None, *, world_size=None, progress=None, prepared=None: [failing])
     assert main(["verify"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "deliberately wrong" in out

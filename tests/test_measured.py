@@ -1,4 +1,7 @@
-"""Values kept from one chapter for a later one (wmdist/base/measured.py): round trip, fallback said, bad values refused."""
+"""Values kept from one chapter for a later one (wmdist/base/measured.py).
+
+Round trip, fallback said, bad values refused.
+"""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""`wmdist bench`: measurements of the course's own machinery, each a ratio taken within one run (no wall-time target is asserted).
+"""`wmdist bench`: measurements of the course's own machinery, each a ratio taken within one run.
 
     suite.py    the benchmarks themselves, and benchmarks(): the callables, built from catalog.py in its order
     catalog.py  the benchmarks `wmdist bench` knows, as data: name, function, what each measures

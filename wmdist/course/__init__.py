@@ -1,4 +1,4 @@
-"""The course's core, under every chapter: a demo as one typed object, its Report, the comparisons behind its tolerances, and the exercises' checker.
+"""The course's core, under every chapter: a demo as one typed object, its Report, its comparisons, the checker.
 
     experiment.py   Experiment (a demo's decisions, rank function and judgement), Verdict, the one runner
     report.py       Report, Check, Count: what a demo checked, counted and predicted; text, HTML and JSON views
