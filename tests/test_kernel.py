@@ -165,7 +165,8 @@ def _zygote_of(pid: int) -> psutil.Process:
 def test_kernels_fork_from_one_zygote_with_torch_loaded(pair):
     first, second, _ = pair
     for k in (first, second):
-        assert k.json("import sys; print(json.dumps('torch' in sys.modules and 'wmdist.demos' in sys.modules))")
+        assert k.json("import sys; print(json.dumps('torch' in sys.modules "
+                      "and 'wmdist.registry.demos' in sys.modules))")
         zygote = _zygote_of(k.pid).cmdline()
         assert zygote[1:5] == ["-m", "wmdist.kernel", "zygote", "--home"] and zygote[5] == str(os.getpid()), zygote
         assert k.pid != k.launcher and psutil.Process(k.launcher).ppid() == os.getpid()

@@ -17,7 +17,7 @@ from wmdist.costs import experts as ecosts
 from wmdist.costs.units import seconds, si
 from wmdist.experts.figures import draw_capacity, draw_loads, draw_measured, draw_ranks
 from wmdist.experts.tradeoff import ExpertsConfig, ExpertsView, experts_view
-from wmdist.report import Report
+from wmdist.course.report import Report
 from wmdist.ui.panel import OnProgress, Panel, View
 
 RUN_LIMITS = {"ranks": 8, "experts": 64}          # what "run it" starts on this machine

@@ -42,7 +42,7 @@ from wmdist.costs.experts import (
     _uniform_unchecked,
 )
 from wmdist.costs.validate import require_fields, require_positive, require_real
-from wmdist.knobs import knob
+from wmdist.base.knobs import knob
 
 
 def pow2(low: int, high: int) -> tuple[int, ...]:

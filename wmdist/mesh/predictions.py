@@ -16,7 +16,7 @@ from __future__ import annotations
 from wmdist.costs.mesh import TRAFFIC_AXES, axis_traffic
 from wmdist.mesh import demos
 from wmdist.mesh.scenarios import MESH_3D, MESH_3D_NARROW
-from wmdist.report import Report
+from wmdist.course.report import Report
 from wmdist.ui.choose import ChoiceAnswer
 
 

@@ -24,7 +24,7 @@ from wmdist.costs.pipeline import (
     _transfers_unchecked,
 )
 from wmdist.costs.validate import require_bool, require_choice, require_fields
-from wmdist.knobs import knob
+from wmdist.base.knobs import knob
 from wmdist.pipeline.plan import slow_stage_work
 from wmdist.pipeline.schedules import Schedule, _schedule_unchecked, make_schedule
 from wmdist.pipeline.simulate import SimResult, _simulate_unchecked

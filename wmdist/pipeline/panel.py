@@ -16,7 +16,7 @@ from wmdist.pipeline.figures import draw_curve, draw_held, draw_measured, draw_s
 from wmdist.pipeline.measure import MeasuredBubble
 from wmdist.pipeline.plan import PipeWork
 from wmdist.pipeline.widget_run import run_widget
-from wmdist.report import Report
+from wmdist.course.report import Report
 from wmdist.ui.panel import Panel, View
 
 RUN_REPEATS = 3

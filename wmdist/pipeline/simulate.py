@@ -24,7 +24,7 @@ from numbers import Real
 
 from wmdist.costs.validate import require_int, require_positive
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Action, Schedule, format_token
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 
 class ScheduleDeadlock(RuntimeError):
@@ -162,7 +162,7 @@ def _in_flight(timings: Sequence[Timing]) -> tuple[tuple[Fraction, int], ...]:
 
 
 def spans(schedule: Schedule, result: SimResult) -> list[Span]:
-    """The run as wmdist.spans.Span rows (kind "forward" / "backward", label the token), for timeline plots."""
+    """The run as wmdist.base.spans.Span rows (kind "forward" / "backward", label the token), for timeline plots."""
     with_stage = schedule.chunks > 1
     return [Span(row=t.rank, start=float(t.start), end=float(t.end), kind="forward" if t.action.kind == FORWARD else "backward",
                  label=format_token(t.action, with_stage=with_stage)) for rank in result.timings for t in rank]
