@@ -9,7 +9,7 @@ the nanosecond so that any order of the same arithmetic agrees. The cases includ
 from __future__ import annotations
 
 from wmdist.costs.pipeline import bubble_over_ideal
-from wmdist.exercises import Exercise
+from wmdist.course.exercises import Exercise
 
 
 def bubble_solution(stages: int, microbatches: int, virtual: int, busy_seconds: float) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from wmdist.knobs import knob
+from wmdist.base.knobs import knob
 from wmdist.planner.breakdown import TERMS
 from wmdist.planner.model import TrainingJob, from_architecture
 from wmdist.planner.presets import PRESETS

@@ -14,7 +14,7 @@ from wmdist.planner.layout import ParallelLayout
 from wmdist.planner.model import TrainingJob
 from wmdist.planner.published import RUNS, PublishedRun
 from wmdist.planner.rank import plan
-from wmdist.planner.scoring import EFFICIENCY, published_plan, run_job
+from wmdist.planner.scoring import EFFICIENCY, published_plan, published_utilisation, run_job
 from wmdist.ui.choose import ChoiceAnswer
 
 SHORT, LONG = "llama3-405b-8k-16384gpu", "llama3-405b-128k-16384gpu"
@@ -44,30 +44,44 @@ def planner_axes(job: TrainingJob, layout: ParallelLayout, factor: int) -> list[
     return out
 
 
-def added_axis() -> ChoiceAnswer:
-    """The axis the 128K run adds (from the published layouts), with each axis's exposed seconds per step in the
-    planner's prediction of that run."""
+def _plans() -> tuple[PublishedRun, PublishedRun, dict]:
     short, long = _run(SHORT), _run(LONG)
+    return short, long, {r.name: published_plan(run_job(r, efficiency=EFFICIENCY[r.gpu]), r) for r in (short, long)}
+
+
+def added_axis_formula() -> tuple[str | None, dict[str, float]]:
+    """The pure half: the planner's pick (the one axis that can take dp's factor and still fit the 128K job) and
+    each axis's exposed seconds per step in the planner's prediction of the 128K run."""
+    short, long, plans = _plans()
+    factor = short.layout.dp // long.layout.dp
+    lay = short.layout
+    start = replace(plans[LONG].layout, dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, virtual=1)
+    picks = planner_axes(run_job(long, efficiency=EFFICIENCY[long.gpu]), start, factor)
+    return (picks[0] if len(picks) == 1 else None), {a: plans[LONG].step.axes[a].exposed for a in AXES}
+
+
+def added_axis() -> ChoiceAnswer:
+    """The axis the 128K run adds (from the published layouts), the planner's pick, and each axis's exposed
+    seconds per step in the planner's prediction of that run."""
+    short, long, plans = _plans()
     added = added_axes(short, long)
     if len(added) != 1:
         raise ValueError(f"the two layouts differ in {added or 'no axis'}: the question needs exactly one added")
-    plans = {r.name: published_plan(run_job(r, efficiency=EFFICIENCY[r.gpu]), r) for r in (short, long)}
+    pick, values = added_axis_formula()
     p8, p128 = plans[SHORT].step, plans[LONG].step
     axis = added[0]
     lay8, lay128 = short.layout, long.layout
     factor = lay8.dp // lay128.dp
-    job = run_job(long, efficiency=EFFICIENCY[long.gpu])
-    start = replace(plans[LONG].layout, dp=lay8.dp, tp=lay8.tp, pp=lay8.pp, cp=lay8.cp, virtual=1)
-    picks = planner_axes(job, start, factor)
     return ChoiceAnswer(
-        measured=axis, formula=picks[0] if len(picks) == 1 else None,
+        measured=axis, formula=pick,
         formula_text=f"the one axis that can take dp's factor {factor} and still fit (rank.plan)",
-        values={a: p128.axes[a].exposed for a in AXES},
+        values=values,
         why=f"the published 128K layout keeps tp={lay128.tp} and pp={lay128.pp}, and cuts every sequence into "
             f"{lay128.cp} pieces along {axis} (dp falls from {lay8.dp} to {lay128.dp}: the same 16M tokens are "
             f"now {long.batch_tokens // long.seq_len} sequences). The ring's K, V passes run beside the attention "
             f"they feed, so the planner exposes {seconds(p128.axes[axis].exposed)} of them; the long context costs "
             f"arithmetic instead: attention grows with the context, compute per step {seconds(p8.compute)} at 8K "
             f"and {seconds(p128.compute)} at 128K, predicted MFU {100 * p8.mfu:.0f}% and {100 * p128.mfu:.0f}% "
-            f"(published {100 * short.mfu:.0f}% and {100 * long.mfu:.0f}%). The values listed are each axis's "
+            f"(published {100 * published_utilisation(short):.0f}% and {100 * published_utilisation(long):.0f}%). "
+            "The values listed are each axis's "
             "exposed time per step at 128K")
