@@ -218,7 +218,8 @@ def score_table(scores: list[RunScore]) -> str:
              f"{'fits':>4s} {'vs best':>7s} {'any':>6s}  completed layout")]
     for s in scores:
         lines.append(f"{s.run.name:32s} {counted(s.run):8s} {100 * s.published:8.1f}% {100 * s.predicted:8.1f}% "
-                     f"{100 * s.held_out:7.1f}% {s.plan.memory['total'] / 1e9:9.1f} {'yes' if s.plan.fits else 'NO':>4s} "
+                     f"{100 * s.held_out:7.1f}% {s.plan.memory['total'] / 1e9:9.1f} "
+                     f"{'yes' if s.plan.fits else 'NO':>4s} "
                      f"{s.layout_ratio:7.3f} {s.layout_ratio_any:6.3f}  {s.plan.layout.describe()}")
     return "\n".join(lines)
 
