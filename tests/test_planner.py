@@ -213,3 +213,7 @@ def test_planner_weights_agree_with_the_presets_count(name):
     """The planner counts matmul weights and norms; presets.param_count adds biases and learned positions."""
     arch = PRESETS[name]
     assert math.isclose(from_architecture(arch).params, param_count(arch), rel_tol=5e-3)
+
+
+def test_every_term_names_its_chapter():
+    assert list(bd.TERM_CHAPTERS) == list(bd.TERMS)

@@ -44,6 +44,11 @@ from wmdist.planner.memory import _pieces, _stage_layers, layer_activation_bytes
 from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec
 
 TERMS = ("compute", "elementwise", "optimizer", "bubble", "tp", "cp", "ep", "pp", "dp")   # the stacked bar
+# The chapter whose demo checked each term's formula on real ranks (the notebook labels the bar with them).
+TERM_CHAPTERS = {"compute": "01 (matmul FLOP/s, measured)", "elementwise": "00 (saved activations, the calculator)",
+                 "optimizer": "03 (ZeRO: what each rank updates)", "bubble": "05 (pipeline schedules)",
+                 "tp": "04 (tensor and sequence parallelism)", "cp": "06 (ring attention)", "ep": "10 (experts)",
+                 "pp": "05 (boundary transfers)", "dp": "01 and 03 (buckets, ZeRO collectives)"}
 HBM_PASSES = 4           # a saved activation: written and read in forward, read and its gradient written in backward
 OPTIMIZER_BYTES = 30     # Adam per local parameter: read grad, master, m, v (4 each), write master, m, v, bf16 weight
 RANK_ORDER = ("tp", "cp", "ep", "edp", "pp")                    # fastest-varying first; dp = ep x edp
