@@ -100,6 +100,16 @@ def test_dp_reduces_over_dp_x_cp_and_hides_behind_one_microbatch(step):
     assert dp.exposed == pytest.approx(expected, rel=REL)
 
 
+def test_sharded_gradients_are_reduced_every_microbatch():
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    ring = (piece - piece // 4) * 2
+    two = bd.breakdown(JOB, replace(LAYOUT, zero=2)).axes["dp"]
+    three = bd.breakdown(JOB, replace(LAYOUT, zero=3)).axes["dp"]
+    assert two.traffic.bytes_sent == (M + 1) * ring               # M reduce-scatters, one all-gather
+    assert three.traffic.bytes_sent == 3 * M * ring                # and ZeRO-3 gathers twice every microbatch
+    assert three.traffic.messages == 3 * M * 3
+
+
 def test_overlap_rule_keeps_the_last_bucket():
     assert bd.hidden_after(1.0, 0.2, floor_share=0.1) == pytest.approx(0.8)
     assert bd.hidden_after(1.0, 5.0, floor_share=0.1) == pytest.approx(0.1)
@@ -203,3 +213,7 @@ def test_planner_weights_agree_with_the_presets_count(name):
     """The planner counts matmul weights and norms; presets.param_count adds biases and learned positions."""
     arch = PRESETS[name]
     assert math.isclose(from_architecture(arch).params, param_count(arch), rel_tol=5e-3)
+
+
+def test_every_term_names_its_chapter():
+    assert list(bd.TERM_CHAPTERS) == list(bd.TERMS)

@@ -17,7 +17,8 @@ The terms, per GPU of the slowest pipeline stage, and what each assumes:
   b (s/cp) h / tp elements each (scattered by sequence parallelism). Not overlapped (they are small).
 * dp: costs.zero.zero_step_bytes over the dp x cp ranks (context-parallel ranks hold the same weights); the
   routed experts' over dp / ep. The gradient reduction overlaps the backward of the last microbatch and the
-  parameter all-gather the forward of the first (ZeRO-3: of every microbatch), except one layer's share,
+  parameter all-gather the forward of the first (sharded gradients, ZeRO-2 and 3, are reduce-scattered every
+  microbatch, and ZeRO-3 gathers every microbatch, each behind that microbatch), except one layer's share,
   the bucket that is ready last (the first to be needed): exposed = max(T - window, T / layers on the stage).
 * bubble: costs.pipeline.bubble_over_ideal(pp, M, chunks=v) times the stage's busy time (compute, tp, cp, ep).
 
@@ -43,6 +44,11 @@ from wmdist.planner.memory import _pieces, _stage_layers, layer_activation_bytes
 from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec
 
 TERMS = ("compute", "elementwise", "optimizer", "bubble", "tp", "cp", "ep", "pp", "dp")   # the stacked bar
+# The chapter whose demo checked each term's formula on real ranks (the notebook labels the bar with them).
+TERM_CHAPTERS = {"compute": "01 (matmul FLOP/s, measured)", "elementwise": "00 (saved activations, the calculator)",
+                 "optimizer": "03 (ZeRO: what each rank updates)", "bubble": "05 (pipeline schedules)",
+                 "tp": "04 (tensor and sequence parallelism)", "cp": "06 (ring attention)", "ep": "10 (experts)",
+                 "pp": "05 (boundary transfers)", "dp": "01 and 03 (buckets, ZeRO collectives)"}
 HBM_PASSES = 4           # a saved activation: written and read in forward, read and its gradient written in backward
 OPTIMIZER_BYTES = 30     # Adam per local parameter: read grad, master, m, v (4 each), write master, m, v, bf16 weight
 RANK_ORDER = ("tp", "cp", "ep", "edp", "pp")                    # fastest-varying first; dp = ep x edp
@@ -222,12 +228,14 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
     """The dp term: the non-routed weights over dp x cp ranks, the routed experts over dp / ep (module docstring).
 
     Phases are pooled by the compute they hide behind: the gradient's (and ZeRO-3's backward gathers) behind
-    backward, the parameter gathers behind forward; ZeRO-3 gathers every microbatch, so its windows are M.
+    backward, the parameter gathers behind forward. Sharded gradients (ZeRO-2, 3) are reduce-scattered every
+    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M.
     """
     c, e, z = job.cluster, job.elem_bytes, layout.zero
     dense, experts = _pieces(job.model, layout)
-    repeat = layout.microbatches(job) if z == 3 else 1
-    windows = {"backward": repeat * 2 * per_micro / 3, "forward": repeat * per_micro / 3}
+    micro = layout.microbatches(job)
+    windows = {"backward": (micro if z >= 2 else 1) * 2 * per_micro / 3,
+               "forward": (micro if z == 3 else 1) * per_micro / 3}
     pooled = {"backward": 0.0, "forward": 0.0}
     total_bytes, messages, inside_all = 0, 0, True
     groups = [(max(dense), layout.dp * layout.cp, layout.tp)]        # dp x cp ranks lie tp apart
@@ -241,7 +249,7 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
         phases = zero_step_bytes(numel, n, 0, z, elem_size=e)
         rounds = zero_step_rounds(n, z) // len(phases)           # N - 1 per collective
         for name, nbytes in phases.items():
-            times = repeat if name in ("forward all-gather", "backward all-gather") else 1
+            times = micro if (z == 3 and "all-gather" in name) or (z >= 2 and name == "gradient reduce-scatter") else 1
             when = "forward" if name in ("forward all-gather", "parameter all-gather") else "backward"
             pooled[when] += times * sum(link.terms(Traffic(nbytes, rounds)))
             total_bytes += times * nbytes

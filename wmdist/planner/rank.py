@@ -76,11 +76,11 @@ def fitting_layouts(job: TrainingJob, **bounds: object) -> Iterator[Plan]:
 
 
 def search_space(job: TrainingJob) -> dict[str, tuple]:
-    """The ZeRO stages and recompute kinds rank_layouts tries by default: ZeRO-1 is left out (it sends what
-    ZeRO-2 sends and holds more), and so is selective recompute with FlashAttention (then it recomputes
-    nothing the kernel does not: the same step and bytes as none)."""
+    """The ZeRO stages and recompute kinds rank_layouts tries by default: every stage, and every recompute kind
+    but selective with FlashAttention (then it recomputes nothing the kernel does not: the same step and bytes
+    as none)."""
     kinds = ("none", "full") if job.flash_attention else ("none", "selective", "full")
-    return {"zero_stages": (0, 2, 3), "recompute": kinds}
+    return {"zero_stages": (0, 1, 2, 3), "recompute": kinds}
 
 
 def rank_layouts(job: TrainingJob, *, top: int = 10, **bounds: object) -> list[Plan]:

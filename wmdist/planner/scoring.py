@@ -35,9 +35,8 @@ FLASH_FROM_YEAR = 2023
 GRID = tuple(round(0.30 + 0.01 * i, 2) for i in range(66))
 GOALS = {"median_points": 5.0, "max_points": 10.0, "layout_ratio": 1.10}
 # The efficiency of each GPU type, as `score_runs(scored_runs())` fits it (tests/test_planner_bench.py fits it
-# again and holds these to it): A100 from the 19 A100 runs, H100 from the 12 H100 runs. The H800 is an H100 with
-# fewer NVLinks (hardware.py) and no published run here has an MFU on it: it takes the H100's.
-EFFICIENCY = {"a100-80gb": 0.58, "h100": 0.59, "h800": 0.59}
+# again and holds these to it): A100 from its 33 published runs, H100 from its 13.
+EFFICIENCY = {"a100-80gb": 0.59, "h100": 0.59}
 
 
 def cluster_spec(gpu: str, *, fabric: str | None = None, efficiency: float) -> ClusterSpec:
@@ -132,7 +131,7 @@ class RunScore:
     predicted: float
     held_out: float
     best_seconds: float           # the planner's best with the run's printed recompute kind (any, if not printed)
-    best_any_seconds: float       # the planner's best with any recompute kind
+    best_any_seconds: float | None   # the planner's best with any recompute kind (None: not searched)
 
     @property
     def error_points(self) -> float:
@@ -148,9 +147,9 @@ class RunScore:
         return self.plan.step.total / self.best_seconds
 
     @property
-    def layout_ratio_any(self) -> float:
-        """The same against the best with any recompute kind."""
-        return self.plan.step.total / self.best_any_seconds
+    def layout_ratio_any(self) -> float | None:
+        """The same against the best with any recompute kind (None where that was not searched)."""
+        return None if self.best_any_seconds is None else self.plan.step.total / self.best_any_seconds
 
 
 def _curve(run: PublishedRun, layout: ParallelLayout) -> list[float]:
@@ -168,33 +167,45 @@ def _fit(curves: list[list[float]], published: list[float]) -> float:
     return GRID[min(range(len(GRID)), key=errors.__getitem__)]
 
 
-def score_runs(runs: tuple[PublishedRun, ...], *, reference: float = 0.6) -> tuple[dict[str, float], list[RunScore]]:
+def _fit_all(runs: tuple[PublishedRun, ...], layouts: dict[str, ParallelLayout]) -> tuple[dict, dict[str, float]]:
+    """(each run's utilisation curve over GRID, the efficiency fitted per GPU type) for these layouts."""
+    curves = {r.name: _curve(r, layouts[r.name]) for r in runs}
+    fitted = {gpu: _fit([curves[r.name] for r in runs if r.gpu == gpu],
+                        [published_utilisation(r) for r in runs if r.gpu == gpu])
+              for gpu in sorted({r.gpu for r in runs})}
+    return curves, fitted
+
+
+def score_runs(runs: tuple[PublishedRun, ...], *, reference: float = 0.6,
+               any_recompute: bool = True) -> tuple[dict[str, float], list[RunScore]]:
     """Fit each GPU type's efficiency, then score every run: ({gpu: efficiency}, [RunScore]).
 
-    Completions are chosen at `reference`, the efficiency fitted from them, the completions chosen again at it.
+    Completions are chosen at `reference` and the efficiency fitted from them; then chosen again at that
+    efficiency and refitted, until the fit stops moving (at most three rounds). any_recompute: also rank
+    every layout with any recompute kind (the "any" column; twice the search for runs that print one).
     """
-    layouts = {r.name: published_plan(run_job(r, efficiency=reference), r).layout for r in runs}
-    fitted: dict[str, float] = {}
-    for _ in range(2):
-        curves = {r.name: _curve(r, layouts[r.name]) for r in runs}
-        for gpu in sorted({r.gpu for r in runs}):
-            mine = [r for r in runs if r.gpu == gpu]
-            fitted[gpu] = _fit([curves[r.name] for r in mine], [published_utilisation(r) for r in mine])
-        layouts = {r.name: published_plan(run_job(r, efficiency=fitted[r.gpu]), r).layout for r in runs}
-    curves = {r.name: _curve(r, layouts[r.name]) for r in runs}
+    plans = {r.name: published_plan(run_job(r, efficiency=reference), r) for r in runs}
+    curves, fitted = _fit_all(runs, {n: p.layout for n, p in plans.items()})
+    for _ in range(3):
+        plans = {r.name: published_plan(run_job(r, efficiency=fitted[r.gpu]), r) for r in runs}
+        curves, again = _fit_all(runs, {n: p.layout for n, p in plans.items()})
+        if again == fitted:
+            break
+        fitted = again
     scores = []
     for r in runs:
         others = [o for o in runs if o.gpu == r.gpu and o.name != r.name]
         held = _fit([curves[o.name] for o in others], [published_utilisation(o) for o in others]) if others \
             else fitted[r.gpu]
         job = run_job(r, efficiency=fitted[r.gpu])
-        p = published_plan(job, r)
+        p = plans[r.name]
         best = rank_layouts(job, top=1, **({"recompute": (r.layout.recompute,)} if r.layout.recompute else {}))
-        anything = rank_layouts(job, top=1) if r.layout.recompute else best
+        anything = (rank_layouts(job, top=1) if r.layout.recompute else best) if any_recompute else None
         scores.append(RunScore(run=r, plan=p, published=published_utilisation(r), predicted=predicted_utilisation(p, r),
                                held_out=curves[r.name][GRID.index(held)],
                                best_seconds=best[0].step.total if best else float("inf"),
-                               best_any_seconds=anything[0].step.total if anything else float("inf")))
+                               best_any_seconds=(anything[0].step.total if anything else float("inf"))
+                               if anything is not None else None))
     return fitted, scores
 
 
@@ -206,7 +217,7 @@ def goals(scores: list[RunScore]) -> dict[str, float | bool]:
         "median_points": statistics.median(err), "max_points": max(err),
         "held_out_median_points": statistics.median(held), "held_out_max_points": max(held),
         "all_fit": all(s.plan.fits for s in scores), "worst_layout_ratio": max(s.layout_ratio for s in scores),
-        "worst_layout_ratio_any_recompute": max(s.layout_ratio_any for s in scores)}
+        "worst_layout_ratio_any_recompute": max((s.layout_ratio_any or 0.0) for s in scores)}
     out["met"] = (out["median_points"] <= GOALS["median_points"] and out["max_points"] <= GOALS["max_points"]
                   and bool(out["all_fit"]) and out["worst_layout_ratio"] <= GOALS["layout_ratio"])
     return out
@@ -218,8 +229,10 @@ def score_table(scores: list[RunScore]) -> str:
              f"{'fits':>4s} {'vs best':>7s} {'any':>6s}  completed layout")]
     for s in scores:
         lines.append(f"{s.run.name:32s} {counted(s.run):8s} {100 * s.published:8.1f}% {100 * s.predicted:8.1f}% "
-                     f"{100 * s.held_out:7.1f}% {s.plan.memory['total'] / 1e9:9.1f} {'yes' if s.plan.fits else 'NO':>4s} "
-                     f"{s.layout_ratio:7.3f} {s.layout_ratio_any:6.3f}  {s.plan.layout.describe()}")
+                     f"{100 * s.held_out:7.1f}% {s.plan.memory['total'] / 1e9:9.1f} "
+                     f"{'yes' if s.plan.fits else 'NO':>4s} "
+                     f"{s.layout_ratio:7.3f} {'-' if s.layout_ratio_any is None else f'{s.layout_ratio_any:.3f}':>6s}  "
+                     f"{s.plan.layout.describe()}")
     return "\n".join(lines)
 
 
