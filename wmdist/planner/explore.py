@@ -1,8 +1,8 @@
 """The planner panel's pure half: its config (presets, GPUs, batch, context, which ranked layout to show) and
 the view it computes (the job, the best layouts, the chosen one's terms and memory). No widgets, no processes.
 
-Each term of the stacked step names the chapter whose demo checked its formula on real ranks (CHECKED_IN), so
-the panel and the notebook can say where a number comes from. The search is the planner's exact ranking
+Each term of the stacked step names the chapter whose demo checked its formula on real ranks (CHECKED_IN: the
+chapter numbers of breakdown.TERM_CHAPTERS), so the panel and the notebook can say where a number comes from. The search is the planner's exact ranking
 (rank.rank_layouts) within PANEL_BOUNDS, a bounded enumeration stated here: interleaving up to 4 virtual stages
 and micro-batches of 1 or 2 sequences (the published runs' layouts are inside it, and a finer search moves the
 best step by a few per cent at most; the CLI, `wmdist plan`, searches the planner's full default space).
@@ -15,26 +15,25 @@ import threading
 from dataclasses import dataclass
 
 from wmdist.base.knobs import knob
-from wmdist.planner.breakdown import TERMS
+from wmdist.costs.validate import require_choice, require_int
+from wmdist.planner.breakdown import TERM_CHAPTERS, TERMS
 from wmdist.planner.model import TrainingJob, from_architecture
 from wmdist.planner.presets import PRESETS
 from wmdist.planner.rank import Plan, rank_layouts
 from wmdist.planner.scoring import EFFICIENCY, cluster_spec
-from wmdist.costs.validate import require_choice, require_int
 
 # Where each term of the breakdown was checked against real ranks: the chapter and what it measured.
-CHECKED_IN: dict[str, str] = {"compute": "01", "elementwise": "00", "optimizer": "03", "bubble": "05",
-                              "tp": "04", "cp": "06", "ep": "10", "pp": "05", "dp": "01, 03"}
-CHECKED_WHAT: dict[str, str] = {
-    "compute": "the 6N FLOPs per token at one efficiency; ch. 01 measures this machine's matmul FLOP/s",
-    "elementwise": "the saved activations of ch. 00's calculator, moved through HBM a few times",
-    "optimizer": "the Adam update of the weights a GPU holds after ZeRO's split (ch. 03)",
-    "bubble": "(P-1)/(vM) of the stage's busy time, the bubble ch. 05 measures on ranks",
-    "tp": "4 reduce-scatters and 4 all-gathers per layer with sequence parallelism (ch. 04)",
-    "cp": "ring attention's K, V passes, hidden behind the attention they feed (ch. 06)",
-    "ep": "the dispatch and combine all-to-alls, forward and backward (ch. 10)",
-    "pp": "one activation forward and one gradient back per microbatch and stage (ch. 05)",
-    "dp": "the gradient all-reduce or ZeRO's reduce-scatter and all-gather, mostly hidden (ch. 01, 03)",
+CHECKED_IN: dict[str, str] = {t: text.split(" (")[0].replace(" and ", ", ") for t, text in TERM_CHAPTERS.items()}
+CHECKED_WHAT: dict[str, str] = {      # what each term computes, for the notebook's table beside its chapter
+    "compute": "the 6N FLOPs per token and attention at one efficiency per GPU type",
+    "elementwise": "the saved activations of the memory calculator, moved through HBM a few times",
+    "optimizer": "the Adam update of the weights a GPU holds after ZeRO's split",
+    "bubble": "(P-1)/(vM) of the stage's busy time",
+    "tp": "4 reduce-scatters and 4 all-gathers per layer with sequence parallelism",
+    "cp": "ring attention's K, V passes, hidden behind the attention they feed",
+    "ep": "the dispatch and combine all-to-alls, forward and backward",
+    "pp": "one activation forward and one gradient back per microbatch and stage",
+    "dp": "the gradient all-reduce or ZeRO's reduce-scatter and all-gather, mostly hidden",
 }
 PLACEMENT_CHAPTER = "09"            # which link tier each axis gets, from the mesh order
 MEMORY_CHAPTER = "00"               # the calculator behind every memory bar

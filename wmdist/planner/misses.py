@@ -10,11 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wmdist.costs.units import seconds
+from wmdist.planner.hardware import CLUSTERS
 from wmdist.planner.presets import PRESETS
 from wmdist.planner.published import PublishedRun
 from wmdist.planner.rank import Plan
-from wmdist.planner.scoring import (EFFICIENCY, counted, predicted_utilisation, published_plan, published_utilisation,
-                                    run_job, scored_runs)
+from wmdist.planner.scoring import (
+    EFFICIENCY,
+    counted,
+    predicted_utilisation,
+    published_plan,
+    published_utilisation,
+    run_job,
+    scored_runs,
+)
 
 MISS_POINTS = 5.0          # the issue's median goal: a run further off than that is named and explained
 
@@ -22,12 +31,14 @@ SHAPE = ("one efficiency per GPU type is fitted across all its runs; matrix kern
          "matrices and fall further short on narrow ones, which one constant cannot follow")
 WIDE, NARROW = 16384, 4096          # hidden sizes beyond which the shape rule explains a miss
 LARGE = 2048                        # GPUs from which the network's congestion is a likely reason
+EXPOSED_SHARE = 0.1                 # exposed dp time, as a share of the step, that can explain an under-prediction
 
 
 def explain(run: PublishedRun, plan: Plan, points: float) -> str:
     """Why the planner misses `run` by `points` (predicted - published), from what the model leaves out; "" when
     no rule applies. The rules, first match: ZeRO-3 with no model parallelism, over-predicted; context
     parallelism, over-predicted; a pipeline the planner could only fit without interleaving, under-predicted;
+    under-predicted with a tenth of the step or more in exposed dp traffic;
     a wide layer, under-predicted, or a narrow one, over-predicted; over-predicted on LARGE GPUs or more."""
     lay, hidden = run.layout, _hidden(run)
     over = points > 0
@@ -43,6 +54,13 @@ def explain(run: PublishedRun, plan: Plan, points: float) -> str:
         return ("by the planner's memory count only the plain pipeline schedule fits this layout, so its bubble is "
                 "(P-1)/M; the source leaves the schedule open, and an interleaved one would cut the bubble v-fold "
                 "if the run kept less activation memory than the calculator counts")
+    dp = plan.step.axes["dp"].exposed
+    if not over and dp >= EXPOSED_SHARE * plan.step.total:
+        fabric = CLUSTERS[run.cluster].fabric if run.cluster in CLUSTERS else ""
+        assumed = " on a network the paper does not describe (a typical one stands in)" if "stands in" in fabric \
+            else ""
+        return (f"the planner leaves {seconds(dp)} of the {seconds(plan.step.total)} step to exposed data-parallel "
+                f"traffic{assumed}; the run hid more of it behind compute, or had more bandwidth than assumed")
     if not over and hidden >= WIDE:
         return f"a {hidden:,}-wide layer: {SHAPE} (under-predicted)"
     if over and hidden <= NARROW:

@@ -13,8 +13,15 @@ import html
 from wmdist.costs.units import seconds
 from wmdist.memory.footprint import format_bytes
 from wmdist.planner.breakdown import TERMS
-from wmdist.planner.explore import CHECKED_IN, MEMORY_CHAPTER, PLACEMENT_CHAPTER, PlanCache, PlannerConfig, \
-    PlannerView, planner_view
+from wmdist.planner.explore import (
+    CHECKED_IN,
+    MEMORY_CHAPTER,
+    PLACEMENT_CHAPTER,
+    PlanCache,
+    PlannerConfig,
+    PlannerView,
+    planner_view,
+)
 from wmdist.planner.figures import draw_memory, draw_steps
 from wmdist.planner.rank import Plan
 from wmdist.ui.panel import Panel, View
