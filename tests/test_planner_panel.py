@@ -102,7 +102,7 @@ def _rows(ax, n):
 
 
 def test_the_views_stack_the_terms_and_the_memory_of_each_layout():
-    view = planner_view(SMALL, PlanCache())
+    view = planner_view(SMALL, cache=PlanCache())
     fig = canvas_figure(600, 320)
     draw_steps(fig, view)
     draw_steps(fig, view)                                   # a redraw into the same axes keeps #1 on top

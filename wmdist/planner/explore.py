@@ -112,7 +112,7 @@ class PlanCache:
         return found
 
 
-def planner_view(config: PlannerConfig, cache: PlanCache | None = None) -> PlannerView:
+def planner_view(config: PlannerConfig, *, cache: PlanCache | None = None) -> PlannerView:
     """The panel's model: the job and its TOP fastest fitting layouts (rank.rank_layouts within PANEL_BOUNDS)."""
     job = job_of(config)
     plans = cache.plans(job) if cache is not None else tuple(rank_layouts(job, top=TOP, **PANEL_BOUNDS))

@@ -97,7 +97,7 @@ class RunComparison:
         return explain(self.run, self.plan, self.points) if self.miss else ""
 
 
-def compare_runs(runs: tuple[PublishedRun, ...] | None = None) -> list[RunComparison]:
+def compare_runs(*, runs: tuple[PublishedRun, ...] | None = None) -> list[RunComparison]:
     """Every run with a printed figure (scoring.scored_runs) predicted at scoring.EFFICIENCY of its GPU type, its
     published layout completed by the planner."""
     out = []

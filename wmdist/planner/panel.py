@@ -89,7 +89,7 @@ class PlannerPanel(Panel):
         super().__init__(config or PlannerConfig())
 
     def compute(self, config: PlannerConfig) -> PlannerView:
-        return planner_view(config, self.cache)
+        return planner_view(config, cache=self.cache)
 
     def views(self) -> list[View]:
         return [View("step time", lambda fig, c, r: draw_steps(fig, r)),
