@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from wmdist import cli
+from wmdist.app import cli
 from wmdist.planner.cli import size
 
 BASE = ["plan", "--model", "megatron-1.7b", "--gpus", "32", "--gpu", "a100-80gb", "--seq", "2048",
@@ -72,7 +72,7 @@ def test_plan_imports_no_torch():
     """Like the other planning commands, `wmdist plan` answers without importing torch."""
     import subprocess
     import sys
-    probe = ("import sys\nfrom wmdist.cli import main\n"
+    probe = ("import sys\nfrom wmdist.app.cli import main\n"
              f"code = main({[*BASE, '--layout', 'dp=32,micro_batch=4']!r})\n"
              "print('exit', code, 'torch imported:', 'torch' in sys.modules, file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=120)

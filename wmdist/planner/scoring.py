@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, replace
 from itertools import product
 
-from wmdist.bench_result import BenchResult
+from wmdist.base.bench_result import BenchResult
 from wmdist.planner.breakdown import StepBreakdown, breakdown, partial_breakdown, with_data_parallel
 from wmdist.planner.hardware import CLUSTERS, GPUS
 from wmdist.planner.layout import RECOMPUTE, ParallelLayout, check_layout

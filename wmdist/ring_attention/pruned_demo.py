@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
 from wmdist.costs.validate import require_choice
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.pruned import pruned_backward, pruned_forward

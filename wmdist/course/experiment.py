@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from wmdist.comm import Context
-from wmdist.report import Check, Count, Report
+from wmdist.course.report import Check, Count, Report
 from wmdist.runtime import run
-from wmdist.on_progress import OnProgress
+from wmdist.base.on_progress import OnProgress
 
 
 
