@@ -24,12 +24,12 @@ BELOW = ("base", "costs", "comm", "runtime", "models", "course", "ui")   # pure 
 CAPSTONES = ("mesh", "yours", "planner")        # chapter 09, "your own model", chapter 11: build on the chapters
 ABOVE = ("registry", "kernel", "session", "bench", "app")   # every demo by name, what serves the course, the app
 ENTRY = ("__init__", "__main__")                # the package face and `python -m wmdist`: the only loose modules
+PLANNER_CHAPTER = ("panel", "figures", "exercises", "predictions", "chapter")   # chapter 11's page: widgets, torch
 PURE = ["base", "costs", "comm/mesh.py", "memory/footprint.py", "memory/remedies.py",
         "data_parallel/scaling.py", "pipeline/schedules.py", "pipeline/simulate.py", "pipeline/plan.py",
         "pipeline/bubble.py", "ring_attention/layout.py", "ring_attention/traffic.py",
         "mesh/spec.py", "mesh/patterns.py", "memory/transient.py", "memory/presets.py", "experts/tradeoff.py",
-        *(f"planner/{m}.py" for m in ("breakdown", "cli", "explore", "hardware", "layout", "memory", "misses", "model",
-                                      "presets", "published", "published_a100", "rank", "records", "scoring", "small"))]
+        *(f"planner/{p.name}" for p in sorted((ROOT / "planner").glob("*.py")) if p.stem not in PLANNER_CHAPTER)]
 NOT_IN_PURE = {"torch", "ipywidgets", "matplotlib", "IPython"}
 ALLOWED_TORCH_DISTRIBUTED = ("torch.distributed.checkpoint", "torch.distributed.optim",
                              "torch.distributed.pipelining", "torch.distributed.tensor",

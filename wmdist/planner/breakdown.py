@@ -6,6 +6,10 @@ The terms, per GPU of the slowest pipeline stage, and what each assumes:
   the causal mask, costs.ring_attention.attention_flops; backward twice the forward; recompute adds a
   forward (full) or the attention core's forward (selective, when no FlashAttention already recomputes it))
   at `cluster.efficiency` x peak, the one efficiency of the GPU type.
+* elementwise: norms, activations, softmax, residual adds run at HBM bandwidth, not on the tensor cores: each
+  saved activation (memory.layer_activation_bytes) moved HBM_PASSES times (more with full recompute), in
+  series with the matmuls. It is what makes small models slower per FLOP than large ones.
+* optimizer: the Adam step reads and writes OPTIMIZER_BYTES per local weight at HBM bandwidth, after the step.
 * tp: Megatron with sequence parallelism, 4 reduce-scatters + 4 all-gathers of b (s/cp) h per layer and
   microbatch (costs.tensor_parallel.megatron_layer_bytes), 4 more with full recompute. Not overlapped.
 * cp: the ring of costs.ring_attention (K, V forward and backward, dK, dV back: 3 (cp - 1) sends of the
