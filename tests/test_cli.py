@@ -6,10 +6,13 @@ from dataclasses import dataclass
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -196,8 +199,9 @@ def test_verify_at_one_size_leaves_out_the_demos_that_cannot_run_there():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_verify_ended_by_a_signal_leaves_no_directory_or_process(tmp_path, sig):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # A short TMPDIR: the forkserver's socket path under it must fit Unix's 107 bytes, which tmp_path under
+    # xdist (/tmp/pytest-of-root/pytest-NN/popen-gwN/test_verify_ended_..._N/) outgrows once NN reaches 3 digits.
+    tmp = Path(tempfile.mkdtemp(prefix="wmdist-test-verify-", dir="/tmp" if os.path.isdir("/tmp") else None))
     with open(tmp_path / "stderr.txt", "w") as err, open(tmp_path / "stdout.txt", "w") as out:
         # The signal's default action, whatever this test inherited: under nohup SIGHUP is ignored, and
         # an ignored signal is left ignored (the verify then runs to its end and exits 0).
@@ -222,4 +226,6 @@ def test_verify_ended_by_a_signal_leaves_no_directory_or_process(tmp_path, sig):
         for pid in alive(family):                       # pass or fail, nothing of it stays
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
-    assert sorted(p.name for p in tmp.iterdir()) == []
+    left_in_tmp = sorted(p.name for p in tmp.iterdir())
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert left_in_tmp == []

@@ -14,6 +14,8 @@ import time
 import psutil
 import pytest
 
+from conftest import patience
+
 RUNS = 20 if os.environ.get("WMDIST_STRESS") == "1" else 1      # the 20 in a row: WMDIST_STRESS=1
 
 # Three threads make their first run at N = 1, 2, 3 at once. Every time the top of the program runs it
@@ -235,3 +237,14 @@ def test_the_call_right_after_the_forkserver_is_killed_runs_on_a_new_one():
     assert [r[0] for r in rounds] == ["warm", "new"] * 2
     for what, killed, parents in rounds:
         assert len(set(parents)) == 1 and parents[0] != killed, f"{what}: ranks of the killed forkserver {killed}"
+
+
+def test_a_temp_dir_too_deep_for_the_forkserver_socket_is_refused_before_any_process_starts(tmp_path):
+    deep = tmp_path / ("d" * 40) / ("e" * 40)       # > 75 bytes: TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX > 107
+    deep.mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-c", "import wmdist; wmdist.run(lambda ctx: ctx.rank, 2)"],
+                         env={**os.environ, "TMPDIR": str(deep)}, capture_output=True, text=True,
+                         timeout=patience(120))
+    assert out.returncode == 1 and "ValueError" in out.stderr and "set TMPDIR to a shorter directory" in out.stderr, \
+        out.stderr[-2000:]
+    assert str(deep) in out.stderr and list(deep.iterdir()) == []     # named, and nothing was started under it

@@ -114,6 +114,27 @@ def remove_empty_inductor_dirs(before: set[str]) -> None:
             os.rmdir(path)               # only if still empty
 
 
+SOCKET_PATH_MAX = 107     # bytes in a Unix socket's path on Linux (sun_path holds 108 with its NUL)
+FORKSERVER_SUFFIX = len("/pymp-12345678/listener-12345678")   # what multiprocessing adds under the temp dir
+
+
+def require_short_temp_dir() -> None:
+    """Refuse, before any process starts, a temporary directory too deep for the forkserver's socket.
+
+    The ranks start from multiprocessing's forkserver, which listens on a Unix socket at
+    TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX; past 107 bytes the start fails deep inside with
+    "AF_UNIX path too long" (a test's tmp_path as TMPDIR did, once pytest's run counter grew a digit).
+    """
+    made = multiprocessing.process.current_process()._config.get("tempdir")
+    path = os.path.join(made, "listener-12345678") if made else tempfile.gettempdir() + "x" * FORKSERVER_SUFFIX
+    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        top = tempfile.gettempdir()
+        raise ValueError(f"the temporary directory {top!r} is {len(os.fsencode(top))} bytes long: the ranks' "
+                         f"forkserver listens on a Unix socket under it, whose path may be at most "
+                         f"{SOCKET_PATH_MAX} bytes, so it must be at most {SOCKET_PATH_MAX - FORKSERVER_SUFFIX}; "
+                         f"set TMPDIR to a shorter directory (e.g. /tmp)")
+
+
 def mark_multiprocessing_dir() -> None:
     """Mark multiprocessing's temporary directory of this process (the forkserver's socket) as ours."""
     path = multiprocessing.util.get_temp_dir()

@@ -90,6 +90,8 @@ def _validate(fn: Any, world_size: Any, args: tuple, kwargs: dict, timeout: Any)
     if not callable(fn):
         raise TypeError(f"fn must be a callable taking (ctx, ...), got {type(fn).__name__}")
     world_size = as_world_size(world_size)
+    if not under_torchrun():
+        cleanup.require_short_temp_dir()
     if not under_torchrun() and world_size > MAX_LOCAL_WORLD:
         raise ValueError(f"world_size={world_size} is more local ranks than wmdist starts "
                          f"(at most {MAX_LOCAL_WORLD}); use torchrun for larger jobs")
