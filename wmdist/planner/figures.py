@@ -90,7 +90,9 @@ def draw_memory(fig: Figure, view: PlannerView) -> None:
 def scores_figure(scores: Sequence[RunComparison]) -> Figure:
     """Predicted against published utilisation for every run (the diagonal: a perfect prediction; the band:
     MISS_POINTS either side), one marker per source."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=100)
+    with plt.ioff():
+        fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=100)
+    plt.close(fig)      # returned, not left in pyplot: a cell shows it once
     sources = sorted({s.run.citation.authors.split()[0].rstrip(",") for s in scores})
     markers = "osD^vP*X"
     for i, src in enumerate(sources):
