@@ -245,7 +245,7 @@ def make_schedule(name: ScheduleName, stages: int, microbatches: int, *, chunks:
     return gpipe(p, m) if name == "gpipe" else one_f_one_b(p, m)
 
 
-def to_json(schedule: Schedule) -> dict[str, Any]:
+def schedule_json(schedule: Schedule) -> dict[str, Any]:
     """The schedule as plain JSON data: {"schedule", "stages", "microbatches", "chunks", "ranks": [[tokens]]}."""
     return {"schedule": schedule.name, "stages": schedule.stages, "microbatches": schedule.microbatches,
             "chunks": schedule.chunks, "ranks": [list(tokens) for tokens in schedule.tokens()]}

@@ -29,16 +29,16 @@ from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD
 from wmdist.ring_attention.layout import Layout
-from wmdist.ring_attention.spec import (DTYPES, Cases, DTypeName, RankCase, RingRun, RingSpec, assemble, ring_run,
-                                        run_case)
-from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
+from wmdist.ring_attention.spec import (DTYPES, Cases, DTypeName, RankCase, RingRun, RingSpec, assemble_sequence,
+                                        ring_run, run_case)
+from wmdist.ring_attention.tolerance import REASON, exact_attention, attention_tolerance
 from wmdist.spans import Span
 
 CASES = tuple((dtype, causal, layout) for dtype in ("float32", "float64")
               for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")))
 PAPER = "paper loop, N sends"
-__all__ = ["CASES", "PAPER", "Cases", "RankCase", "RingRun", "ring_run", "case_name", "ring_cases", "compare_ring",
-           "RingDemoData", "RING_DEMO", "ring_attention_demo", "DEMOS"]
+__all__ = ["CASES", "PAPER", "Cases", "RankCase", "RingRun", "ring_run", "case_name", "ring_cases",
+           "compare_ring_attention", "RingDemoData", "RING_DEMO", "ring_attention_demo", "DEMOS"]
 
 
 def case_name(dtype: DTypeName, *, causal: bool, layout: Layout) -> str:
@@ -66,10 +66,11 @@ def _checks(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DType
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=causal)
     want_grads = torch.autograd.grad(want, leaves, dout)
-    tol = tolerance(exact_attention(q, k, v, dout, causal=causal), getattr(torch, dtype), spec.tile(n),
+    tol = attention_tolerance(exact_attention(q, k, v, dout, causal=causal), getattr(torch, dtype), spec.tile(n),
                     spec.key_blocks(n))
-    got = {"out": assemble(spec, [rc.out for rc in ranks], rows)}
-    got.update({g: assemble(spec, [rc.grads[i] for rc in ranks], rows) for i, g in enumerate(("dq", "dk", "dv"))})
+    got = {"out": assemble_sequence(spec, [rc.out for rc in ranks], rows)}
+    got.update({g: assemble_sequence(spec, [rc.grads[i] for rc in ranks], rows)
+                for i, g in enumerate(("dq", "dk", "dv"))})
     wanted = dict(zip(("out", "dq", "dk", "dv"), (want, *want_grads)))
     return [Check(name=f"{name}: {key} == SDPA", error=bound_ratio(got[key], wanted[key], getattr(tol, key)), tolerance=1.0, reason=REASON)
             for key in ("out", "dq", "dk", "dv")]
@@ -110,7 +111,7 @@ class RingDemoData:
     backward: tuple[Span, ...]
 
 
-def compare_ring(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
+def compare_ring_attention(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
     """Every case against SDPA in units of its rounding bound, bytes and work against the formulas, the paper's
     N-sends loop against N-1 sends."""
     spec, world_size = run.ring, run.world_size
@@ -139,7 +140,7 @@ def compare_ring(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
 
 RING_DEMO = Experiment(name="ring-attention", chapter="06", world_sizes=tuple(range(1, 9)), spec=ring_run,
                        title="Ring attention on N ranks == SDPA (fp32, fp64, causal or not, forward and backward); "
-                             "KV bytes (N-1) S d_KV / N per rank", ranks=ring_cases, compare=compare_ring)
+                             "KV bytes (N-1) S d_KV / N per rank", ranks=ring_cases, compare=compare_ring_attention)
 
 
 def ring_attention_demo(world_size: int, *, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:

@@ -30,8 +30,8 @@ from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.pruned import pruned_backward, pruned_forward
 from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, ring_backward, ring_forward
-from wmdist.ring_attention.spec import DTYPES, Cases, RankCase, RingRun, RingSpec, assemble, ring_run, run_case
-from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
+from wmdist.ring_attention.spec import DTYPES, Cases, RankCase, RingRun, RingSpec, assemble_sequence, ring_run, run_case
+from wmdist.ring_attention.tolerance import REASON, exact_attention, attention_tolerance
 
 Ring = Literal["pruned", "uniform"]     # the pruned ring (pruned.py) or the uniform one (ring.py)
 RINGS: tuple[Ring, ...] = get_args(Ring)
@@ -79,8 +79,8 @@ def predicted_bytes(spec: RingSpec, world_size: int, *, ring: Ring, layout: Layo
 def _full(spec: RingSpec, ranks: list[RankCase]) -> list[torch.Tensor]:
     """out, dq, dk, dv of the whole sequence, assembled from the ranks' rows."""
     rows = [rk.rows for rk in ranks]
-    return [assemble(spec, [rk.out for rk in ranks], rows)] + \
-        [assemble(spec, [rk.grads[i] for rk in ranks], rows) for i in range(3)]
+    return [assemble_sequence(spec, [rk.out for rk in ranks], rows)] + \
+        [assemble_sequence(spec, [rk.grads[i] for rk in ranks], rows) for i in range(3)]
 
 
 def _counts(spec: RingSpec, n: int, name: str, ring: Ring, layout: Layout, ranks: list[RankCase]) -> list[Count]:
@@ -116,7 +116,7 @@ def compare_pruned(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=True)
     wanted = [want.detach(), *torch.autograd.grad(want, leaves, dout)]
-    tol = tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(world_size),
+    tol = attention_tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(world_size),
                     spec.key_blocks(world_size))
     bounds = (tol.out, tol.dq, tol.dk, tol.dv)
     checks: list[Check] = []

@@ -1,7 +1,7 @@
 """data_parallel(work, world_size=N): chapter 01 on your model, against one process and against torch's DDP.
 
 The same workload runs three ways: our ranks (wmdist.yours.training.replica_train: the counted ring
-all-reduce), torch's DistributedDataParallel (versus_torch.ddp_train), and one process on the whole batch
+all-reduce), torch's DistributedDataParallel (versus_torch.workload_ddp_train), and one process on the whole batch
 (reference.one_process). The Report holds the checks (the step-0 gradient in units of its rounding bound,
 the final parameters to a measured tolerance, every rank's copy bitwise equal) and the exact counts: ring
 bytes sent per step against costs.ring_allreduce_bytes (2(N-1)/N of 4P bytes when N divides P), ring rounds
@@ -22,10 +22,10 @@ from wmdist.comm import Context
 from wmdist.experiment import Experiment, Verdict
 from wmdist.report import Check, Report, close_check, counts_per_rank, exact_check, fact_check, max_abs_error
 from wmdist.yours.footprint import Estimate, available_bytes, estimate_bytes, refuse_if_too_big, release_freed_memory
-from wmdist.yours.reference import GRAD_WHY, PARAM_WHY, OneProcessRun, one_process, param_tolerance
+from wmdist.yours.reference import GRAD_WHY, PARAM_WHY, OneProcessRun, one_process, workload_param_tolerance
 from wmdist.yours.training import ReplicaResult, replica_train
-from wmdist.yours.versus_torch import TorchResult, ddp_train
-from wmdist.yours.workload import Workload, WorkloadSpec, prepare
+from wmdist.yours.versus_torch import TorchResult, workload_ddp_train
+from wmdist.yours.workload import Workload, WorkloadSpec, prepare_workload
 
 
 ONE_RANK = ("one rank: the reference's operations in its order (torch's too: its mean over B/1 examples and its "
@@ -39,11 +39,11 @@ class OursAndDDP:
     ddp: TorchResult
 
 
-def ours_and_ddp(ctx: Context, spec: WorkloadSpec) -> OursAndDDP:
+def workload_and_ddp(ctx: Context, spec: WorkloadSpec) -> OursAndDDP:
     """Rank function: the workload with our data parallelism, then with DDP."""
     ours = replica_train(ctx, spec)
     release_freed_memory()
-    theirs = ddp_train(ctx, spec)
+    theirs = workload_ddp_train(ctx, spec)
     release_freed_memory()
     return OursAndDDP(ours, theirs)
 
@@ -100,7 +100,7 @@ def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
     ours, ddp = [r.ours for r in results], [r.ddp for r in results]
     ref = one_process(spec.work, spec.world_size)
     release_freed_memory()
-    tol = param_tolerance(spec.work, ref)
+    tol = workload_param_tolerance(spec.work, ref)
     one = n == 1
     checks = [grad_check("step-0 gradient == one process (in units of its rounding bound)", ours[0].grad0, ref, n),
               param_check("final parameters == one process (rank 0)", ours[0].params, ref.params, spec, tol,
@@ -129,21 +129,21 @@ def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
     return Verdict(checks=checks, exact=exact, params=params, data=data)
 
 
-def experiment(spec: WorkloadSpec) -> Experiment:
+def dp_experiment(spec: WorkloadSpec) -> Experiment:
     """The run as an Experiment on this one spec (your workload is not a registered demo)."""
     return Experiment(name="your-model-data-parallel", chapter="01", world_sizes=(spec.world_size,),
                       title="Your model: data parallel (ring all-reduce) vs one process vs DDP",
-                      spec=lambda n: spec, ranks=ours_and_ddp, compare=compare_dp)
+                      spec=lambda n: spec, ranks=workload_and_ddp, compare=compare_dp)
 
 
 def data_parallel(work: Workload, *, world_size: int = 2) -> Report:
     """Train `work` data-parallel on `world_size` ranks; check it against one process and torch's DDP.
 
-    Refused with a ValueError or TypeError before any process starts: see workload.prepare.
+    Refused with a ValueError or TypeError before any process starts: see workload.prepare_workload.
     """
-    spec = prepare(work, world_size)
+    spec = prepare_workload(work, world_size)
     refuse_if_too_big(estimate(spec), available_bytes(), numel=spec.numel, what="data_parallel")
-    return experiment(spec).run_spec(spec)
+    return dp_experiment(spec).run_spec(spec)
 
 
 def estimate(spec: WorkloadSpec) -> Estimate:

@@ -26,10 +26,10 @@ from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.report import Count, Report, counts_per_rank
 from wmdist.yours.dp_check import estimate, frozen_checks, grad_check, param_check, same_everywhere
 from wmdist.yours.footprint import available_bytes, refuse_if_too_big, release_freed_memory
-from wmdist.yours.reference import one_process, param_tolerance
+from wmdist.yours.reference import one_process, workload_param_tolerance
 from wmdist.yours.training import ZeroResult, zero_train
 from wmdist.yours.versus_torch import TorchResult, fsdp2_step_traffic, fsdp2_train, joined_shards, zero_redundancy_train
-from wmdist.yours.workload import Workload, WorkloadSpec, prepare
+from wmdist.yours.workload import Workload, WorkloadSpec, prepare_workload
 
 ZeroStage = Literal[1, 2, 3]
 STAGES: tuple[int, ...] = get_args(ZeroStage)
@@ -97,13 +97,13 @@ def _torch_counts(spec: WorkloadSpec, theirs: list[TorchResult]) -> list[Count]:
     return rows
 
 
-def compare_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
+def compare_workload_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
     """Our ZeRO and torch's against one process and each other; ring bytes, rounds, held bytes, torch's payload."""
     n, stage = spec.world_size, spec.stage
     ours, theirs = [r.ours for r in results], [r.theirs for r in results]
     ref = one_process(spec.work, spec.world_size)
     release_freed_memory()
-    tol = param_tolerance(spec.work, ref)
+    tol = workload_param_tolerance(spec.work, ref)
     got = torch.cat([o.chunk for o in ours])
     torch_params = theirs[0].params[0] if stage == 1 else joined_shards(theirs, spec)
     torch_frozen = theirs[0].frozen if stage == 1 else joined_shards(theirs, spec, trainable=False)
@@ -124,20 +124,20 @@ def compare_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
     return Verdict(checks=checks, exact=exact, params=params, data=ref)
 
 
-def experiment(spec: WorkloadSpec) -> Experiment:
+def zero_experiment(spec: WorkloadSpec) -> Experiment:
     """The run as an Experiment on this one spec."""
     return Experiment(name=f"your-model-zero-{spec.stage}", chapter="03", world_sizes=(spec.world_size,),
                       title=f"Your model: ZeRO-{spec.stage} vs one process vs {TORCH_NAME[spec.stage]}",
-                      spec=lambda n: spec, ranks=ours_and_torch, compare=compare_zero)
+                      spec=lambda n: spec, ranks=ours_and_torch, compare=compare_workload_zero)
 
 
 def zero(work: Workload, *, stage: ZeroStage, world_size: int = 2) -> Report:
     """Train `work` with ZeRO-`stage` on `world_size` ranks; check it against one process and torch's own.
 
     Refused with a ValueError or TypeError before any process starts: a stage other than 1, 2, 3, and
-    whatever workload.prepare refuses.
+    whatever workload.prepare_workload refuses.
     """
     costs.require_choice("stage", stage, STAGES)
-    spec = prepare(work, world_size, stage=stage)
+    spec = prepare_workload(work, world_size, stage=stage)
     refuse_if_too_big(estimate(spec), available_bytes(), numel=spec.numel, what=f"zero(stage={stage})")
-    return experiment(spec).run_spec(spec)
+    return zero_experiment(spec).run_spec(spec)
