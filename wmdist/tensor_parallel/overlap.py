@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from wmdist.comm import Context, all_reduce, barrier
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
+from wmdist.experiment import Experiment, RankSpec, Verdict
 from wmdist.report import Count, close_check, counts_per_rank, exact_check
 from wmdist.tensor_parallel.compare import WHY, reordered_tolerance
 
@@ -35,9 +35,8 @@ SCHEDULES = ("blocking", "overlapped")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TPOverlapSpec:
+class TPOverlapSpec(RankSpec):
     """The MLP (width H, hidden F) on `tokens` tokens in M microbatches, over `world_size` tensor-parallel ranks."""
-    world_size: int
     tokens: int = 512
     width: int = 128
     hidden: int = 2048
@@ -46,7 +45,7 @@ class TPOverlapSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require_int("world_size", self.world_size, 1)
+        super().__post_init__()
         require_int("width", self.width, 1)
         require_int("repeats", self.repeats, 1, high=50)
         if require_int("hidden", self.hidden, 1) < self.world_size:
