@@ -159,7 +159,7 @@ def _replica(ref, spec, grad0, params) -> ReplicaResult:
 def _dp_results(spec, grad0, params):
     ref = one_process(spec.work, spec.world_size)
     ddp = TorchResult(params=(ref.params,), grad0=ref.grad0, sent={"ddp/grads": 0}, calls={})
-    return [dp_check.OursAndDDP(_replica(ref, spec, grad0, params), ddp) for _ in range(spec.world_size)]
+    return [dp_check.OursThenTorch(_replica(ref, spec, grad0, params), ddp) for _ in range(spec.world_size)]
 
 
 def _moved(t: torch.Tensor, at: int, by: float) -> torch.Tensor:
@@ -209,7 +209,7 @@ def _zero_results(spec, ref, got):
     theirs = [TorchResult(params=tuple(torch.chunk(p, 2, dim=0)[r] for p in params), grad0=None, sent=none,
                           calls=none) for r in range(2)]
     held = dict.fromkeys(("parameters", "gradients", "optimizer_state"), 0)
-    return [zero_check.ZeroAndTorch(ZeroResult(chunk=c, grad0=g, held=held, phases=({},) * spec.work.steps), t)
+    return [zero_check.OursThenTorch(ZeroResult(chunk=c, grad0=g, held=held, phases=({},) * spec.work.steps), t)
             for c, g, t in zip(torch.tensor_split(got, 2), torch.tensor_split(ref.grad0, 2), theirs)]
 
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from wmdist import costs
 from wmdist.yours import Workload, data_parallel, tensor_parallel, zero
-from wmdist.yours.dp_check import OursAndDDP, compare_dp
+from wmdist.yours.dp_check import OursThenTorch, compare_dp
 from wmdist.yours.reference import one_process
 from wmdist.yours.refusals import digest
 from wmdist.yours.training import ReplicaResult, workload_optimizer
@@ -165,7 +165,7 @@ def test_float64_still_catches_a_planted_bug(no_processes):
     ref = one_process(spec.work, 2)
     bugged = _summed_not_averaged(spec.work)
     ddp = TorchResult(params=(ref.params,), grad0=ref.grad0, sent={"ddp/grads": 0}, calls={})
-    checks = {c.name: c for c in compare_dp(spec, [OursAndDDP(bugged, ddp)] * 2).checks}
+    checks = {c.name: c for c in compare_dp(spec, [OursThenTorch(bugged, ddp)] * 2).checks}
     grad, params = checks[GRAD], checks["final parameters == one process (rank 0)"]
     assert not grad.passed and grad.error > 10, grad
     assert not params.passed and params.error > 10 * params.tolerance, params

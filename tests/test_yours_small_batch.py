@@ -99,7 +99,7 @@ def simulate(work: Workload, n: int, bug: str | None = None) -> ReplicaResult:
 def _checks(spec, ours: ReplicaResult) -> dict[str, object]:
     right = simulate(spec.work, spec.world_size)
     ddp = TorchResult(params=(right.params,), grad0=right.grad0, sent={"ddp/grads": 0}, calls={})
-    verdict = dp_check.compare_dp(spec, [dp_check.OursAndDDP(ours, ddp)] * spec.world_size)
+    verdict = dp_check.compare_dp(spec, [dp_check.OursThenTorch(ours, ddp)] * spec.world_size)
     return {c.name: c for c in verdict.checks}
 
 

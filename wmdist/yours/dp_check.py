@@ -12,7 +12,9 @@ operations in the reference's order, so it must be equal bit for bit, and is che
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
@@ -32,20 +34,29 @@ ONE_RANK = ("one rank: the reference's operations in its order (torch's too: its
             "average over 1 rank are the reference's 1/B), bitwise equal")
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class OursAndDDP:
-    """One rank's run with our ring all-reduce, then with torch's DDP."""
-    ours: ReplicaResult
-    ddp: TorchResult
+class OursThenTorch(Generic[T]):
+    """One rank's run of ours (ReplicaResult, ZeroResult), then of torch's counterpart (DDP, ZeRO, FSDP2)."""
+    ours: T
+    theirs: TorchResult
 
 
-def workload_and_ddp(ctx: Context, spec: WorkloadSpec) -> OursAndDDP:
+def ours_then_torch(ctx: Context, spec: WorkloadSpec, ours: Callable[[Context, WorkloadSpec], T],
+                    theirs: Callable[[Context, WorkloadSpec], TorchResult]) -> OursThenTorch[T]:
+    """A rank function's body: `ours`, then `theirs`, on one spec, each one's freed memory given back after it."""
+    mine = ours(ctx, spec)
+    release_freed_memory()
+    torch_run = theirs(ctx, spec)
+    release_freed_memory()
+    return OursThenTorch(mine, torch_run)
+
+
+def workload_and_ddp(ctx: Context, spec: WorkloadSpec) -> OursThenTorch[ReplicaResult]:
     """Rank function: the workload with our data parallelism, then with DDP."""
-    ours = replica_train(ctx, spec)
-    release_freed_memory()
-    theirs = workload_ddp_train(ctx, spec)
-    release_freed_memory()
-    return OursAndDDP(ours, theirs)
+    return ours_then_torch(ctx, spec, replica_train, workload_ddp_train)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,13 +105,18 @@ def frozen_checks(who: str, ended: list[torch.Tensor], ref: OneProcessRun) -> li
     return [exact_check(f"{w} frozen parameters unchanged", e, ref.frozen, FROZEN_WHY) for w, e in zip(who, ended)]
 
 
-def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
-    """Ours and DDP against one process and each other; ring bytes and rounds, DDP's payload, exact."""
-    n, numel = spec.world_size, spec.numel
-    ours, ddp = [r.ours for r in results], [r.ddp for r in results]
+def reference_and_tolerance(spec: WorkloadSpec) -> tuple[OneProcessRun, float]:
+    """The one-process run both checks compare with (its memory given back after it), and the parameters' tolerance."""
     ref = one_process(spec.work, spec.world_size)
     release_freed_memory()
-    tol = workload_param_tolerance(spec.work, ref)
+    return ref, workload_param_tolerance(spec.work, ref)
+
+
+def compare_dp(spec: WorkloadSpec, results: list[OursThenTorch[ReplicaResult]]) -> Verdict:
+    """Ours and DDP against one process and each other; ring bytes and rounds, DDP's payload, exact."""
+    n, numel = spec.world_size, spec.numel
+    ours, ddp = [r.ours for r in results], [r.theirs for r in results]
+    ref, tol = reference_and_tolerance(spec)
     one = n == 1
     checks = [grad_check("step-0 gradient == one process (in units of its rounding bound)", ours[0].grad0, ref, n),
               param_check("final parameters == one process (rank 0)", ours[0].params, ref.params, spec, tol,
