@@ -38,7 +38,7 @@ CASES: tuple[tuple[Ring, Layout], ...] = (("pruned", "contiguous"), ("uniform", 
 PHASES = (FORWARD, BACKWARD_KV, BACKWARD_GRAD)
 
 
-def case_name(ring: Ring, *, layout: Layout) -> str:
+def pruned_case_name(ring: Ring, *, layout: Layout) -> str:
     """The case key of a Report row, e.g. "pruned contiguous"."""
     return f"{ring} {layout}"
 
@@ -46,7 +46,7 @@ def case_name(ring: Ring, *, layout: Layout) -> str:
 def pruned_cases(ctx: Context, run: RingRun) -> Cases[RankCase]:
     """Rank function: every case, causal, float32, forward and backward, each with a fresh ledger."""
     rings = {"pruned": (pruned_forward, pruned_backward), "uniform": (ring_forward, ring_backward)}
-    out = {case_name(ring, layout=layout): run_case(ctx, run.ring, dtype="float32", causal=True, layout=layout,
+    out = {pruned_case_name(ring, layout=layout): run_case(ctx, run.ring, dtype="float32", causal=True, layout=layout,
                                                     forward=rings[ring][0], backward=rings[ring][1])
            for ring, layout in CASES}
     return Cases(tuple(out), tuple(out.values()))
@@ -103,7 +103,7 @@ def compare_pruned(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
     exact: list[Count] = []
     full: dict[str, list[torch.Tensor]] = {}
     for ring, layout in CASES:
-        name = case_name(ring, layout=layout)
+        name = pruned_case_name(ring, layout=layout)
         ranks = [res[name] for res in results]
         full[name] = assembled(spec, ranks)
         checks += sdpa_checks(name, full[name], ref)
