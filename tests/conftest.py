@@ -133,7 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if tools not in sys.path:
         sys.path.insert(0, tools)
     import nbval_drift
-    # what chapter 01 measures for chapter 09 (wmdist/measured.py) goes to this run's own file, not the home
+    # what chapter 01 measures for chapter 09 (wmdist/base/measured.py) goes to this run's own file, not the home
     # folder of whoever runs the suite; the notebooks' kernels inherit it
     import tempfile
     os.environ.setdefault("WMDIST_MEASURED", os.path.join(tempfile.mkdtemp(prefix="wmdist-measured-"), "m.json"))

@@ -10,8 +10,8 @@ import functools
 import sys
 from pathlib import Path
 
-from wmdist import lab
-from wmdist.cli import main
+from wmdist.app import lab
+from wmdist.app.cli import main
 
 port, delay, refusals, base_wait = sys.argv[1:5]
 fake = str(Path(__file__).with_name("fake_lab_server.py"))

@@ -20,8 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 WMDIST = ROOT / "wmdist"
 CHAPTERS = sorted(p.parent.name for p in WMDIST.glob("*/chapter.py"))      # every folder that registers a chapter
-HARNESS_TOP = {"report", "report_html", "experiment", "compare", "exercises", "demos", "ui", "catalog", "bench",
-               "bench_panels", "lab", "kernel", "session", "cli", "__main__"}
+HARNESS_TOP = {"course", "registry", "ui", "bench", "app", "kernel", "session", "__main__"}
 HARNESS_STEMS = {"spec", "demos", "chapter", "results", "figures", "panel", "tolerance", "tables", "exercises",
                  "reference", "compare", "measure", "cli", "command"}
 HARNESS_ENDINGS = ("_demos", "_demo", "_reference", "_tolerance")
@@ -157,14 +156,15 @@ def test_every_course_chapter_is_checked():
 
 
 def test_the_check_fails_on_a_harness_import(tmp_path, monkeypatch):
-    """The rule can fail: an algorithm file that imports wmdist.report is caught, directly and through a helper."""
+    """The rule can fail: an algorithm file importing wmdist.course.report is caught, directly and through a helper."""
     pkg = tmp_path / "wmdist" / "toy"
     pkg.mkdir(parents=True)
     (tmp_path / "wmdist" / "__init__.py").write_text("")
-    (tmp_path / "wmdist" / "report.py").write_text("class Check: ...\n")
+    (tmp_path / "wmdist" / "course").mkdir()
+    (tmp_path / "wmdist" / "course" / "report.py").write_text("class Check: ...\n")
     (pkg / "__init__.py").write_text('"""Toy. The algorithm is in algo.py (the step) and helper.py; '
                                      'neither imports the harness. The rest checks it."""\n')
-    (pkg / "helper.py").write_text("def f():\n    from wmdist.report import Check\n    return Check\n")
+    (pkg / "helper.py").write_text("def f():\n    from wmdist.course.report import Check\n    return Check\n")
     (pkg / "algo.py").write_text("import torch\nfrom wmdist.toy.helper import f\n")
     (pkg / "runner.py").write_text("DEMOS = []\n")
     module = sys.modules[__name__]
@@ -172,13 +172,14 @@ def test_the_check_fails_on_a_harness_import(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "WMDIST", tmp_path / "wmdist")
     files = algorithm_files("toy")
     assert [p.name for p in files] == ["algo.py", "helper.py"]
-    assert "wmdist.report" in harness_reached(files[0])      # through helper.py
-    assert "wmdist.report" in harness_reached(files[1])      # directly, inside a function
+    assert "wmdist.course.report" in harness_reached(files[0])      # through helper.py
+    assert "wmdist.course.report" in harness_reached(files[1])      # directly, inside a function
     (pkg / "helper.py").write_text("def f():\n    return 1\n")
     assert not harness_reached(files[0])
     (pkg / "helper.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                   "    from wmdist.report import Check\nelse:\n    import wmdist.experiment\n")
-    (tmp_path / "wmdist" / "experiment.py").write_text("")
-    assert list(harness_reached(files[0])) == ["wmdist.experiment"]     # the annotation-only import is skipped
+                                   "    from wmdist.course.report import Check\nelse:\n"
+                                   "    import wmdist.course.experiment\n")
+    (tmp_path / "wmdist" / "course" / "experiment.py").write_text("")
+    assert list(harness_reached(files[0])) == ["wmdist.course.experiment"]     # the annotation-only import is skipped
     (pkg / "helper.py").write_text("from wmdist.toy import runner\n")
     assert "wmdist.toy.runner" in harness_reached(files[0])              # a module that registers DEMOS

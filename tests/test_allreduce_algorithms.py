@@ -74,7 +74,7 @@ def test_tolerance_is_the_reordering_bound():
 def test_refused_before_any_process_starts(monkeypatch):
     def no_processes(*args, **kwargs):
         raise AssertionError("a process was started")
-    monkeypatch.setattr("wmdist.experiment.run", no_processes)
+    monkeypatch.setattr("wmdist.course.experiment.run", no_processes)
     with pytest.raises(ValueError, match="numel must be at least world_size"):
         demo.AllReduceAlgorithmsSpec(world_size=4, numel=3)
     with pytest.raises(ValueError, match="world_size"):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-from wmdist import bench, costs
-from wmdist.bench_result import BenchResult
-from wmdist.cli import main
+from wmdist import costs
+from wmdist.bench import suite as bench
+from wmdist.base.bench_result import BenchResult
+from wmdist.app.cli import main
 
 
 def test_ring_vs_gloo_counts_bytes_at_the_bound():

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from wmdist.bench_catalog import BENCHMARKS
-from wmdist.bench_result import SLOWDOWN_LIMIT, BenchResult, Load, load_line, load_verdict, others_load
+from wmdist.bench.catalog import BENCHMARKS
+from wmdist.base.bench_result import SLOWDOWN_LIMIT, BenchResult, Load, load_line, load_verdict, others_load
 
 
 def _load(before: float | None, *, after: float | None = None, cpus: int = 8, busy: float = 4, seconds: float = 0.0,
@@ -79,7 +79,7 @@ def _printed_pairs(text: str) -> list[tuple[float, float, float]]:
 # 0.122 s beside 0.965x).
 @pytest.mark.parametrize("n_slow", [7, 6], ids=["odd", "even"])
 def test_the_ring_vs_gloo_headline_is_the_median_of_the_printed_pairs(n_slow):
-    from wmdist.bench import ring_vs_gloo_result
+    from wmdist.bench.suite import ring_vs_gloo_result
     ring = [0.12 + 0.001 * i for i in range(7)] + [0.198] + [0.4 + 0.002 * i for i in range(n_slow)]
     gloo = [r * (0.96 + 0.001 * i) for i, r in enumerate(ring[:8])] + [0.05 + 0.001 * i for i in range(n_slow)]
     result = ring_vs_gloo_result(ring, gloo, per_rank_bytes=[0, 0], mib=1, world_size=2, loads=[])
@@ -125,8 +125,8 @@ def test_session_memory_says_each_chapter_as_it_starts_and_ends():
 
 
 def test_the_bench_command_prints_a_long_benchmarks_progress(monkeypatch, capsys):
-    from wmdist import bench
-    from wmdist.cli import main
+    from wmdist.bench import suite as bench
+    from wmdist.app.cli import main
 
     def fake(*, progress=None):
         for k in range(2):
@@ -141,9 +141,9 @@ def test_the_bench_command_prints_a_long_benchmarks_progress(monkeypatch, capsys
 
 
 def test_bench_help_names_every_benchmark_of_the_registry_without_torch():
-    from wmdist import bench
+    from wmdist.bench import suite as bench
     assert list(bench.benchmarks()) == [b.name for b in BENCHMARKS]          # the callables come from the catalog
-    probe = ("import sys\nfrom wmdist.cli import main\ntry:\n    main(['bench', '--help'])\nexcept SystemExit:\n"
+    probe = ("import sys\nfrom wmdist.app.cli import main\ntry:\n    main(['bench', '--help'])\nexcept SystemExit:\n"
              "    pass\nprint('torch imported:', 'torch' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.rstrip().endswith("torch imported: False"), done.stderr

@@ -91,7 +91,7 @@ def test_the_harness_sees_an_oom_kill(tmp_path):
 
 def test_bench_reports_the_peak_over_the_limit(tmp_path, monkeypatch):
     """`wmdist bench session-memory` on two tiny chapters (the course's ten take minutes): its ratio is the peak."""
-    from wmdist import bench
+    from wmdist.bench import suite as bench
     from wmdist.session import memory
 
     paths = [tmp_path / "00_a.ipynb", tmp_path / "01_b.ipynb"]

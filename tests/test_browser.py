@@ -23,7 +23,10 @@ repository's files are never opened for writing).
   notebook's text (cells, outputs, widgets), and neither the reveal's formula nor its why is in
   the text above the prediction's buttons (every cell's source and output as the page shows
   them); Check with an empty box and with "abc" says why and measures nothing; Show me answers;
-  the measured value as the reveal prints it, typed as a guess, is "exactly right".
+  the measured value as the reveal prints it, typed as a guess, is "exactly right". A `Choice`, answered
+  by a name, is given away by a sentence naming it as the leader ("dp sends the most bytes"): none is
+  above its buttons (test_predict_sources.answer_phrase), and the values its reveal lists (3+ digits)
+  are nowhere on the page after Run All.
 
 Needs the Debian `chromium` package and the `playwright` Python package; Playwright's own browser
 download (`playwright install`) is never used. If either is missing the tests are skipped, and
@@ -47,7 +50,7 @@ import psutil
 import pytest
 
 from conftest import free_port
-from test_predict_sources import WHY_WORDS, stated as _stated
+from test_predict_sources import WHY_WORDS, answer_phrase, stated as _stated
 from wmdist.costs.units import seconds
 from wmdist.data_parallel.scaling import ScalingParams, scaling_curve
 from wmdist.memory.footprint import format_bytes, per_rank_bytes
@@ -123,6 +126,16 @@ def _wait_for_server(proc: subprocess.Popen, url: str, log: Path) -> None:
     raise AssertionError(f"jupyter lab did not answer within {WAIT_S} s:\n{log.read_text()[-3000:]}")
 
 
+def _course_kernel(path_dir: Path) -> None:
+    """Install the course's forking kernel (binder/jupyter's spec, what Binder and `wmdist lab` run) as
+    this server's python3, with this interpreter: the page then talks to the kernels learners get, so a
+    widget comm target the zygote fails to register shows (as "Comm not found") here too."""
+    spec = json.loads((REPO / "binder" / "jupyter" / "kernels" / "python3" / "kernel.json").read_text())
+    spec["argv"][0] = sys.executable
+    (path_dir / "kernels" / "python3").mkdir(parents=True)
+    (path_dir / "kernels" / "python3" / "kernel.json").write_text(json.dumps(spec))
+
+
 def _stop(proc: subprocess.Popen | None) -> None:
     """Stop the server (it shuts its kernels down), then kill whatever of its tree is still there.
 
@@ -171,12 +184,13 @@ def lab(tmp_path_factory):
     for name in _notebooks_with(PANEL, ASKED):
         shutil.copy(REPO / "notebooks" / name, root / name)
     _write_settings(settings)
+    _course_kernel(tmp / "path")
     port = free_port()
     base = f"http://127.0.0.1:{port}/"
     env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND",)}   # the kernel must use the inline backend
     env.update(JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_DATA_DIR=str(tmp / "data"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(settings),
-               JUPYTERLAB_WORKSPACES_DIR=str(workspaces))
+               JUPYTERLAB_WORKSPACES_DIR=str(workspaces), JUPYTER_PATH=str(tmp / "path"))   # first: before the venv's
     log = tmp / "jupyter.log"
     before = _alive_descendants()
     proc = None
@@ -193,6 +207,9 @@ def lab(tmp_path_factory):
             browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS, timeout=MS)
             try:
                 _wait_for_server(proc, base, log)
+                with urllib.request.urlopen(base + "api/kernelspecs", timeout=30) as reply:
+                    argv = json.load(reply)["kernelspecs"]["python3"]["spec"]["argv"]
+                assert argv[1:3] == ["-m", "wmdist.kernel"], f"the page would not talk to the course's kernel: {argv}"
                 yield browser, base
             finally:
                 browser.close()
@@ -381,6 +398,7 @@ def _reveal_rows(answer) -> dict[str, str]:
 def _predictions_ask_first(page, name: str, page_after_run_all: str) -> None:
     """Every prediction on the page after Run All: its answer is nowhere on the page until a button is pressed;
     nor its formula or its reasoning (the reveal's formula and why) in any cell above its buttons, source or output;
+    a choice's answer is not named as the leader above its buttons, and its listed values are nowhere on the page;
     an empty box and an unreadable guess are refused without measuring; Show me answers; the measured value as the
     reveal prints it, typed as a guess, is exactly right."""
     from playwright.sync_api import expect
@@ -418,6 +436,14 @@ def _predictions_ask_first(page, name: str, page_after_run_all: str) -> None:
         for kind, text, words in [("formula", f, None) for f in formula if f] + [("why", why, WHY_WORDS)]:
             said = _stated(text, above[k], words)
             assert not said, f"{name} prediction {k}: its {kind} ({said!r}) is above its buttons before any press"
+        if not any(ch.isdigit() for ch in rows["measured"]):        # a Choice: its answer is a name
+            said = answer_phrase(rows["measured"], above[k])
+            assert not said, f"{name} prediction {k}: its answer is stated above its buttons: {said!r}"
+            listed = list(rows)[list(rows).index("measured") + 1:]      # each name's value, as the reveal lists it
+            for key in listed:
+                needle = _answer_shown(rows[key].split(" ")[0], "")
+                assert not needle or needle not in page_after_run_all, \
+                    f"{name} prediction {k}: {key}'s value {needle!r} was on the page before anyone asked"
         guess = rows["measured"].split(" ")[0]
         box.fill(guess)
         check.click()

@@ -10,9 +10,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from wmdist.data_parallel import buckets as bk  # noqa: E402
-from wmdist.models import make_model  # noqa: E402
+from wmdist.models.world import make_model  # noqa: E402
 from wmdist.ui.timeline import timeline_figure, timelines_figure  # noqa: E402
-from wmdist.spans import Span, intersection, length, overlap, union  # noqa: E402
+from wmdist.base.spans import Span, intersection, length, overlap, union  # noqa: E402
 
 
 # --- pure ------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from wmdist.compare import ROUNDOFF, bound_ratio, one_thread, reordered_terms, worst
-from wmdist.report import Check, Report, close_check, differ_check, exact_check, format_table, max_abs_error
+from wmdist.course.compare import ROUNDOFF, bound_ratio, one_thread, reordered_terms, worst
+from wmdist.course.report import Check, Report, close_check, differ_check, exact_check, format_table, max_abs_error
 
 NAN, INF = math.nan, math.inf
 

@@ -44,7 +44,7 @@ def test_verify_default_sizes_split_unevenly_and_run_context_parallel_meshes():
     43, 43, 42, the scan's T = 37 over 2, 4 and 8 ranks, and a mesh with cp = 2; and every one of them is planned."""
     from wmdist.costs.scan import time_chunk_sizes
     from wmdist.costs.tensor_parallel import shard_sizes
-    from wmdist.demos import plan
+    from wmdist.registry.demos import plan
     from wmdist.mesh.demos import MESH_CP
     from wmdist.tensor_parallel.demos import CONFIG
     runs, left_out = plan()

@@ -179,7 +179,7 @@ def test_dp_gradient_bound_and_pipeline_tolerances_are_their_formulas():
     from wmdist.data_parallel.training import TrainSpec, gradient_bound
     from wmdist.pipeline.plan import PipeWork
     from wmdist.pipeline.stages import gradient_tolerance, loss_tolerance
-    from wmdist.transformer import TransformerConfig
+    from wmdist.models.transformer import TransformerConfig
     spec = TrainSpec(batch_size=4, seq_len=6)
     sums = torch.tensor([1.0, 0.0, 3.0], dtype=torch.float64)
     assert torch.equal(gradient_bound(spec, sums), (2 * (4 * 6 - 1) + 3) * U32 * sums)

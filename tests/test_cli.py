@@ -16,8 +16,8 @@ import pytest
 
 from conftest import alive, alive_after, patience
 
-from wmdist.cli import main
-from wmdist.report import Check, Report
+from wmdist.app.cli import main
+from wmdist.course.report import Check, Report
 
 
 def test_list_names_the_ring_demo(capsys):
@@ -26,12 +26,12 @@ def test_list_names_the_ring_demo(capsys):
 
 
 def test_the_catalog_wmdist_list_prints_is_the_registry():
-    from wmdist import catalog
-    from wmdist.demos import registry
+    from wmdist.registry import catalog
+    from wmdist.registry.demos import registry
     built = [catalog.Demo(d.name, d.chapter, d.world_sizes, d.title) for d in registry().values()]
     missing = [f"    Demo({d.name!r}, {d.chapter!r}, {d.world_sizes!r}, {d.title!r})," for d in built
                if d not in catalog.DEMOS]
-    assert not missing, "wmdist/catalog.py lacks (or has another version of):\n" + "\n".join(missing)
+    assert not missing, "wmdist/registry/catalog.py lacks (or has another version of):\n" + "\n".join(missing)
     assert list(catalog.DEMOS) == built          # the same demos, in course order, none extra
 
 
@@ -43,7 +43,7 @@ def test_the_catalog_wmdist_list_prints_is_the_registry():
 def test_commands_that_start_no_rank_import_no_torch(args):
     """Help, usage errors, list, schedule and memory answer without importing torch (seconds on a busy machine)."""
     probe = ("import sys\n"
-             "from wmdist.cli import main\n"
+             "from wmdist.app.cli import main\n"
              "try:\n"
              f"    code = main({args!r})\n"
              "except SystemExit as stop:\n"
@@ -57,7 +57,7 @@ def test_commands_that_start_no_rank_import_no_torch(args):
 
 def test_the_cli_reads_torchrun_as_the_runtime_does(monkeypatch):
     from wmdist import runtime
-    from wmdist.cli import TORCHRUN_VARS, under_torchrun
+    from wmdist.app.cli import TORCHRUN_VARS, under_torchrun
     for present in range(1 << len(TORCHRUN_VARS)):
         for i, name in enumerate(TORCHRUN_VARS):
             if present >> i & 1:
@@ -84,7 +84,8 @@ def test_verify_json_is_a_list_of_report_dicts(capsys):
 
 def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
     failing = Report(name="broken", world_size=2, checks=[Check(name="deliberately wrong", error=1.0, tolerance=0.0, reason="test")])
-    monkeypatch.setattr("wmdist.demos.verify", lambda names=None, *, world_size=None, progress=None, prepared=None: [failing])
+    monkeypatch.setattr("wmdist.registry.demos.verify",
+                        lambda names=None, *, world_size=None, progress=None, prepared=None: [failing])
     assert main(["verify"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "deliberately wrong" in out
@@ -93,7 +94,7 @@ def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
 def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monkeypatch, capsys, one_thread):
     """Only errors raised before any process starts are usage errors: a ValueError from a demo's comparison (here a
     tolerance turned NaN after its ranks ran) is that demo's FAIL row with its reason, and the next demo runs."""
-    from wmdist.experiment import Experiment, Verdict
+    from wmdist.course.experiment import Experiment, Verdict
 
     @dataclass(frozen=True)
     class Sized:
@@ -107,7 +108,7 @@ def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monke
                           ranks=lambda ctx, spec: ctx.rank, compare=compare)
     demos = {"breaks": toy("breaks", breaks),
              "fine": toy("fine", lambda spec, results: Verdict(checks=[Check(name="x", error=0.0, tolerance=1.0, reason="r")]))}
-    monkeypatch.setattr("wmdist.demos.registry", lambda: demos)
+    monkeypatch.setattr("wmdist.registry.demos.registry", lambda: demos)
     assert main(["verify"]) == 1
     captured = capsys.readouterr()
     assert "usage" not in captured.err
@@ -165,7 +166,7 @@ def test_the_real_executable_table_usage_error_and_a_reader_that_stops():
 
 
 def test_verify_reports_progress_before_each_run_and_at_the_end():
-    from wmdist.demos import verify
+    from wmdist.registry.demos import verify
     seen = []
     reports = verify(["ring-allreduce"], progress=lambda done, total, text: seen.append((done, total, text)))
     assert [r.world_size for r in reports] == list(range(1, 9))
@@ -173,7 +174,7 @@ def test_verify_reports_progress_before_each_run_and_at_the_end():
 
 
 def test_verify_refuses_a_named_demo_outside_its_sizes_before_anything_runs(no_processes):
-    from wmdist.demos import verify
+    from wmdist.registry.demos import verify
 
     with pytest.raises(ValueError, match="latent-seeds: seeds_demo needs world_size >= 2"):
         verify(["latent-seeds"], world_size=1)
@@ -186,7 +187,7 @@ def test_verify_refuses_a_named_demo_outside_its_sizes_before_anything_runs(no_p
 def test_verify_at_one_size_leaves_out_the_demos_that_cannot_run_there():
     import numpy as np
 
-    from wmdist.demos import plan
+    from wmdist.registry.demos import plan
     runs, left_out = plan(None, world_size=np.int64(2))
     assert ("activation-checkpointing", 2) not in runs and "runs in this process" in left_out["activation-checkpointing"]
     assert ("ring-allreduce", 2) in runs and all(n == 2 for _, n in runs)
@@ -197,11 +198,11 @@ def test_verify_at_one_size_leaves_out_the_demos_that_cannot_run_there():
 def test_verify_ended_by_a_signal_leaves_no_directory_or_process(tmp_path, sig):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    with open(tmp_path / "stderr.txt", "w") as err:
+    with open(tmp_path / "stderr.txt", "w") as err, open(tmp_path / "stdout.txt", "w") as out:
         # The signal's default action, whatever this test inherited: under nohup SIGHUP is ignored, and
         # an ignored signal is left ignored (the verify then runs to its end and exits 0).
         proc = subprocess.Popen([sys.executable, "-m", "wmdist", "verify", "ring-allreduce", "-n", "3"],
-                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "TMPDIR": str(tmp)},
+                                stdout=out, stderr=err, env={**os.environ, "TMPDIR": str(tmp)},
                                 preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     family = [proc.pid]
     try:
@@ -209,7 +210,9 @@ def test_verify_ended_by_a_signal_leaves_no_directory_or_process(tmp_path, sig):
         while not list(tmp.glob("wmdist-*")) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)                            # the pool is starting
         assert proc.poll() is None, ("verify finished before it could be interrupted (status "
-                                     f"{proc.returncode}):\n" + (tmp_path / "stderr.txt").read_text()[-3000:])
+                                     f"{proc.returncode}); its table (a FAIL row names the check):\n"
+                                     + (tmp_path / "stdout.txt").read_text()[-3000:]
+                                     + "\nstderr:\n" + (tmp_path / "stderr.txt").read_text()[-3000:])
         time.sleep(0.5)
         family += [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         proc.send_signal(sig)

@@ -7,7 +7,7 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import Ledger, Record, all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.data_parallel.ring import rank_vector, reference_sum, ring_allreduce_demo, sum_bound
 from wmdist.runtime import run
 

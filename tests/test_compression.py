@@ -16,7 +16,7 @@ import torch.distributed as dist
 from wmdist.costs import compression as formula
 from wmdist.data_parallel import compression_demo as demo
 from wmdist.data_parallel.compression import HOOK_MODULES, compression_runs, counting_hook_all_reduce
-from wmdist.models import make_model
+from wmdist.models.world import make_model
 from wmdist.runtime import run
 
 SHAPES = [tuple(p.shape) for p in make_model().parameters()]
@@ -61,7 +61,7 @@ def test_half_bound_is_more_than_one_rounding() -> None:
 def test_sizes_refused_before_any_process(monkeypatch, kwargs, arg) -> None:
     def no_processes(*args, **kw):
         raise AssertionError("a process was started for a refused spec")
-    monkeypatch.setattr("wmdist.experiment.run", no_processes)
+    monkeypatch.setattr("wmdist.course.experiment.run", no_processes)
     with pytest.raises(ValueError, match=arg):
         demo.compression_spec(**kwargs)
     if set(kwargs) == {"world_size"}:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from wmdist.knobs import Knob
+from wmdist.base.knobs import Knob
 from wmdist.ui.controls import control, model_value
 
 

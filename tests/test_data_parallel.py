@@ -8,12 +8,12 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import ring_all_reduce
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.data_parallel import pitfalls as dp_pitfalls, ring, training as dp, versus_ddp
-from wmdist.demos import registry
-from wmdist.exercises import check
-from wmdist.models import flat_grads, linear_term_sums, make_batch, make_model, set_flat_grads, shard_batch
-from wmdist.report import differ_check
+from wmdist.registry.demos import registry
+from wmdist.course.exercises import check
+from wmdist.models.world import flat_grads, linear_term_sums, make_batch, make_model, set_flat_grads, shard_batch
+from wmdist.course.report import differ_check
 from wmdist.runtime import run
 
 

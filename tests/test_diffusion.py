@@ -15,7 +15,7 @@ from wmdist.diffusion.denoiser import Denoiser, DenoiserConfig
 from wmdist.diffusion.sampler import picard_sample
 from wmdist.diffusion.spec import SamplingSpec
 from wmdist.diffusion.tradeoff import tradeoff
-from wmdist.experiment import Experiment
+from wmdist.course.experiment import Experiment
 
 TOKENS = SamplingSpec(batch=2, steps=2)                  # 64 tokens: shards of 8..64, uneven for 3, 5, 6, 7
 STEPS = SamplingSpec(batch=1, steps=8)                   # 8 steps: every N up to 8 owns at least one
@@ -85,7 +85,7 @@ def test_one_step_runs_everywhere_and_stale_kv_is_left_out():
 
 
 def test_the_chapter_is_registered():
-    from wmdist.demos import exercises as all_exercises, registry
+    from wmdist.registry.demos import exercises as all_exercises, registry
     chapter = {name: d for name, d in registry().items() if d.chapter == "08"}
     assert set(chapter) == {"diffusion-tokens", "diffusion-steps", "diffusion-picard"}
     assert all(isinstance(d, Experiment) for d in chapter.values())

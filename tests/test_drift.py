@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from wmdist.comm import broadcast
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.data_parallel import drift, drift_demo as dd
-from wmdist.models import flat_params, make_model
+from wmdist.models.world import flat_params, make_model
 from wmdist.runtime import run
 
 SIZES = dd.DRIFT_DEMO.world_sizes

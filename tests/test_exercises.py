@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from wmdist.data_parallel.ring import RING_PASS
-from wmdist.exercises import check, compare, solution
+from wmdist.course.exercises import check, compare, solution
 
 
 def correct(ctx, x):
@@ -167,7 +167,7 @@ def _wrong_answers():
 
 
 def _registry():
-    from wmdist.demos import exercises
+    from wmdist.registry.demos import exercises
     return exercises()
 
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-import wmdist.demos as registry_module
+import wmdist.registry.demos as registry_module
 from wmdist.comm import Context
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,8 @@ def test_an_experiment_runs_one_way_only(no_processes):
 def test_verify_from_the_command_line_builds_the_registry_and_each_spec_once(monkeypatch, one_thread, capsys):
     from types import SimpleNamespace
 
-    from wmdist import catalog
-    from wmdist.cli import main
+    from wmdist.registry import catalog
+    from wmdist.app.cli import main
     calls, built = [], []
 
     def counted(n: int) -> Pairs:

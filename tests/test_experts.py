@@ -137,7 +137,7 @@ def test_layer_equals_a_token_by_token_loop(router, k, cap):
 
 @pytest.mark.usefixtures("no_processes")
 def test_bad_sizes_are_refused_before_any_process_starts():
-    from wmdist.demos import plan
+    from wmdist.registry.demos import plan
     with pytest.raises(ValueError, match="not divisible by ranks=3"):
         demos.EP_DEMO.run(3)
     with pytest.raises(ValueError, match="moe-ep.*divisible"):
@@ -265,7 +265,7 @@ def test_our_all_to_all_equals_torch_distributed_nn_forward_and_backward():
 
 
 def test_exercise_solution_passes_and_a_wrong_inverse_fails():
-    from wmdist.exercises import check
+    from wmdist.course.exercises import check
     from wmdist.experts.exercises import DISPATCH, dispatch_solution
 
     def wrong(ctx, expert_ids):

@@ -20,7 +20,7 @@ from IPython.core.pylabtools import print_figure
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 from wmdist.ui.layout import COLUMN_PX, SCREEN_HEIGHT_PX
 
 matplotlib.use("Agg")
@@ -219,7 +219,7 @@ def test_titles_and_tick_labels_keep_apart(name):
 
 @pytest.fixture(scope="module")
 def panels():
-    from wmdist.bench_panels import panel_factories
+    from wmdist.bench.panels import panel_factories
     return {name: make() for name, make in panel_factories().items()}
 
 

@@ -165,7 +165,8 @@ def _zygote_of(pid: int) -> psutil.Process:
 def test_kernels_fork_from_one_zygote_with_torch_loaded(pair):
     first, second, _ = pair
     for k in (first, second):
-        assert k.json("import sys; print(json.dumps('torch' in sys.modules and 'wmdist.demos' in sys.modules))")
+        assert k.json("import sys; print(json.dumps('torch' in sys.modules "
+                      "and 'wmdist.registry.demos' in sys.modules))")
         zygote = _zygote_of(k.pid).cmdline()
         assert zygote[1:5] == ["-m", "wmdist.kernel", "zygote", "--home"] and zygote[5] == str(os.getpid()), zygote
         assert k.pid != k.launcher and psutil.Process(k.launcher).ppid() == os.getpid()
@@ -192,6 +193,35 @@ def test_each_kernel_looks_freshly_started(pair, base_env):
     assert any("image/png" in data for data in shown), shown
     _, shown = first.run("import matplotlib.pyplot as plt\nplt.plot([0, 1], [0, 1]);")    # no show(): as in a
     assert any("image/png" in data for data in shown), shown                              # notebook, it shows
+
+
+def _probe_widget_control(k: Kernel) -> str:
+    """What a page's widget manager does at every connection: open a "jupyter.widget.control" comm and ask for the
+    widgets' states. Returns the kernel's answer on that comm: "update_states" or "comm_close"."""
+    import uuid
+    comm_id = uuid.uuid4().hex
+    for kind, content, meta in (("comm_open", {"comm_id": comm_id, "target_name": "jupyter.widget.control",
+                                               "data": {}}, {"version": "1.0.0"}),
+                                ("comm_msg", {"comm_id": comm_id, "data": {"method": "request_states"}}, {})):
+        k.kc.shell_channel.send(k.kc.session.msg(kind, content, metadata=meta))
+    while True:
+        msg = k.kc.get_iopub_msg(timeout=patience(60))
+        if msg["content"].get("comm_id") != comm_id:
+            continue
+        if msg["msg_type"] == "comm_close":
+            return "comm_close"
+        if msg["msg_type"] == "comm_msg":
+            return msg["content"]["data"].get("method", "?")
+
+
+def test_a_forked_kernel_answers_the_widget_managers_probe(pair):
+    """The zygote imported ipywidgets before any kernel existed, so the import could not register its comm targets;
+    the forked kernel registers them itself. Without them the kernel answers the page's probe with a comm_close,
+    which every other page on that kernel logs as "Comm not found for comm id" (issue 33 §2)."""
+    first, _, _ = pair
+    targets = first.json("import comm; print(json.dumps(sorted(comm.get_comm_manager().targets)))")
+    assert {"jupyter.widget", "jupyter.widget.control"} <= set(targets), targets
+    assert _probe_widget_control(first) == "update_states"
 
 
 def test_threads_as_a_fresh_process_has_them_whatever_the_zygote_was_started_with(kernels, base_env):

@@ -34,8 +34,8 @@ import psutil
 import pytest
 
 from conftest import alive, free_port, patience
-from wmdist import lab
-from wmdist.cli import main
+from wmdist.app import lab
+from wmdist.app.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -146,9 +146,9 @@ def test_a_busy_port_is_refused_before_jupyterlab_starts(tmp_path):
 def test_lab_starts_jupyterlab_without_importing_torch(tmp_path):
     """Its first lines come, and JupyterLab is started, without importing torch (seconds on a busy machine)."""
     probe = ("import sys\n"
-             "from wmdist import lab\n"
+             "from wmdist.app import lab\n"
              "lab.serve = lambda *a, **k: (print('torch imported:', 'torch' in sys.modules), 0)[1]\n"
-             "from wmdist.cli import main\n"
+             "from wmdist.app.cli import main\n"
              f"sys.exit(main(['lab', '--no-browser', '--port', '{free_port()}']))\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

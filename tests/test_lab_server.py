@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import alive, free_port, patience
-from wmdist import lab
+from wmdist.app import lab
 
 RUNNER = Path(__file__).with_name("lab_runner.py")
 OPEN = "wmdist lab: open "

@@ -10,8 +10,8 @@ import torch
 from wmdist import costs
 from wmdist.latents import demos, estimators, training
 from wmdist.comm import all_reduce
-from wmdist.demos import registry
-from wmdist.exercises import check
+from wmdist.registry.demos import registry
+from wmdist.course.exercises import check
 
 
 # --- exact objectives, checked independently of the closed forms ------------------------

@@ -1,11 +1,14 @@
-"""Values kept from one chapter for a later one (wmdist/measured.py): round trip, fallback said, bad values refused."""
+"""Values kept from one chapter for a later one (wmdist/base/measured.py).
+
+Round trip, fallback said, bad values refused.
+"""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from wmdist.measured import STORED, KeptValue, recall, remember
+from wmdist.base.measured import STORED, KeptValue, recall, remember
 
 
 def test_a_remembered_share_comes_back_with_its_source(tmp_path):

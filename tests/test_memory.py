@@ -7,11 +7,11 @@ import pytest
 matplotlib.use("Agg")
 
 from wmdist.costs import ring_chunk_sizes                              # noqa: E402
-from wmdist.exercises import check                                     # noqa: E402
+from wmdist.course.exercises import check                                     # noqa: E402
 from wmdist.memory import footprint as M, remedies, transient          # noqa: E402
 from wmdist.memory.exercises import ZERO_BYTES, zero_bytes_solution    # noqa: E402
 from wmdist.memory.footprint import KINDS, MemoryConfig, per_rank_bytes  # noqa: E402
-from wmdist.report import Count, Report                                # noqa: E402
+from wmdist.course.report import Count, Report                                # noqa: E402
 
 G = 10 ** 9
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from wmdist.cli import main
+from wmdist.app.cli import main
 from wmdist.memory import presets
 from wmdist.memory.command import VALUE_FLAGS, add_memory_parser, join_signed_values
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes

@@ -201,7 +201,7 @@ def test_an_idle_pool_closes_by_itself_and_says_so_when_it_starts_again(start, h
 
 BAD_IDLE = r'''
 import json, os, psutil
-import wmdist.runtime, wmdist.demos                 # importing must not depend on the variable
+import wmdist.runtime, wmdist.registry.demos                 # importing must not depend on the variable
 out = {}
 for raw in ["abc", "0", "-1", "inf", "nan", " "]:
     os.environ["WMDIST_POOL_IDLE_S"] = raw

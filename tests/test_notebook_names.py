@@ -2,7 +2,7 @@
 
 Cells run in any order: a learner re-runs an early cell after a later one.
 If cell 13 binds `check` as a loop variable and cell 31 imports `check` from
-wmdist.exercises, re-running cell 13 and then the checker cell gives
+wmdist.course.exercises, re-running cell 13 and then the checker cell gives
 "'Check' object is not callable". So every name a notebook imports from
 wmdist is bound by that import alone, in every code cell (the same import
 again is fine). Pure parsing: no kernel, no process.
@@ -148,11 +148,11 @@ def test_no_cell_rebinds_a_name_imported_from_wmdist(path):
 
 
 def test_the_check_finds_every_kind_of_rebinding(tmp_path):
-    sources = ["from wmdist.exercises import check, solution\nimport wmdist.costs as costs",
+    sources = ["from wmdist.course.exercises import check, solution\nimport wmdist.costs as costs",
                "for check in []:\n    pass",
                "solution = 3\nwith open('x') as costs:\n    pass",
                "def f(check):\n    check = 1\n    return [solution for solution in ()]",   # inner scopes: fine
-               "from wmdist.exercises import check\n[y := 1 for _ in ()]",               # the same import: fine
+               "from wmdist.course.exercises import check\n[y := 1 for _ in ()]",               # the same import: fine
                "from wmdist.pipeline import demos\nfrom wmdist.scan import demos",
                "%time x = 1\n!ls"]
     notebook = {"cells": [{"cell_type": "code", "source": s, "metadata": {}, "outputs": []} for s in sources],
@@ -163,7 +163,7 @@ def test_the_check_finds_every_kind_of_rebinding(tmp_path):
     assert found == ["'demos' is imported from ['wmdist.pipeline:demos', 'wmdist.scan:demos']: two different things "
                      "under one name",
                      "cell 1 line 1: for-loop variable rebinds 'check', which the notebook imports from "
-                     "wmdist.exercises:check",
+                     "wmdist.course.exercises:check",
                      "cell 2 line 1: assignment rebinds 'solution', which the notebook imports from "
-                     "wmdist.exercises:solution",
+                     "wmdist.course.exercises:solution",
                      "cell 2 line 2: with ... as rebinds 'costs', which the notebook imports from wmdist.costs"]

@@ -22,8 +22,8 @@ from matplotlib.path import Path
 from matplotlib.transforms import IdentityTransform
 from PIL import Image
 
-from wmdist.bench_panels import panel_factories, time_panel
-from wmdist.knobs import knob
+from wmdist.bench.panels import panel_factories, time_panel
+from wmdist.base.knobs import knob
 from wmdist.ui.panel import Panel, View
 from wmdist.ui.fasttext import fast_figure
 from wmdist.ui.prefetch import Prefetcher, Superseded, steps

@@ -15,7 +15,7 @@ import matplotlib
 import pytest
 from PIL import Image
 
-from wmdist.bench_panels import panel_factories, time_panel
+from wmdist.bench.panels import panel_factories, time_panel
 from wmdist.costs.units import flops, seconds, si
 from wmdist.ui.panel import Panel, View, strip_tags
 from wmdist.ui.prefetch import Prefetcher, candidates, steps
@@ -112,7 +112,7 @@ class _Toy(Panel):
 def _toy() -> _Toy:
     from dataclasses import dataclass
 
-    from wmdist.knobs import knob
+    from wmdist.base.knobs import knob
 
     @dataclass(frozen=True)
     class Cfg:
@@ -224,7 +224,7 @@ def test_a_log_slider_comes_back_to_its_value_after_a_step_each_way(panels):
 
 
 def test_log_grid_holds_its_anchor_and_reads_stops_at_the_readout_digits():
-    from wmdist.knobs import Knob, log_grid
+    from wmdist.base.knobs import Knob, log_grid
     grid = log_grid(Knob(label="a", low=1e-7, high=1e-2, log=True), 3e-3)
     low, high = grid.exponents
     assert grid.stop(0) == 3e-3 and 1e-7 <= 10 ** low and 10 ** high <= 1e-2 * (1 + 1e-12)

@@ -16,11 +16,11 @@ import pytest
 from wmdist.comm import Context, all_reduce
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs import ring_attention as ra
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.pipeline.bubble import BubbleConfig, bubble_view
 from wmdist.pipeline.panel import BubblePanel
 from wmdist.pipeline.schedules import MAX_SLOTS, check_size
-from wmdist.report import Count, Report
+from wmdist.course.report import Count, Report
 from wmdist.ring_attention.traffic import CUSTOM, TrafficConfig, traffic_model
 from wmdist.ui.panel import stable
 from wmdist.ui.predict import compare_guess
@@ -180,7 +180,7 @@ def test_the_yours_gradient_bound_is_its_formula_written_out(no_processes, n):
     import torch
 
     from test_yours_small_batch import mlp_work
-    from wmdist.compare import one_thread
+    from wmdist.course.compare import one_thread
     from wmdist.yours.reference import one_process
     from wmdist.yours.workload import build_model, rows
     work = mlp_work(2, n)

@@ -267,7 +267,7 @@ def test_wrong_types_are_type_errors(call, message):
 
 def _wmdist(capsys, *argv):
     """`wmdist ...` in this process, through the console script's own main()."""
-    from wmdist.cli import main
+    from wmdist.app.cli import main
     try:
         code = main(list(argv))
     except SystemExit as stop:

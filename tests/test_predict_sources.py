@@ -9,6 +9,13 @@ markdown still matches): a formula whole, a why as any run of WHY_WORDS consecut
 restated in other words around the same sentence is still caught; shorter runs, like "N - 1
 passes", are the vocabulary of the questions themselves). The browser test uses the same rule on
 the page (tests/test_browser.py).
+
+A `Choice` (chapter 09: which axis sends the most bytes) is answered by a name, so its answer is
+given away by a sentence naming it as the leader ("dp sends the most bytes", "most bytes: DP"):
+`answer_phrase` finds one, and none may be above the buttons. Its answering function has a pure
+companion `<function>_formula()` (the formula's pick and its value per name, no process); those
+values, as the reveal prints them, are nowhere in the stored notebook, above or below the buttons,
+since a checked table of them would answer the question before any press.
 """
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from wmdist.ui.predict import format_number
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -42,6 +51,30 @@ def stated(text: str, above: str, words: int | None = None) -> str:
         if len(_letters(run)) >= 20 and _letters(run) in flat:
             return run
     return ""
+
+
+LEADS = ("{a} (?:sends|moves|carries) (?:the )?most", "{a} (?:sends|moves|carries) (?:far )?more bytes",
+         "most bytes (?:are sent )?(?:along |on |go to )?{a}", "{a} (?:is|comes out|is by far) (?:the )?(?:largest|biggest|busiest)",
+         "{a} leads", "answer is {a}")    # ways a page names an axis (any name) as the one that sends the most
+
+
+def answer_phrase(name: str, text: str) -> str:
+    """The phrase in `text` that names `name` as the leader ("dp sends the most bytes", "Most bytes: DP 55 kB",
+    "**tp** is the largest"), compared in lower case with markup as spaces; "" if none. A sentence's end
+    (". ? ! ;") breaks a phrase, so a question followed by its choices ("the most bytes? (dp, tp, ...)") is none."""
+    flat = " " + re.sub(r"[^a-z0-9|]+", " ", re.sub(r"[?!;]|\.(?!\d)", " | ", text.lower())) + " "
+    for pattern in LEADS:
+        found = re.search(r"(?<![a-z0-9])" + pattern.format(a=re.escape(name.lower())) + r"(?![a-z0-9])", flat)
+        if found:
+            return found.group(0).strip()
+    return ""
+
+
+def shown_values(values: dict[str, float], unit: str = "") -> list[str]:
+    """The values a choice's reveal lists, as it prints them without the unit, those with 3+ digits (a shorter
+    number cannot tell an answer from any other number on a page)."""
+    out = [format_number(v, unit=unit).removesuffix(unit).strip() for v in values.values()]
+    return [v for v in out if sum(ch.isdigit() for ch in v) >= 3]
 
 
 def _asked(path: Path) -> list[int]:
@@ -128,3 +161,71 @@ def test_the_scan_finds_a_why_put_back_in_a_cell():
     said = "A block goes round the ring: after N - 1 passes, every query has met every key, and it stops."
     assert stated(texts["why"][0], said, WHY_WORDS)                  # the same words in markdown, with $N-1$
     assert not stated(texts["why"][0], "Is it N - 1 blocks, N, or something else?", WHY_WORDS)
+
+
+def _choice_function(cells, asked: int) -> str | None:
+    """The predictions function answering a `Choice` at cell `asked` (None when the prompt is a number's)."""
+    found = re.search(r"(\w+)\.answer_with\(.*?predictions\.(\w+)", cells[asked].source, re.S)
+    assert found, f"cell {asked} answers with no predictions function:\n{cells[asked].source}"
+    name, function = found.groups()
+    made = [c.source for c in cells[:asked] if c.cell_type == "code" and re.search(rf"\b{name}\s*=\s*Choice\(", c.source)]
+    return function if made else None
+
+
+CHOOSING = [p for p in ASKING if any(_choice_function(nbformat.read(p, as_version=4).cells, i) for i in _asked(p))]
+
+
+def choice_problems(cells) -> list[str]:
+    """What gives a Choice's answer away in `cells`: a phrase naming it above its buttons, or its values anywhere."""
+    problems = []
+    whole = _above(cells, len(cells) - 1)
+    for asked in _asked_cells(cells):
+        function = _choice_function(cells, asked)
+        if function is None:
+            continue
+        module = importlib.import_module(_module_of(cells, asked))
+        pure = getattr(module, f"{function}_formula", None)
+        assert callable(pure), f"{module.__name__}.{function} has no pure companion {function}_formula()"
+        pick, values = pure()
+        said = answer_phrase(pick, _above(cells, asked))
+        if said:
+            problems.append(f"cell {asked}: the answer {pick!r} is stated above the buttons: {said!r}")
+        problems += [f"cell {asked}: the value {v} (of {pick!r}'s reveal) is in the notebook before any press"
+                     for v in shown_values(values) if v in whole]
+    return problems
+
+
+def _asked_cells(cells) -> list[int]:
+    return [i for i, c in enumerate(cells) if c.cell_type == "code" and ASKED in c.source]
+
+
+def test_chapter_09_asks_a_choice():
+    assert [p.stem for p in CHOOSING] == ["09_putting_it_together"]
+
+
+@pytest.mark.parametrize("path", CHOOSING, ids=lambda p: p.stem)
+def test_nothing_on_the_page_gives_a_choice_away(path):
+    """Above the buttons no sentence names the answer as the leader; nowhere is a value its reveal lists."""
+    assert choice_problems(nbformat.read(path, as_version=4).cells) == []
+
+
+def test_the_choice_scan_finds_the_answer_stated():
+    """The check itself: the phrases a page would use are found, for the named axis only; and chapter 09 with
+    the answer planted back fails: a sentence above the buttons, or a checked table of the reveal's bytes
+    below them (as the chapter had before issue 33's fix: the width-32 question over the width-32 table)."""
+    for text in ("- **dp** sends the most bytes: each rank's", "Most bytes: DP 55.30 kB > TP", "here dp is the largest",
+                 "tiny: most bytes dp > tp > pp"):
+        assert answer_phrase("dp", text) and not answer_phrase("tp", text), text
+    assert not answer_phrase("dp", "a different axis sends the most bytes on each mesh; dpx sends the most")
+    assert not answer_phrase("dp", 'Choice("along which axis will rank 0 send the most bytes?", ("dp", "tp"))')
+    assert shown_values({"dp": 55296, "tp": 32768, "pp": 4096, "cp": 0}, "B") == ["55,296", "32,768", "4,096"]
+    path = REPO / "notebooks" / "09_putting_it_together.ipynb"
+    cells = nbformat.read(path, as_version=4).cells
+    asked = _asked_cells(cells)[0]
+    pick, values = importlib.import_module("wmdist.mesh.predictions").busiest_axis_formula()
+    said = nbformat.v4.new_markdown_cell(f"At half the width **{pick}** sends the most bytes.")
+    assert "above the buttons" in " ".join(choice_problems(cells[:asked - 1] + [said] + cells[asked - 1:]))
+    table = nbformat.v4.new_code_cell("print(tables.side_by_side(narrow.data))")
+    table.outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                            text="  ".join(f"{k} {v:,}" for k, v in values.items()))]
+    assert "before any press" in " ".join(choice_problems(cells + [table]))

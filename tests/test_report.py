@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from wmdist.report import Check, Count, Report, counts_per_rank, fact_check, format_table, to_json
+from wmdist.course.report import Check, Count, Report, counts_per_rank, fact_check, format_table, to_json
 
 
 def _report() -> Report:

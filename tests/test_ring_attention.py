@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from wmdist import runtime
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
-from wmdist.exercises import check
+from wmdist.course.exercises import check
 from wmdist.ring_attention import balance, demos, exercises, generation, long_context, measure, versus_torch
 from wmdist.ring_attention.ring import positions, ring_attention
 from wmdist.ring_attention.spec import RingSpec
@@ -127,8 +127,8 @@ def test_bad_inputs_are_refused_in_one_line_before_any_process_starts(no_process
 
 
 def test_every_demo_of_the_chapter_is_an_experiment_refusing_before_any_process(no_processes):
-    from wmdist.demos import registry
-    from wmdist.experiment import Experiment
+    from wmdist.registry.demos import registry
+    from wmdist.course.experiment import Experiment
     chapter = {name: d for name, d in registry().items() if d.chapter == "06"}
     assert len(chapter) == 6 and all(isinstance(d, Experiment) for d in chapter.values())
     assert chapter["ring-attention"].refuses(0) == "ring-attention: world_size must be an integer >= 1, got 0"
@@ -195,7 +195,7 @@ def test_merge_exercise_rejects_a_merge_that_turns_empty_rows_into_nan():
 
 
 def test_bench_reports_time_and_memory_ratios():
-    from wmdist import bench
+    from wmdist.bench import suite as bench
     result = bench.bench_ring_attention(world_size=2, seq_len=512, repeats=1)
     assert result.value > 0 and result.measured["sdpa_peak_bytes"] > 0
     assert result.met == (max(result.measured["ring_peak_bytes_per_rank"]) < result.measured["sdpa_peak_bytes"])

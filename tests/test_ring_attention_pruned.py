@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
 from wmdist.ring_attention import layout, pruned_demo
 from wmdist.ring_attention.pruned import pruned_forward

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from wmdist import costs
 from wmdist.comm import all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.costs import collectives as coll
 from wmdist.data_parallel.ring import rank_vector, reference_sum, sum_bound
 from wmdist.runtime import run

@@ -15,10 +15,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "wmdist"
 RUN_HOMES = ("wmdist.runtime", "wmdist.runtime.launch", "wmdist")     # where `run` is runtime.run
-# The runners, by file name and enclosing function (a file name, so a module moved to a folder keeps it):
-# the Experiment runner; the exercise checker, which runs the learner's function and the reference; the
-# benchmarks, which time runtime.run itself (warm pools against fresh processes, the ring against gloo).
-RUNNERS = {("experiment.py", "*"), ("exercises.py", "_check_ranks"), ("bench.py", "*")}
+# The runners, by path under wmdist/ and enclosing function: the Experiment runner; the exercise checker,
+# which runs the learner's function and the reference; the benchmarks, which time runtime.run itself (warm
+# pools against fresh processes, the ring against gloo).
+RUNNERS = {("course/experiment.py", "*"), ("course/exercises.py", "_check_ranks"), ("bench/suite.py", "*")}
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,9 @@ def run_uses(path: str, source: str) -> list[RunUse]:
 
 
 def _exempt(use: RunUse) -> bool:
-    name = Path(use.path).name
     if use.path.startswith("runtime/"):
         return True
-    return (name, "*") in RUNNERS or (name, use.function.split(".")[-1]) in RUNNERS
+    return (use.path, "*") in RUNNERS or (use.path, use.function.split(".")[-1]) in RUNNERS
 
 
 def _tree_uses() -> list[RunUse]:
@@ -126,11 +125,11 @@ def unrelated(run):
 
 
 def test_the_runner_and_the_runtime_are_exempt():
-    assert _exempt(RunUse("experiment.py", 1, "Experiment.run_spec", False))
     assert _exempt(RunUse("course/experiment.py", 1, "Experiment.run_spec", False))
     assert _exempt(RunUse("runtime/pool.py", 1, "<module>", False))
-    assert _exempt(RunUse("exercises.py", 1, "_check_ranks", False))
-    assert not _exempt(RunUse("exercises.py", 1, "check", False))
+    assert _exempt(RunUse("course/exercises.py", 1, "_check_ranks", False))
+    assert not _exempt(RunUse("course/exercises.py", 1, "check", False))
+    assert not _exempt(RunUse("memory/exercises.py", 1, "_check_ranks", False))     # a chapter's exercises.py
     assert not _exempt(RunUse("scan/boundaries.py", 1, "run_boundaries", False))
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from wmdist import demos, runtime
+from wmdist import runtime
+from wmdist.registry import demos
 from wmdist.comm import all_reduce
 from wmdist.runtime import PoolRestartWarning, run
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from conftest import alive_after
 from wmdist import runtime as launch
 from wmdist.comm import exchange, isend, ring_all_reduce
-from wmdist.demos import verify
+from wmdist.registry.demos import verify
 from wmdist.runtime import PoolRestartWarning, RankFailure, run
 
 

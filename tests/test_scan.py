@@ -13,7 +13,7 @@ import torch
 from matplotlib.figure import Figure
 
 from wmdist.costs import scan as costs
-from wmdist.experiment import Experiment
+from wmdist.course.experiment import Experiment
 from wmdist.scan import affine_demos, affine_ranks, boundaries, bounds, cell_demos, figures, one_process, picard_ranks
 from wmdist.scan.cell import GRUCell, rollout
 from wmdist.scan.chapter import DEMOS, EXERCISES
@@ -26,7 +26,7 @@ DEMO_NAMES = ("scan-affine", "scan-bytes", "scan-one-process", "scan-cell", "sca
 # --- pure parts and refusals: no processes ----------------------------------------------------------
 
 def test_demos_are_registered_for_chapter_07():
-    from wmdist.demos import exercises, registry  # imports every chapter: fails if any chapter is broken
+    from wmdist.registry.demos import exercises, registry  # imports every chapter: fails if any chapter is broken
 
     demos = registry()
     assert [d.name for d in DEMOS] == list(DEMO_NAMES) and all(demos[d.name] == d for d in DEMOS)

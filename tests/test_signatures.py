@@ -25,12 +25,12 @@ CONFIG_SUFFIXES = ("Config", "Spec", "Shape", "Params", "Work", "Options")
 # Data that may be left out, so it has a default, and stays positional: (module, function, parameter), each
 # the one thing its function works on.
 POSITIONAL_DATA = {
-    ("cli.py", "main", "argv"),            # main(["verify", "-n", "2"]): the command line, as every CLI takes it
-    ("demos.py", "verify", "names"),       # verify(["ring-allreduce"], world_size=4): which demos
-    ("demos.py", "plan", "names"),
-    ("demos.py", "prepare", "names"),
-    ("bench.py", "tree_pss_mb", "pid"),    # tree_pss_mb(pid): whose memory (default: this process)
-    ("report.py", "exact_check", "reason"),  # exact_check(name, got, expected, reason): like close_check's, the
+    ("app/cli.py", "main", "argv"),            # main(["verify", "-n", "2"]): the command line, as every CLI takes it
+    ("registry/demos.py", "verify", "names"),       # verify(["ring-allreduce"], world_size=4): which demos
+    ("registry/demos.py", "plan", "names"),
+    ("registry/demos.py", "prepare", "names"),
+    ("bench/suite.py", "tree_pss_mb", "pid"),    # tree_pss_mb(pid): whose memory (default: this process)
+    ("course/report.py", "exact_check", "reason"),  # exact_check(name, got, expected, reason): like close_check's, the
 }                                          # check's own statement (it has a default only for "same ops, same order")
 # Parameters whose string default is free text (a label, a title, a path), not one of a few choices.
 FREE_TEXT = {"label", "title", "name", "prefix", "text", "reason", "phase", "case", "description", "unit", "tag",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipywidgets as W
 import pytest
 
-from wmdist.bench_panels import panel_factories
+from wmdist.bench.panels import panel_factories
 from wmdist.ui.controls import LABEL_WIDTH, MIN_TRACK_PX, STACKED, STACKED_CSS, is_slider, track_px
 from wmdist.ui.layout import EM_PX, shown_px
 

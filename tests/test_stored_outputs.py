@@ -129,7 +129,7 @@ def test_a_course_figure_redrawn_smaller_than_stored_is_caught():
     """The case that happened: timelines stored at 860 px tall after the code moved to 700 px."""
     from IPython.core.pylabtools import print_figure
 
-    from wmdist.spans import Span
+    from wmdist.base.spans import Span
     from wmdist.ui.timeline import timelines_figure
 
     rows = [Span(row=r, start=0.01 * (r + k), end=0.01 * (r + k + 1), kind="compute") for r in range(4) for k in range(3)]
@@ -181,7 +181,7 @@ def test_the_suites_nbval_run_fails_on_a_stale_stored_picture(tmp_path):
 # --- where the alt text and the numbers come from -------------------------------------------------
 
 def test_a_figures_alt_text_says_what_its_titles_axes_and_key_say():
-    from wmdist.spans import Span
+    from wmdist.base.spans import Span
     from wmdist.ui.render import figure_alt
     from wmdist.ui.timeline import timelines_figure
 

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import torch
 
-from wmdist.demos import registry, verify
+from wmdist.registry.demos import registry, verify
 from wmdist.runtime.warm import WarmPools
 
 SIZES = range(1, 9)

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from wmdist.compare import one_thread
-from wmdist.models import flat_params, set_flat_grads
+from wmdist.course.compare import one_thread
+from wmdist.models.world import flat_params, set_flat_grads
 from wmdist.yours import Workload, data_parallel, dp_check, zero
 from wmdist.yours.reference import one_process, workload_param_tolerance
 from wmdist.yours.refusals import digest
@@ -130,7 +130,7 @@ def test_each_planted_bug_fails_by_a_wide_margin(no_processes, bug, n, optimizer
 def test_the_bound_is_not_the_reordering_bound_alone(no_processes):
     """What the kernel term adds: without it the correct simulation is far outside (the issue's failure)."""
     from wmdist import costs
-    from wmdist.compare import bound_ratio
+    from wmdist.course.compare import bound_ratio
     from wmdist.yours.reference import GRAD_EXTRA_ROUNDINGS, batch_gradient_bound, gradient_terms
     work = mlp_work(2, 2)
     with one_thread():

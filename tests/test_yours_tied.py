@@ -12,7 +12,7 @@ from torch import nn
 
 from test_yours import assert_exact_counts, names
 from wmdist.memory.zero import flat_layout
-from wmdist.models import on_meta
+from wmdist.models.world import on_meta
 from wmdist.yours import Workload, data_parallel, zero
 from wmdist.yours.workload import prepare_workload
 

@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 
 from wmdist import costs
-from wmdist.exercises import check
+from wmdist.course.exercises import check
 from wmdist.memory import exercises, transient, zero, zero_demos, zero_reference
 from wmdist.memory.footprint import MemoryConfig
-from wmdist.models import count_parameters, make_model
+from wmdist.models.world import count_parameters, make_model
 
 P = count_parameters(make_model())   # 2,105: not divisible by 3, so the chunks are uneven
 
@@ -150,7 +150,7 @@ def test_bad_inputs_fail_before_any_process(no_processes):
 
 def test_the_zero_demos_are_experiments_refusing_by_their_spec(no_processes):
     """One typed shape: each ZeRO demo's spec refuses a size before any process, and its name is written once."""
-    from wmdist.experiment import Experiment
+    from wmdist.course.experiment import Experiment
     assert all(isinstance(d, Experiment) for d in zero_demos.DEMOS)
     assert [d.name for d in zero_demos.DEMOS] == ["zero-1", "zero-2", "zero-3", "zero-1-vs-torch"]
     assert zero_demos.ZERO[3].refuses(13) == \

@@ -1,6 +1,6 @@
 """`python -m wmdist ...` is the `wmdist` command (also what torchrun -m wmdist runs)."""
 import sys
 
-from wmdist.cli import main
+from wmdist.app.cli import main
 
 sys.exit(main())

@@ -27,14 +27,23 @@ from wmdist.costs.validate import require_int, require_positive, require_real
 
 COUNT_BYTES = 8       # the counts travel as int64
 
+# Each public function checks its arguments, then calls its `_..._unchecked` core. A caller whose
+# values are already checked (experts.tradeoff's ExpertsConfig) calls the cores directly, so one
+# setting is checked once, where it enters, not again in every formula on the way to the figure.
+
 
 def experts_per_rank(experts: int, ranks: int) -> int:
     """E/N, if N divides E (each rank holds the same number of whole experts); a ValueError naming both if not."""
     e, n = require_int("experts", experts, 1), require_int("ranks", ranks, 1)
-    if e % n:
-        raise ValueError(f"expert parallelism needs the number of ranks to divide the number of experts: "
-                         f"experts={e} is not divisible by ranks={n} (try ranks in {divisors(e)})")
+    require_split(e, n)
     return e // n
+
+
+def require_split(experts: int, ranks: int) -> None:
+    """N divides E (integers >= 1, checked), else the ValueError experts_per_rank raises, naming ranks that do."""
+    if experts % ranks:
+        raise ValueError(f"expert parallelism needs the number of ranks to divide the number of experts: "
+                         f"experts={experts} is not divisible by ranks={ranks} (try ranks in {divisors(experts)})")
 
 
 def divisors(n: int) -> list[int]:
@@ -45,10 +54,18 @@ def divisors(n: int) -> list[int]:
 def capacity(tokens: int, k: int, experts: int, factor: float) -> int:
     """C = ceil(factor * T * k / E): the most assignments one expert takes (factor read as its printed decimal)."""
     t, kk, e = require_int("tokens", tokens, 0), require_int("k", k, 1), require_int("experts", experts, 1)
-    if kk > e:
-        raise ValueError(f"k={kk} must be at most experts={e} (a token picks k different experts)")
-    c = Fraction(str(require_positive("capacity_factor", factor)))
-    return math.ceil(c * t * kk / e)
+    require_top_k(kk, e)
+    return _capacity_unchecked(t, kk, e, require_positive("capacity_factor", factor))
+
+
+def require_top_k(k: int, experts: int) -> None:
+    """k <= E (integers >= 1, checked), else the ValueError capacity raises."""
+    if k > experts:
+        raise ValueError(f"k={k} must be at most experts={experts} (a token picks k different experts)")
+
+
+def _capacity_unchecked(t: int, k: int, e: int, factor: float) -> int:
+    return math.ceil(Fraction(str(float(factor))) * t * k / e)
 
 
 def expert_counts(assignments: Sequence[int], experts: int) -> list[int]:
@@ -85,7 +102,12 @@ def imbalance(counts: Sequence[int]) -> float:
 
 def rank_loads(counts: Sequence[int], ranks: int) -> list[int]:
     """Assignments each rank's experts receive (rank r holds experts [r E/N, (r+1) E/N))."""
-    per = experts_per_rank(len(counts), ranks)
+    experts_per_rank(len(counts), ranks)
+    return _rank_loads_unchecked(counts, ranks)
+
+
+def _rank_loads_unchecked(counts: Sequence[float], ranks: int) -> list:
+    per = len(counts) // ranks
     return [sum(counts[r * per:(r + 1) * per]) for r in range(ranks)]
 
 
@@ -111,7 +133,10 @@ class RankTraffic:
 def rank_traffic(matrix: Sequence[Sequence[int]], width: int, element_size: int) -> list[RankTraffic]:
     """Each rank's bytes from M: the dispatch sends sum_{r != s} M[s][r] rows of d elements and receives
     sum_{r != s} M[r][s]; the combine is the dispatch reversed; each backward is its forward reversed."""
-    row = require_int("width", width, 1) * require_int("element_size", element_size, 1)
+    return _traffic_unchecked(matrix, require_int("width", width, 1) * require_int("element_size", element_size, 1))
+
+
+def _traffic_unchecked(matrix: Sequence[Sequence[float]], row: int) -> list[RankTraffic]:
     n = len(matrix)
     out = []
     for s in range(n):
@@ -124,7 +149,12 @@ def rank_traffic(matrix: Sequence[Sequence[int]], width: int, element_size: int)
 
 def counts_exchange_bytes(experts: int, ranks: int) -> int:
     """Bytes each rank sends (and receives) telling the others its row counts: (N-1) * E/N int64s."""
-    return (ranks - 1) * experts_per_rank(experts, ranks) * COUNT_BYTES
+    experts_per_rank(experts, ranks)                    # both integers >= 1, and N divides E
+    return _counts_unchecked(int(experts), int(ranks))
+
+
+def _counts_unchecked(experts: int, ranks: int) -> int:
+    return (ranks - 1) * (experts // ranks) * COUNT_BYTES
 
 
 def uniform_dispatch_bytes(tokens_per_rank: int, k: int, ranks: int, width: int, element_size: int) -> float:
@@ -135,7 +165,11 @@ def uniform_dispatch_bytes(tokens_per_rank: int, k: int, ranks: int, width: int,
     """
     t, kk = require_int("tokens_per_rank", tokens_per_rank, 0), require_int("k", k, 1)
     n = require_int("ranks", ranks, 1)
-    return t * kk * (n - 1) / n * require_int("width", width, 1) * require_int("element_size", element_size, 1)
+    return _uniform_unchecked(t, kk, n, require_int("width", width, 1) * require_int("element_size", element_size, 1))
+
+
+def _uniform_unchecked(t: int, k: int, n: int, row: int) -> float:
+    return t * k * (n - 1) / n * row
 
 
 def padded_dispatch_bytes(experts: int, cap: int, width: int, element_size: int) -> int:
@@ -147,13 +181,21 @@ def padded_dispatch_bytes(experts: int, cap: int, width: int, element_size: int)
 def padded_dispatch_sent(experts: int, ranks: int, cap: int, width: int, element_size: int) -> int:
     """What one rank sends in a fixed-capacity dispatch: C slots for each expert on another rank, full or not,
     (E - E/N) C d elt (its own experts' slots stay on it)."""
-    per = experts_per_rank(experts, ranks)
-    return padded_dispatch_bytes(experts - per, cap, width, element_size) if experts > per else 0
+    experts_per_rank(experts, ranks)
+    return _padded_sent_unchecked(experts, ranks, require_int("capacity", cap, 0),
+                                  require_int("width", width, 1) * require_int("element_size", element_size, 1))
+
+
+def _padded_sent_unchecked(experts: int, ranks: int, cap: int, row: int) -> int:
+    return (experts - experts // ranks) * cap * row
 
 
 def skewed_shares(experts: int, skew: float) -> list[float]:
     """Expected share of assignments per expert under a load skew s >= 0: proportional to 1/(e+1)^s (s=0 uniform)."""
-    e, s = require_int("experts", experts, 1), require_real("skew", skew)
+    return _shares_unchecked(require_int("experts", experts, 1), require_real("skew", skew))
+
+
+def _shares_unchecked(e: int, s: float) -> list[float]:
     weights = [(i + 1) ** -s for i in range(e)]
     return [w / sum(weights) for w in weights]
 
@@ -165,7 +207,10 @@ def dropped_fraction(shares: Sequence[float], factor: float) -> float:
     """
     if not shares or any(s < 0 for s in shares) or not math.isclose(sum(shares), 1.0, rel_tol=1e-9):
         raise ValueError(f"shares must be >= 0 and add up to 1, got {list(shares)}")
-    c = require_positive("capacity_factor", factor)
+    return _dropped_unchecked(shares, require_positive("capacity_factor", factor))
+
+
+def _dropped_unchecked(shares: Sequence[float], c: float) -> float:
     return sum(max(0.0, s - c / len(shares)) for s in shares)
 
 
@@ -176,15 +221,24 @@ def expected_imbalance(shares: Sequence[float]) -> float:
 
 def transfer_time(nbytes: float, bandwidth: float) -> float:
     """Seconds to move `nbytes` over a link of `bandwidth` bytes/s (no latency term)."""
-    return require_real("nbytes", nbytes) / require_positive("bandwidth", bandwidth)
+    return _seconds_unchecked(require_real("nbytes", nbytes), require_positive("bandwidth", bandwidth))
+
+
+def _seconds_unchecked(work: float, rate: float) -> float:
+    """work / rate: transfer_time's bytes over bytes/s, expert_time's FLOPs over FLOP/s."""
+    return work / rate
 
 
 def expert_flops(assignments: float, width: int, hidden: int) -> float:
     """Forward FLOPs of the experts' two matmuls (d -> F -> d): 4 d F per assignment."""
     d, f = require_int("width", width, 1), require_int("hidden", hidden, 1)
-    return 4.0 * require_real("assignments", assignments) * d * f
+    return _flops_unchecked(require_real("assignments", assignments), d, f)
+
+
+def _flops_unchecked(assignments: float, d: int, f: int) -> float:
+    return 4.0 * assignments * d * f
 
 
 def expert_time(assignments: float, width: int, hidden: int, flops_per_s: float) -> float:
     """Seconds the busiest rank spends in its experts' forward: its assignments' FLOPs at `flops_per_s`."""
-    return expert_flops(assignments, width, hidden) / require_positive("flops_per_s", flops_per_s)
+    return _seconds_unchecked(expert_flops(assignments, width, hidden), require_positive("flops_per_s", flops_per_s))

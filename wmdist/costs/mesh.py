@@ -1,7 +1,7 @@
 """One training step on a dp x tp x pp x cp mesh: what each rank holds, and what it sends along each axis.
 
 Pure Python (no torch). The four communication patterns of the source text,
-for the transformer world model (wmdist.transformer) trained one step with
+for the transformer world model (wmdist.models.transformer) trained one step with
 the layout wmdist.mesh runs, counted exactly per rank:
 
   dp  the gradient, summed over the data-parallel ranks in `buckets` equal

@@ -49,12 +49,21 @@ def bubble_over_ideal(stages: int, microbatches: int, *, chunks: int = 1) -> flo
     p = require_int("stages", stages, 1)
     m = require_int("microbatches", microbatches, 1)
     v = require_int("chunks", chunks, 1)
+    return _over_ideal_unchecked(p, m, v)
+
+
+def _over_ideal_unchecked(p: int, m: int, v: int) -> float:
+    """bubble_over_ideal's formula for sizes already checked (a config's, e.g. pipeline.bubble.BubbleConfig)."""
     return (p - 1) / (v * m)
 
 
 def fraction_from_ratio(ratio: float) -> float:
     """Convert bubble/ideal r into bubble/whole schedule, r/(1+r): e.g. (P-1)/M -> (P-1)/(M+P-1)."""
-    r = require_real("ratio", ratio)
+    return _from_ratio_unchecked(require_real("ratio", ratio))
+
+
+def _from_ratio_unchecked(r: float) -> float:
+    """fraction_from_ratio's formula for a ratio already known finite and >= 0."""
     return r / (1 + r)
 
 
@@ -92,14 +101,19 @@ def peak_activations_in_flight(schedule: ScheduleName, stages: int, microbatches
     r = require_int("rank", rank, 0, high=p - 1)
     if schedule != "interleaved" and v != 1:
         raise ValueError(f"chunks must be 1 for the {schedule} schedule, got chunks={v}")
-    if schedule == "gpipe":
-        return m
-    if schedule == "1f1b":
-        return min(p - r, m)
-    if m % p:
+    if schedule == "interleaved" and m % p:
         raise ValueError(f"microbatches must be a multiple of stages for the interleaved schedule, "
                          f"got microbatches={m}, stages={p}")
-    return min((v - 1) * p + 2 * (p - 1 - r) + 1, m * v)
+    return _peaks_unchecked(schedule, p, m, v)[r]
+
+
+def _peaks_unchecked(schedule: ScheduleName, p: int, m: int, v: int) -> tuple[int, ...]:
+    """peak_activations_in_flight of every rank 0..P-1, for a shape already checked (a built schedule's)."""
+    if schedule == "gpipe":
+        return (m,) * p
+    if schedule == "1f1b":
+        return tuple(min(p - r, m) for r in range(p))
+    return tuple(min((v - 1) * p + 2 * (p - 1 - r) + 1, m * v) for r in range(p))
 
 
 def boundary_transfers(stages: int, microbatches: int, *, chunks: int = 1) -> int:
@@ -114,6 +128,11 @@ def boundary_transfers(stages: int, microbatches: int, *, chunks: int = 1) -> in
     p = require_int("stages", stages, 1)
     m = require_int("microbatches", microbatches, 1)
     v = require_int("chunks", chunks, 1)
+    return _transfers_unchecked(p, m, v)
+
+
+def _transfers_unchecked(p: int, m: int, v: int) -> int:
+    """boundary_transfers' count for sizes already checked."""
     return m * (p * v - 1) if p > 1 else 0
 
 

@@ -14,12 +14,12 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import Context, ring_all_reduce
-from wmdist.compare import bound_ratio, worst
+from wmdist.course.compare import bound_ratio, worst
 from wmdist.costs import allreduce
 from wmdist.data_parallel.algorithms import direct_all_reduce, halving_doubling_all_reduce, tree_all_reduce
 from wmdist.data_parallel.ring import DEFAULT_NUMEL, RingAllReduceSpec, rank_vector, reference_sum, sum_bound
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Report, counts_per_rank, exact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Report, counts_per_rank, exact_check
 
 ALGORITHMS = allreduce.ALGORITHMS
 RUN = {"ring": ring_all_reduce, "tree": tree_all_reduce, "halving-doubling": halving_doubling_all_reduce,

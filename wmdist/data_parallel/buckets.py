@@ -28,10 +28,10 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, barrier
-from wmdist.experiment import Experiment, Verdict
-from wmdist.models import WorldModelConfig, flat_grads, make_batch, make_model, shard_batch
-from wmdist.report import Report, close_check, counts_per_rank
-from wmdist.spans import Overlap, Span, overlap
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.models.world import WorldModelConfig, flat_grads, make_batch, make_model, shard_batch
+from wmdist.course.report import Report, close_check, counts_per_rank
+from wmdist.base.spans import Overlap, Span, overlap
 
 BIG_CONFIG = WorldModelConfig(obs_dim=64, action_dim=4, latent_dim=128)   # 49,921 parameters
 

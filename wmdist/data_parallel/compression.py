@@ -28,7 +28,7 @@ from wmdist.comm import Context, all_reduce, counted
 from wmdist.costs.compression import KINDS, Kind
 from wmdist.costs.validate import require_bool, require_choice, require_int
 from wmdist.data_parallel.training import TrainSpec, make_optimizer, step_batch
-from wmdist.models import flat_grads, make_model, shard_batch
+from wmdist.models.world import flat_grads, make_model, shard_batch
 
 REFERENCE_PHASE = "compression/reference"
 

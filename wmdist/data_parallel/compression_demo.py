@@ -15,15 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.costs import compression as formula
 from wmdist.costs.validate import require_int
 from wmdist.data_parallel.compression import (CompressionRanks, CompressionSpec, Method, MethodRun,
                                               compression_runs)
 from wmdist.data_parallel.training import TrainSpec
-from wmdist.experiment import Experiment, Verdict
-from wmdist.models import make_model
-from wmdist.report import Check, Count, Report, counts_per_rank, exact_check, fact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.models.world import make_model
+from wmdist.course.report import Check, Count, Report, counts_per_rank, exact_check, fact_check
 
 
 def methods(*, ranks: tuple[int, ...] = (1, 2, 4)) -> tuple[Method, ...]:

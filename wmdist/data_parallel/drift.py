@@ -32,8 +32,8 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import Context, all_gather, all_reduce, broadcast
-from wmdist.compare import one_thread
-from wmdist.models import flat_grads, flat_params, make_batch, make_model, set_flat_grads, shard_batch
+from wmdist.course.compare import one_thread
+from wmdist.models.world import flat_grads, flat_params, make_batch, make_model, set_flat_grads, shard_batch
 
 Case = Literal["same", "init", "lr"]
 CASES: tuple[Case, ...] = get_args(Case)

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
-from wmdist.compare import bound_ratio, worst
+from wmdist.course.compare import bound_ratio, worst
 from wmdist.costs import FLOAT32_ROUNDOFF as U32, FLOAT64_ROUNDOFF as U64
 from wmdist.data_parallel.drift import (CASES, DIGEST_BYTES, HOWS, VOTE_BYTES, BatchLRSpec, Curve, DriftRank,
                                         DriftRanks, DriftSpec, How, batch_lr_curves, drift_runs)
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, counts_per_rank, differ_check, exact_check, fact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, counts_per_rank, differ_check, exact_check, fact_check
 
 SUBNORMAL = 2.0 ** -149      # the most one float32 rounding can move a result in the subnormal range
 DRIFT_BY = 1000.0            # case "lr": the gap must move by at least this many rounding bounds

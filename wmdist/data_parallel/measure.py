@@ -22,9 +22,9 @@ from wmdist import costs
 from wmdist.comm import Context, barrier, ring_all_reduce
 from wmdist.costs.validate import require_int
 from wmdist.data_parallel.scaling import MIB, Measurement
-from wmdist.experiment import Experiment, Verdict
-from wmdist.on_progress import OnProgress
-from wmdist.report import Count, Report, fact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.base.on_progress import OnProgress
+from wmdist.course.report import Count, Report, fact_check
 
 DEFAULT_WORLD_SIZES = (2, 4, 8)
 DEFAULT_SIZES_BYTES = (256 * 1024, 1 * MIB, 4 * MIB, 16 * MIB)

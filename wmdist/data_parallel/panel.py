@@ -20,7 +20,7 @@ from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, D
 from wmdist.data_parallel.scaling import Fit, ScalingCurve, ScalingParams, fit_alpha_beta, scaling_curve
 from wmdist.ui.panel import Panel, View
 from wmdist.ui.controls import CONTROL_WIDTH, LABEL_WIDTH
-from wmdist.report import Report
+from wmdist.course.report import Report
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:

@@ -19,12 +19,12 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, ring_all_reduce
-from wmdist.compare import bound_ratio, worst
+from wmdist.course.compare import bound_ratio, worst
 from wmdist.data_parallel.training import (DPRuns, DPSpecs, TrainSpec, by_run, descending_sizes, dp_runs,
                                            single_process_train, valid_lengths)
-from wmdist.exercises import Exercise
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Report, counts_per_rank, differ_check, exact_check
+from wmdist.course.exercises import Exercise
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Report, counts_per_rank, differ_check, exact_check
 
 
 WRONG_BY = 1000.0   # a pitfall's gradient must miss by this many rounding bounds at some entry

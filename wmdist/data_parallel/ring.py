@@ -13,10 +13,10 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, exchange, ring_all_reduce
-from wmdist.compare import bound_ratio
-from wmdist.exercises import Exercise
-from wmdist.experiment import Experiment, RankSpec, Verdict
-from wmdist.report import Check, Report, close_check, counts_per_rank
+from wmdist.course.compare import bound_ratio
+from wmdist.course.exercises import Exercise
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
+from wmdist.course.report import Check, Report, close_check, counts_per_rank
 
 DEFAULT_NUMEL = 100_003   # prime: no world size divides it, so chunk sizes differ
 

@@ -31,7 +31,7 @@ import numpy as np
 from wmdist import costs
 from wmdist.costs import require_int, require_positive, require_real
 from wmdist.costs.units import seconds
-from wmdist.knobs import knob
+from wmdist.base.knobs import knob
 
 MIB = 1024 * 1024
 TARGET_MEDIAN_REL_ERROR = 0.25   # the bench target: the fit explains the median point within 25 %

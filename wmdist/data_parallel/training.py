@@ -24,7 +24,7 @@ from torch import nn
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, ring_all_reduce
-from wmdist.models import (WorldModelConfig, flat_grads, flat_params, linear_term_sums, make_batch, make_model,
+from wmdist.models.world import (WorldModelConfig, flat_grads, flat_params, linear_term_sums, make_batch, make_model,
                            set_flat_grads, shard_batch)
 
 Weighting = Literal["mean", "examples", "tokens-local", "tokens"]

@@ -15,12 +15,12 @@ from torch import nn
 
 from wmdist import costs
 from wmdist.comm import Context, all_reduce, counted
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.data_parallel.training import (DPRun, TrainSpec, Weighting, dp_train, make_optimizer, param_tolerance,
                                            single_process_train, step_batch)
-from wmdist.experiment import Experiment, Verdict
-from wmdist.models import WorldModelConfig, flat_grads, flat_params, make_model, shard_batch
-from wmdist.report import Check, Report, close_check, counts_per_rank, exact_check, max_abs_error
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.models.world import WorldModelConfig, flat_grads, flat_params, make_model, shard_batch
+from wmdist.course.report import Check, Report, close_check, counts_per_rank, exact_check, max_abs_error
 
 
 def _counted_allreduce_hook(ctx, bucket):   # no annotations: DDP rejects string (postponed) ones

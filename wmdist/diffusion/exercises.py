@@ -13,7 +13,7 @@ from wmdist.costs.diffusion import token_shard_bounds
 from wmdist.costs.rounding import reordered_sum_bound
 from wmdist.diffusion.denoiser import Denoiser, DenoiserConfig
 from wmdist.diffusion.sampler import initial_noise
-from wmdist.exercises import Exercise
+from wmdist.course.exercises import Exercise
 
 EXERCISE_BATCH, EXERCISE_SEED, EXERCISE_T = 2, 7, 0.5
 OUTPUT_BOUND = 4.0    # max |velocity| for these inputs is about 2.8; tests/test_diffusion.py checks it stays below 4

@@ -34,8 +34,8 @@ from wmdist.diffusion.denoiser import Denoiser
 from wmdist.diffusion.results import PicardRun
 from wmdist.diffusion.sampler import PicardResult, RoundEvaluator, picard_sample, running_sum_tolerance
 from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, reference_trajectory, require_world
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Report, counts_per_rank, exact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Report, counts_per_rank, exact_check
 
 
 def spread_evaluations(ctx: Context, model: Denoiser, counts: list[int]) -> RoundEvaluator:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from wmdist.costs import diffusion as dcost
 from wmdist.diffusion.sampler import PicardResult
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from wmdist.compare import one_thread
+from wmdist.course.compare import one_thread
 from wmdist.costs.validate import require_int
 from wmdist.diffusion.denoiser import Denoiser, DenoiserConfig
 from wmdist.diffusion.sampler import initial_noise, sample

@@ -42,9 +42,9 @@ from wmdist.diffusion.results import StepTimelines
 from wmdist.diffusion.sampler import euler_update, time_grid
 from wmdist.diffusion.sampler import sample as sequential_sample
 from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, require_world
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Count, Report, counts_per_rank, exact_check
-from wmdist.spans import Span, intersection
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Count, Report, counts_per_rank, exact_check
+from wmdist.base.spans import Span, intersection
 
 CASES = ("1 sample, steps split", "N samples, steps split", "N samples, batched")
 

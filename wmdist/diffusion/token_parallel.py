@@ -36,8 +36,8 @@ from wmdist.costs.validate import require_choice
 from wmdist.diffusion.denoiser import Denoiser, denoise_by_shards, shard_tolerance
 from wmdist.diffusion.sampler import euler_update, sample, time_grid
 from wmdist.diffusion.spec import SamplingSpec, check_noise, one_thread, reference_trajectory, require_world
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, close_check, counts_per_rank, differ_check, exact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, close_check, counts_per_rank, differ_check, exact_check
 
 Gather = Literal["kv", "x", "stale kv"]
 GATHERS: tuple[Gather, ...] = get_args(Gather)

@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 import torch
 
 from wmdist.comm import Context
-from wmdist.compare import one_thread
+from wmdist.course.compare import one_thread
 from wmdist.costs import experts as ecosts
 from wmdist.costs.validate import require_int, require_real
-from wmdist.experiment import Experiment, RankSpec, Verdict
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
 from wmdist.experts.dispatch import ExpertLayout, ep_forward, expert_group, global_counts, sync_gradients
 from wmdist.experts.moe import MoEMLP, balance_loss, moe_forward
 from wmdist.experts.reference import aux_tolerance
 from wmdist.experts.spec import LayerCase, LayerSpec
-from wmdist.report import Check, Count, counts_per_rank, fact_check
+from wmdist.course.report import Check, Count, counts_per_rank, fact_check
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from wmdist.comm import Context
-from wmdist.compare import bound_ratio, worst
+from wmdist.course.compare import bound_ratio, worst
 from wmdist.costs import experts as ecosts
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.experts.dispatch import ExpertLayout, ep_forward, expert_group, global_counts, sync_gradients
 from wmdist.experts.moe import balance_loss
 from wmdist.experts.reference import EXACT_WHY, WHY, LayerReference, aux_tolerance, layer_reference, layer_tolerance
 from wmdist.experts.spec import LayerCase, LayerSpec, layer_spec
-from wmdist.report import Check, Count, counts_per_rank, differ_check, exact_check, fact_check, max_abs_error
+from wmdist.course.report import Check, Count, counts_per_rank, differ_check, exact_check, fact_check, max_abs_error
 
 PHASES = ("dispatch", "combine", "combine backward", "dispatch backward")
 

@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 import torch
 
 from wmdist.comm import Context
-from wmdist.compare import bound_ratio, one_thread, reordered_terms, worst
+from wmdist.course.compare import bound_ratio, one_thread, reordered_terms, worst
 from wmdist.costs import experts as ecosts
 from wmdist.costs.collectives import ring_allreduce_bytes
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF, reordered_sum_bound
 from wmdist.costs.validate import require_int, require_real
-from wmdist.experiment import Experiment, RankSpec, Verdict
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
 from wmdist.experts.dispatch import ExpertLayout, ep_forward, expert_group, global_counts, is_expert, sync_gradients
 from wmdist.experts.moe import MoEConfig, MoEWorldModel, balance_loss, make_moe_model, moe_forward
-from wmdist.models import make_batch
-from wmdist.report import Check, Count, counts_per_rank, exact_check
+from wmdist.models.world import make_batch
+from wmdist.course.report import Check, Count, counts_per_rank, exact_check
 
 WHY = ("per step: lr 2(K-1) 2^-24 max|g| + 2 2^-24 (lr max|g| + max|p|), K = max(3d, F, B*T) (first order); "
        "in units of each tensor's tolerance")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from wmdist.comm import Context
-from wmdist.exercises import Exercise
+from wmdist.course.exercises import Exercise
 
 EXPERTS, ASSIGNMENTS = 4, 10
 

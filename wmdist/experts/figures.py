@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from wmdist.costs import experts as ecosts
 from wmdist.experts.tradeoff import ExpertsView, capacity_sweep, rank_sweep
-from wmdist.report import Report
+from wmdist.course.report import Report
 from wmdist.ui.render import FONT, SMALL, axes_grid, eng_axis, integer_axis, log2_axis
 
 PHASES = ("dispatch", "combine", "combine backward", "dispatch backward")

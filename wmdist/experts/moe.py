@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wmdist.transformer import SelfAttention, TransformerConfig
+from wmdist.models.transformer import SelfAttention, TransformerConfig
 
 
 class ExpertMLP(nn.Module):

@@ -17,12 +17,13 @@ from wmdist.costs import experts as ecosts
 from wmdist.costs.units import seconds, si
 from wmdist.experts.figures import draw_capacity, draw_loads, draw_measured, draw_ranks
 from wmdist.experts.tradeoff import ExpertsConfig, ExpertsView, experts_view
-from wmdist.report import Report
+from wmdist.course.report import Report
 from wmdist.ui.panel import OnProgress, Panel, View
 
 RUN_LIMITS = {"ranks": 8, "experts": 64}          # what "run it" starts on this machine
 RUN_SIZES = {"tokens": 16, "width": 16, "hidden": 32}   # per rank, width, expert hidden: the run's (tiny) layer
 ELEMENT = 4                                        # the run is float32
+FLOAT_STEPS = {"capacity_factor": 2, "skew": 1}      # decimals of the float sliders' steps (0.05 and 0.1)
 
 
 def nbytes(x: float) -> str:
@@ -63,7 +64,7 @@ def run_spec(config: ExpertsConfig) -> Any:
 
 def summary(view: ExpertsView) -> str:
     """The numbers to take away, as HTML; every one is a costs.experts formula (see .tradeoff)."""
-    c, busy = view.config, max(view.traffic, key=lambda t: t.sent)
+    c = view.config
     mean = sum(view.rank_loads) / c.ranks
     lines = [
         f"<b>Capacity</b> C = ⌈c N T k / E⌉ = <b>{view.capacity:,}</b> per expert; expected "
@@ -73,7 +74,7 @@ def summary(view: ExpertsView) -> str:
         f"assignments (mean {mean:,.0f}).",
         f"<b>All-to-all per rank</b>, one dispatch: up to <b>{nbytes(view.dispatch_bytes)}</b> (busiest rank, sent "
         f"or received); uniform routing {nbytes(view.uniform_bytes)} = T k (N-1)/N d x {c.element_size} B per "
-        f"element. A training step runs four (dispatch, combine, both backward): {nbytes(busy.sent)} sent by the "
+        f"element. A training step runs four (dispatch, combine, both backward): {nbytes(view.step_sent)} sent by the "
         f"busiest, plus {nbytes(view.counts_bytes)} of counts before each dispatch. A padded dispatch "
         f"(C_r = ⌈c T k / E⌉ slots per expert, full or not) would send {nbytes(view.padded_bytes)} per rank.",
         f"<b>One forward</b>: dispatch + combine <b>{seconds(view.a2a_seconds)}</b> at {c.link_gbps:.3g} GB/s, the "
@@ -103,9 +104,10 @@ class ExpertsPanel(Panel):
     def read_config(self, *, change: dict[str, Any] | None = None) -> ExpertsConfig:
         """The controls' config, with the float sliders' values back on their steps (0.05 and 0.1): the
         browser adds its own rounding, and c is read as the decimal it prints as."""
-        config = super().read_config(change=change)
-        return dataclasses.replace(config, capacity_factor=round(config.capacity_factor, 2),
-                                   skew=round(config.skew, 1))
+        values = {name: self.controls[name].value for name in FLOAT_STEPS} | (change or {})
+        steps = {name: round(values[name], digits) for name, digits in FLOAT_STEPS.items()
+                 if isinstance(values[name], float)}           # anything else: the config names what is wrong
+        return super().read_config(change={**(change or {}), **steps})      # one config built, checked once
 
     def compute(self, config: ExpertsConfig) -> ExpertsView:
         return experts_view(config)

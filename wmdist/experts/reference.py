@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wmdist.compare import one_thread
+from wmdist.course.compare import one_thread
 from wmdist.costs.rounding import reordered_sum_bound
 from wmdist.experts.moe import balance_loss, dispatch_order, moe_forward
 from wmdist.experts.spec import LayerCase, LayerSpec

@@ -20,7 +20,7 @@ import torch
 
 from wmdist.costs import experts as ecosts
 from wmdist.costs.validate import require_choice, require_fields, require_int, require_real
-from wmdist.experiment import RankSpec
+from wmdist.course.experiment import RankSpec
 from wmdist.experts.moe import MoEMLP
 
 RouterName = Literal["random", "skewed", "one expert", "local"]

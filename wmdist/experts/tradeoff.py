@@ -18,15 +18,31 @@ question, for T tokens on each of N expert-parallel ranks, routed to k of E expe
 - Time of one forward: the two all-to-alls at the busiest rank's bytes (the larger of what it sends
   and receives) over the link (`transfer_time`), against the busiest rank's expert matmuls on the
   assignments it keeps (`expert_time`). Nothing is assumed to overlap.
+
+ExpertsConfig checks every field once, where a setting enters; experts_view then calls those
+formulas' unchecked cores (costs.experts' `_..._unchecked`), which trust the checked values.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 from wmdist.costs import experts as ecosts
-from wmdist.costs.experts import RankTraffic
-from wmdist.costs.validate import require_int, require_positive, require_real
-from wmdist.knobs import knob, pow2
+from wmdist.costs.experts import (
+    RankTraffic,
+    _capacity_unchecked,
+    _counts_unchecked,
+    _dropped_unchecked,
+    _flops_unchecked,
+    _padded_sent_unchecked,
+    _rank_loads_unchecked,
+    _seconds_unchecked,
+    _shares_unchecked,
+    _traffic_unchecked,
+    _uniform_unchecked,
+)
+from wmdist.costs.validate import require_fields, require_positive, require_real
+from wmdist.base.knobs import knob, pow2
 
 
 CAPACITY_SWEEP = tuple(round(0.25 * i, 2) for i in range(2, 17))     # c = 0.5 .. 4 for the drops view
@@ -48,13 +64,13 @@ class ExpertsConfig:
     tflops: float = knob(100.0, "expert TFLOP/s", low=0.1, high=2000.0, log=True, fmt=".3g")
 
     def __post_init__(self) -> None:
-        ecosts.experts_per_rank(self.experts, self.ranks)          # N must divide E
-        ecosts.capacity(self.tokens, self.k, self.experts, self.capacity_factor)    # k <= E, c > 0
+        """Every check of the panel's path, here once: each field, then N divides E and k <= E."""
+        require_fields(self, ("experts", "k", "ranks", "tokens", "width", "hidden", "element_size"), 1)
+        for name in ("capacity_factor", "link_gbps", "tflops"):
+            require_positive(name, getattr(self, name))
         require_real("skew", self.skew)
-        for name in ("tokens", "width", "hidden", "element_size"):
-            require_int(name, getattr(self, name), 1)
-        require_positive("link_gbps", self.link_gbps)
-        require_positive("tflops", self.tflops)
+        ecosts.require_split(self.experts, self.ranks)
+        ecosts.require_top_k(self.k, self.experts)
 
     @property
     def bandwidth(self) -> float:
@@ -80,67 +96,46 @@ class ExpertsView:
     uniform_bytes: float                 # one all-to-all, one rank, uniform routing
     counts_bytes: int                    # the counts exchange before each dispatch, per rank
     padded_bytes: int                    # what a fixed-capacity dispatch sends, per rank
+    dispatch_bytes: float                # the most any rank sends or receives in one dispatch (combine: as much)
+    dispatch_sent: float                 # the most any rank sends in one dispatch
+    step_sent: float                     # the most any rank sends in a training step's four all-to-alls
+    rank_imbalance: float                # max / mean of rank_loads: what the step waits on (per expert: imbalance)
     a2a_seconds: float                   # dispatch + combine at the busiest rank's bytes
     compute_seconds: float               # the busiest rank's experts, forward, on the assignments they keep
+    comm_over_compute: float             # a2a_seconds / compute_seconds
     kept: list[float] = field(repr=False, default_factory=list)     # [expert] min(load, C)
-
-    @property
-    def dispatch_bytes(self) -> float:
-        """The most any rank sends or receives in one dispatch (the combine moves as much back)."""
-        return max(max(t.dispatch) for t in self.traffic)
-
-    @property
-    def dispatch_sent(self) -> float:
-        """The most any rank sends in one dispatch."""
-        return max(t.dispatch[0] for t in self.traffic)
-
-    @property
-    def rank_imbalance(self) -> float:
-        """max / mean of the assignments per rank's experts: what the step waits on (per expert is `imbalance`)."""
-        return max(self.rank_loads) / (sum(self.rank_loads) / len(self.rank_loads))
-
-    @property
-    def comm_over_compute(self) -> float:
-        return self.a2a_seconds / self.compute_seconds
-
-
-def rank_shares(shares: list[float], ranks: int) -> list[float]:
-    """The expected share of the assignments that go to each rank's experts (rank r holds [r E/N, (r+1) E/N))."""
-    return ecosts.rank_loads(shares, ranks)
-
-
-def expected_traffic(config: ExpertsConfig, shares: list[float]) -> list[RankTraffic]:
-    """Each rank's four all-to-alls when every rank routes its T tokens with `shares`: rank_traffic of
-    M[s][r] = T k * (rank r's share)."""
-    c = config
-    row = [c.tokens * c.k * s for s in rank_shares(shares, c.ranks)]
-    return ecosts.rank_traffic([row] * c.ranks, c.width, c.element_size)
 
 
 def experts_view(config: ExpertsConfig) -> ExpertsView:
-    """Evaluate every number the panel shows for one setting."""
+    """Evaluate every number the panel shows for one setting (checked by ExpertsConfig: the cores trust it)."""
     c = config
-    shares = ecosts.skewed_shares(c.experts, c.skew)
-    cap = ecosts.capacity(c.ranks * c.tokens, c.k, c.experts, c.capacity_factor)
-    total = c.ranks * c.tokens * c.k
-    loads = [total * s for s in shares]
+    n, row, total = c.ranks, c.width * c.element_size, c.ranks * c.tokens * c.k
+    bandwidth, flops_per_s = c.bandwidth, c.flops_per_s
+    shares = _shares_unchecked(c.experts, c.skew)
+    cap = _capacity_unchecked(n * c.tokens, c.k, c.experts, c.capacity_factor)
+    padded = _padded_sent_unchecked(c.experts, n, _capacity_unchecked(c.tokens, c.k, c.experts, c.capacity_factor),
+                                    row)
+    dropped = _dropped_unchecked(shares, c.capacity_factor)
+    imbalance = ecosts.expected_imbalance(shares)
+    uniform, counts = _uniform_unchecked(c.tokens, c.k, n, row), _counts_unchecked(c.experts, n)
+    rank_share = _rank_loads_unchecked(shares, n)
+    loads = [total * s for s in shares]                          # expected assignments, the group's N T k
     kept = [min(load, cap) for load in loads]
-    per_rank = ecosts.rank_loads(loads, c.ranks)
-    busiest = max(range(c.ranks), key=lambda r: per_rank[r])
-    traffic = expected_traffic(c, shares)
-    busy = max(max(t.dispatch) for t in traffic)
-    a2a = 2 * ecosts.transfer_time(busy, c.bandwidth)                      # dispatch, then combine back
-    compute = max(ecosts.expert_time(a, c.width, c.hidden, c.flops_per_s) for a in ecosts.rank_loads(kept, c.ranks))
+    sent = [c.tokens * c.k * s for s in rank_share]               # M[s][r]: rank s's T k by rank r's share
+    per_rank, kept_per_rank = _rank_loads_unchecked(loads, n), _rank_loads_unchecked(kept, n)
+    traffic = _traffic_unchecked([sent] * n, row)
+    most = max(map(max, map(attrgetter("dispatch"), traffic)))    # the busiest rank's dispatch, sent or received
+    step_sent = max(map(attrgetter("sent"), traffic))
+    a2a = 2 * _seconds_unchecked(most, bandwidth)                 # dispatch, then combine back
+    # the busiest rank's expert time: the time of its largest kept load (FLOPs and seconds grow with it)
+    compute = _seconds_unchecked(_flops_unchecked(max(kept_per_rank), c.width, c.hidden), flops_per_s)
     return ExpertsView(
-        config=c, capacity=cap, shares=shares, loads=loads,
-        dropped_fraction=ecosts.dropped_fraction(shares, c.capacity_factor),
-        imbalance=ecosts.expected_imbalance(shares), rank_loads=per_rank, busiest=busiest, traffic=traffic,
-        uniform_bytes=ecosts.uniform_dispatch_bytes(c.tokens, c.k, c.ranks, c.width, c.element_size),
-        counts_bytes=ecosts.counts_exchange_bytes(c.experts, c.ranks),
-        padded_bytes=ecosts.padded_dispatch_sent(c.experts, c.ranks,
-                                                 ecosts.capacity(c.tokens, c.k, c.experts, c.capacity_factor),
-                                                 c.width, c.element_size),
-        a2a_seconds=a2a, compute_seconds=compute, kept=kept)
+        config=c, capacity=cap, shares=shares, loads=loads, dropped_fraction=dropped, imbalance=imbalance,
+        rank_loads=per_rank, busiest=max(range(n), key=per_rank.__getitem__), traffic=traffic,
+        uniform_bytes=uniform, counts_bytes=counts, padded_bytes=padded, dispatch_bytes=most,
+        dispatch_sent=max(t.dispatch[0] for t in traffic), step_sent=step_sent,
+        rank_imbalance=max(per_rank) / (sum(per_rank) / n), a2a_seconds=a2a, compute_seconds=compute,
+        comm_over_compute=a2a / compute, kept=kept)
 
 
 def rank_sweep(config: ExpertsConfig) -> list[ExpertsView]:

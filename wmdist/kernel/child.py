@@ -37,6 +37,20 @@ def give_back_freed_memory_after_cells(app: object) -> None:
     app.shell.events.register("post_execute", lambda: trim(0))   # type: ignore[attr-defined]
 
 
+def register_widget_targets() -> None:
+    """Register ipywidgets' comm targets ("jupyter.widget", "jupyter.widget.control") with this kernel.
+
+    ipywidgets registers them when it is imported inside a running kernel (its `_handle_ipython`). The zygote
+    imported it with no kernel, so here a notebook's `import ipywidgets` is a no-op and the targets would never
+    be registered: the page's widget manager probes the kernel with a "jupyter.widget.control" comm at every
+    connection, the kernel answers a comm_close, and that comm_close reaches every page on the kernel, which
+    log "Comm not found for comm id ..." when they hold no such comm (a second window, a reload, a reconnect).
+    Called once the kernel exists (after `IPKernelApp.initialize`), as the import would in a fresh kernel."""
+    widgets = sys.modules.get("ipywidgets")
+    if widgets is not None:
+        widgets.register_comm_target()
+
+
 def end_with_launcher(launcher: int) -> None:
     """End this kernel when its launcher ends (Jupyter killed it): SIGTERM first, as Jupyter would send."""
     try:

@@ -51,7 +51,7 @@ from wmdist.runtime.pool_budget import NEIGHBOURHOOD_VARIABLE
 PRELOAD = ["numpy", "torch", "torch.distributed", "torch.nn.functional", "torch.optim", "matplotlib",
            "matplotlib.figure", "matplotlib.backends.backend_agg", "PIL.Image",
            "ipykernel.kernelapp", "ipykernel.ipkernel", "ipywidgets", "cloudpickle", "psutil", "wmdist",
-           "wmdist.demos", "wmdist.ui", "wmdist.runtime.frozen"]
+           "wmdist.registry.demos", "wmdist.ui", "wmdist.runtime.frozen"]
 # Read once, when torch starts (OpenMP and MKL cap and combine them their own way): a kernel whose values differ
 # from the zygote's cannot be given a fresh process's thread count, so it is refused (it gets a kernel of its own).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -83,7 +83,7 @@ def _preload() -> int:
     for name in PRELOAD:                      # a fork keeps none of them, and the kernel's first op would hang
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    from wmdist import demos
+    from wmdist.registry import demos
 
     demos.registry()                         # every chapter's modules, as a notebook's imports bring them
     return threads
@@ -271,6 +271,7 @@ class Zygote:
                                       # zygote dies; it ends with its launcher instead (the default came from the
                                       # zygote's JPY_PARENT_PID, read at import; 0 would print connection info)
             app.initialize(request["argv"])
+            child.register_widget_targets()                  # the preloaded import could not (no kernel then)
             child.give_back_freed_memory_after_cells(app)
             app.start()
             code = 0

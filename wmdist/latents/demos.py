@@ -23,13 +23,13 @@ import torch
 from wmdist import costs
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.costs import require_int
-from wmdist.exercises import Exercise
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.exercises import Exercise
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.latents.estimators import (ESTIMATES, LOGIT, MU, SEED_MODES, SIGMA, TARGET, SeedMode, bernoulli_score_grads, cubic,
                                        draw_normal, exact_values, pathwise_grads, rank_generator,
                                        score_function_grads, straight_through_expectation, straight_through_grads)
 from wmdist.latents.results import EstimatorStats, SeedStats
-from wmdist.report import Check, Report, counts_per_rank, exact_check
+from wmdist.course.report import Check, Report, counts_per_rank, exact_check
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.latents.estimators import SeedMode, rank_generator
-from wmdist.models import WorldModelConfig, flat_params, make_batch, shard_batch
+from wmdist.models.world import WorldModelConfig, flat_params, make_batch, shard_batch
 
 
 class StochasticLatentModel(nn.Module):

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from wmdist import costs
 from wmdist.comm import Context
 from wmdist.costs.validate import require_fields
-from wmdist.experiment import Experiment, RankSpec, Verdict
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
 from wmdist.latents.noisy_dp import NoisyDPRun, StochasticLatentModel, noisy_dp_train, noisy_single_process
-from wmdist.report import Report, close_check, counts_per_rank, exact_check
+from wmdist.course.report import Report, close_check, counts_per_rank, exact_check
 
 __all__ = ["NoisyDPRun", "StochasticLatentModel", "noisy_dp_train", "noisy_single_process", "LatentDPSpec",
            "latent_dp_rank", "compare_latent_dp", "LATENT_DP_DEMO", "dp_latents_demo", "DEMOS"]

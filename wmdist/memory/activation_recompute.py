@@ -24,12 +24,12 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from wmdist.compare import bound_ratio, worst
+from wmdist.course.compare import bound_ratio, worst
 from wmdist.costs.rounding import reordered_sum_bound
 from wmdist.costs.validate import require_int
-from wmdist.models import DynamicsCell, WorldModelConfig
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Report, counts_per_rank, exact_check
+from wmdist.models.world import DynamicsCell, WorldModelConfig
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Report, counts_per_rank, exact_check
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -160,7 +160,7 @@ def memory_main(args: argparse.Namespace) -> int:
         message = f"{FLAGS[field]}: {err}" if field in FLAGS else str(err)
         parser = getattr(args, "_memory_parser", None)
         if parser is not None:
-            parser.error(message)     # wmdist.cli's parsers print one line (rank 0 only under torchrun), exit 2
+            parser.error(message)     # wmdist.app.cli's parsers print one line (rank 0 only under torchrun), exit 2
         print(f"wmdist memory: error: {message}", file=sys.stderr)
         return 2
     if args.json:

@@ -6,7 +6,7 @@ from typing import Iterator
 import torch
 
 from wmdist.comm import Context, ring_reduce_scatter
-from wmdist.exercises import Exercise
+from wmdist.course.exercises import Exercise
 from wmdist.memory.zero import shard_range
 
 

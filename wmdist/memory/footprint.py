@@ -59,7 +59,7 @@ from typing import Literal
 from wmdist.costs.collectives import ring_chunk_size
 from wmdist.costs.layout import Mesh
 from wmdist.costs.validate import require_bool, require_choice, require_int, require_real
-from wmdist.knobs import knob
+from wmdist.base.knobs import knob
 
 Dtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 Optimizer = Literal["sgd", "momentum", "adam", "adamw"]

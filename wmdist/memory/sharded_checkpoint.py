@@ -24,14 +24,14 @@ from typing import Literal
 import torch
 
 from wmdist.comm import Context
-from wmdist.experiment import Experiment, Launch, Verdict
+from wmdist.course.experiment import Experiment, Launch, Verdict
 from wmdist.memory.dcp_store import (POINTER, SHARDED, Commit, DroppedSaveWarning, drop_uncommitted,
                                      latest_checkpoint, load_checkpoint, load_latest, overlaps, parse_key, range_key,
                                      save_checkpoint)
 from wmdist.memory.zero import ZeroRankState, ZeroConfig, init_state, train_step, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
 from wmdist.costs.validate import require_int
-from wmdist.report import Report, close_check, exact_check, fact_check
+from wmdist.course.report import Report, close_check, exact_check, fact_check
 from wmdist.runtime import RankFailure
 
 __all__ = ["POINTER", "SHARDED", "Commit", "DroppedSaveWarning", "drop_uncommitted", "latest_checkpoint",

@@ -43,7 +43,7 @@ from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.validate import require_bool, require_choice, require_int, require_real
 from wmdist.costs.zero import ZERO_STAGES
 from wmdist.comm import Context, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from wmdist.models import flat_params, make_batch, make_model, on_meta, shard_batch
+from wmdist.models.world import flat_params, make_batch, make_model, on_meta, shard_batch
 
 HELD_KINDS = ("parameters", "gradients", "optimizer_state")
 

@@ -21,13 +21,13 @@ from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.validate import require_choice, require_int
 from wmdist.costs.zero import ZERO_STAGES, zero_step_bytes, zero_step_rounds
 from wmdist.comm import Context, all_reduce, counted
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.memory.transient import POINTS, zero_step_held
 from wmdist.memory.zero import HELD_KINDS, ZeroConfig, ZeroRun, zero_rank
 from wmdist.memory.zero_reference import adam_tolerance, reference_adam
-from wmdist.models import flat_grads, flat_params, make_batch, make_model, shard_batch
-from wmdist.report import Count, Report, close_check, counts_per_rank, exact_check
+from wmdist.models.world import flat_grads, flat_params, make_batch, make_model, shard_batch
+from wmdist.course.report import Count, Report, close_check, counts_per_rank, exact_check
 
 
 def _predicted_held(numel: int, world_size: int, stage: int, rank: int) -> dict[str, int]:

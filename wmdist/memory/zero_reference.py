@@ -18,7 +18,7 @@ import torch
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF, reordered_sum_bound
 from wmdist.costs.validate import require_int
 from wmdist.memory.zero import ZeroConfig
-from wmdist.models import flat_grads, flat_params, linear_term_sums, make_batch, make_model, set_flat_grads
+from wmdist.models.world import flat_grads, flat_params, linear_term_sums, make_batch, make_model, set_flat_grads
 
 EXTRA_ROUNDINGS = 2        # the loss scale 1/B, rounded in each run
 PROBE_SEEDS = (1, 2)       # sign patterns the reference is perturbed with

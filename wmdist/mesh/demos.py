@@ -21,14 +21,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from wmdist.costs.mesh import TRAFFIC_AXES, axis_traffic, rank_params
-from wmdist.on_progress import OnProgress
-from wmdist.experiment import Experiment, Verdict
+from wmdist.base.on_progress import OnProgress
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.mesh.reference import agreement, reference_step
 from wmdist.mesh.scenarios import MESH_2D, MESH_3D, MESH_CP
 from wmdist.mesh.spec import MeshRun, MeshSpec
 from wmdist.mesh.step import HELD, RankStep, mesh_step
-from wmdist.report import Count, Report, counts_per_rank
+from wmdist.course.report import Count, Report, counts_per_rank
 
 __all__ = ["MESH_2D", "MESH_3D", "MESH_CP", "DEMOS", "MeshRun", "compare_mesh", "memory_config", "mesh_experiment",
            "run_mesh", "mesh_2d_demo", "mesh_3d_demo", "mesh_cp_demo"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from wmdist.exercises import Exercise
+from wmdist.course.exercises import Exercise
 
 
 def axis_group_solution(rank: int, axis: str, dp: int, tp: int, pp: int, cp: int) -> tuple[int, ...]:

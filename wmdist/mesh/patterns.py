@@ -34,7 +34,7 @@ from wmdist.comm.mesh import COORD_AXES, DEFAULT_ORDER
 from wmdist.costs.mesh import (TRAFFIC_AXES, Link, StepShape, Traffic, axis_in_node, axis_traffic, expert_traffic,
                                strides)
 from wmdist.costs.validate import require_int, require_positive, require_real
-from wmdist.knobs import knob, pow2
+from wmdist.base.knobs import knob, pow2
 
 
 DEGREES = {"options": pow2(0, 6)}

@@ -1,18 +1,22 @@
 """The answer to chapter 09's prompt: along which axis rank 0 of the 2 dp x 2 tp x 2 pp mesh sends the most
-bytes in one training step.
+bytes in one training step, once the model is made half as wide as the one the page has just run.
 
 The chapter's lesson is that the four patterns differ in kind and that which one leads is a fact
-about the sizes, so its prompt asks for an axis (a `Choice`), not for one chapter's formula
-applied again. The answer is read from the run's ledger, axis by axis (the "dp/", "tp/", "pp/",
-"cp/" phases), and set beside the axis costs.mesh.axis_traffic predicts. Here, not in the
-notebook, so nothing above the prompt's buttons gives it away (issue 33); it runs only at the press.
+about the sizes, so its prompt asks for an axis (a `Choice`) about a size the page does not show
+before the press (issue 33): the learner has seen the width-32 table and must carry each
+pattern's growth down to width 16. The answer is read from a real run's ledger, axis by axis (the
+"dp/", "tp/", "pp/", "cp/" phases), and set beside the axis costs.mesh.axis_traffic predicts. Here,
+not in the notebook, so nothing above the prompt's buttons gives it away; it runs only at the press.
+
+`busiest_axis_formula` is the pure half (no process): the formula's pick and its bytes per axis,
+which tests/test_predict_sources.py looks for on the stored page.
 """
 from __future__ import annotations
 
 from wmdist.costs.mesh import TRAFFIC_AXES, axis_traffic
 from wmdist.mesh import demos
-from wmdist.mesh.scenarios import MESH_3D
-from wmdist.report import Report
+from wmdist.mesh.scenarios import MESH_3D, MESH_3D_NARROW
+from wmdist.course.report import Report
 from wmdist.ui.choose import ChoiceAnswer
 
 
@@ -30,21 +34,29 @@ def axis_bytes(run: Report, rank: int) -> dict[str, int]:
     return {axis: run.measured(quantity="bytes sent", phase=f"{axis}/")[rank] for axis in TRAFFIC_AXES}
 
 
-def busiest_axis() -> ChoiceAnswer:
-    """One step of the 2 dp x 2 tp x 2 pp mesh on 8 ranks: the axis rank 0 sent the most bytes along, by the
-    ledger, and the one costs.mesh predicts, with every axis's measured bytes."""
-    spec = MESH_3D
-    run = demos.mesh_3d_demo(spec.world_size)
-    if not run.passed:
-        raise RuntimeError(f"the mesh demo failed its checks:\n{run}")
-    measured = axis_bytes(run, 0)
+def busiest_axis_formula() -> tuple[str, dict[str, int]]:
+    """The axis costs.mesh.axis_traffic says rank 0 of MESH_3D_NARROW sends the most bytes along, and the
+    bytes it predicts per axis (pure: no process starts)."""
+    spec = MESH_3D_NARROW
     predicted = {axis: t.bytes_sent for axis, t in axis_traffic(spec.shape, spec.mesh.coords(0)).items()}
-    share = demos.memory_config(spec).param_pieces[0]
-    return ChoiceAnswer(measured=largest(measured), formula=largest(predicted), values=measured,
-                        formula_text="the largest of costs.mesh.axis_traffic",
-                        why=f"each axis's bytes are the size of what its pattern carries: dp the rank's whole "
-                            f"gradient share ({share:,} float32 values), 2(N-1)/N of it; tp only the (b, c, H) "
-                            "activations, in 4 small all-reduces per block and microbatch (many messages, few "
-                            "bytes); pp one boundary tensor per microbatch each way; cp nothing, as cp = 1. For "
-                            "this tiny model the gradient outweighs the activations: see 'Reading the rows' below, "
-                            "and the widget further down for sizes where another axis leads")
+    return largest(predicted), predicted
+
+
+def busiest_axis() -> ChoiceAnswer:
+    """One step of the 2 dp x 2 tp x 2 pp mesh at half the demo's width, on 8 ranks: the axis rank 0 sent the
+    most bytes along, by the ledger, and the one costs.mesh predicts, with every axis's measured bytes."""
+    spec = MESH_3D_NARROW
+    run = demos.run_mesh(spec, spec.world_size, name="mesh-3d-narrow")
+    if not run.passed:
+        raise RuntimeError(f"the mesh run at width {spec.width} failed its checks:\n{run}")
+    measured = axis_bytes(run, 0)
+    formula, _ = busiest_axis_formula()
+    wide, narrow = (demos.memory_config(s).param_pieces[0] for s in (MESH_3D, spec))
+    return ChoiceAnswer(measured=largest(measured), formula=formula, values=measured,
+                        formula_text=f"the largest of costs.mesh.axis_traffic at width {spec.width}",
+                        why=f"tp carries activations, whose size is linear in the width: halving it halves tp's "
+                            f"bytes. dp carries the gradient, and most parameters sit in width x width (or width "
+                            f"x 4 width) matrices, so its bytes fall nearly fourfold: rank 0's share went from "
+                            f"{wide:,} to {narrow:,} values (the embedding, positions and norms are only linear in "
+                            f"the width). pp halves like tp, and cp sends nothing, as cp = 1. Narrow models "
+                            "are activation-heavy, wide ones gradient-heavy, for the same batch and context")

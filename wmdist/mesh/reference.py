@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import torch
 
-from wmdist.compare import bound_ratio, one_thread, reordered_terms as block_terms
+from wmdist.course.compare import bound_ratio, one_thread, reordered_terms as block_terms
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF, reordered_sum_bound
 from wmdist.mesh.spec import MeshSpec
 from wmdist.mesh.stage import MeshStage, full_model
 from wmdist.mesh.step import Momentum, RankStep
-from wmdist.models import make_batch
-from wmdist.report import Check, max_abs_error
+from wmdist.models.world import make_batch
+from wmdist.course.report import Check, max_abs_error
 
 PARAM_WHY = ("lr x the gradient's first-order allowance, plus p - lr g rounded twice on each side: "
              "2 2^-24 (lr max|g| + max|p|)")
@@ -68,7 +68,7 @@ class Reference:
 
 
 def mesh_terms(spec: MeshSpec) -> int:
-    """K = max(3H, F, B*T) of this mesh's block (`wmdist.compare.reordered_terms` on the spec's sizes)."""
+    """K = max(3H, F, B*T) of this mesh's block (`wmdist.course.compare.reordered_terms` on the spec's sizes)."""
     return block_terms(spec.width, spec.mlp_ratio * spec.width, spec.batch * spec.seq_len)
 
 

@@ -23,7 +23,7 @@ from wmdist.pipeline.plan import stage_blocks
 from wmdist.ring_attention.ring import ring_attention
 from wmdist.tensor_parallel.block import BlockShard, shard_of
 from wmdist.tensor_parallel.layers import ColumnSpec, RowSpec, TPGroup, column_linear, row_linear
-from wmdist.transformer import TransformerConfig, TransformerWorldModel, make_transformer
+from wmdist.models.transformer import TransformerConfig, TransformerWorldModel, make_transformer
 
 if TYPE_CHECKING:                                    # annotations only: the spec is the harness's record
     from wmdist.mesh.spec import MeshSpec

@@ -34,7 +34,7 @@ from wmdist.comm import Context, barrier, isend, ring_all_reduce
 from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.mesh import TRAFFIC_AXES, Traffic
 from wmdist.mesh.stage import MeshStage, full_model
-from wmdist.models import flat_grads, make_batch, set_flat_grads, shard_batch
+from wmdist.models.world import flat_grads, make_batch, set_flat_grads, shard_batch
 from wmdist.pipeline.executor import PHASE, Mailbox, split_microbatches
 from wmdist.pipeline.plan import Message, incoming
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, make_schedule

@@ -16,12 +16,18 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
-from wmdist.costs.pipeline import ScheduleName
-from wmdist.costs.validate import require_bool, require_choice
-from wmdist.knobs import knob
+from wmdist.costs.pipeline import (
+    ScheduleName,
+    _from_ratio_unchecked,
+    _over_ideal_unchecked,
+    _peaks_unchecked,
+    _transfers_unchecked,
+)
+from wmdist.costs.validate import require_bool, require_choice, require_fields
+from wmdist.base.knobs import knob
 from wmdist.pipeline.plan import slow_stage_work
-from wmdist.pipeline.schedules import Schedule, make_schedule
-from wmdist.pipeline.simulate import SimResult, simulate
+from wmdist.pipeline.schedules import Schedule, _schedule_unchecked, make_schedule
+from wmdist.pipeline.simulate import SimResult, _simulate_unchecked
 
 SCHEDULE_OPTIONS = (("GPipe", "gpipe"), ("1F1B", "1f1b"), ("interleaved 1F1B", "interleaved"))
 CURVE_MAX_M = 32
@@ -38,9 +44,12 @@ class BubbleConfig:
     built_schedule: Schedule = field(init=False, repr=False, compare=False)    # made once, here
 
     def __post_init__(self) -> None:
-        """Check the choices and build the schedule once: make_schedule checks P, M and v (and their product)."""
+        """Every check of the panel's path, here once: the fields, then make_schedule's (P, M, v bounded, their
+        product, v = 1 unless interleaved, M a multiple of P for it), which builds the schedule. Below this
+        the model uses costs.pipeline's and the simulator's unchecked cores on these checked values."""
         require_choice("schedule", self.schedule, [v for _, v in SCHEDULE_OPTIONS])
         require_bool("unequal", self.unequal)
+        require_fields(self, ("stages", "microbatches", "chunks"), 1)
         object.__setattr__(self, "built_schedule",
                            make_schedule(self.schedule, self.stages, self.microbatches, chunks=self.chunks))
 
@@ -77,9 +86,9 @@ class BubbleView:
     curve: BubbleCurve
 
 
-def _times(config: BubbleConfig) -> tuple[list[Fraction], list[Fraction]]:
-    forward = [Fraction(w).limit_denominator(1000) for w in config.stage_work]
-    return forward, [2 * f for f in forward]
+def _times(config: BubbleConfig) -> tuple[tuple[Fraction, ...], tuple[Fraction, ...]]:
+    forward = tuple(Fraction(w).limit_denominator(1000) for w in config.stage_work)
+    return forward, tuple(2 * f for f in forward)
 
 
 def limit_idle(config: BubbleConfig) -> float:
@@ -114,10 +123,11 @@ def bubble_curve(config: BubbleConfig, *, cache: dict | None = None) -> BubbleCu
     ms, idle, ratio, formula = curve_points(config), [], [], []
     p, v = config.stages, config.chunks
     memo = {} if cache is None else cache
-    for m in ms:
+    for m in ms:                 # every m is within the config's checked bounds (see curve_points)
+        balanced_r = _over_ideal_unchecked(p, m, v)
+        balanced_f = _from_ratio_unchecked(balanced_r)
         if not config.unequal:
-            r = pcosts.bubble_over_ideal(p, m, chunks=v)
-            f = pcosts.fraction_from_ratio(r)
+            f, r = balanced_f, balanced_r
         elif config.schedule == "gpipe":
             makespan = pcosts.fill_drain_time(forward, m) + pcosts.fill_drain_time(backward, m)
             busy = m * float(sum(forward) + sum(backward))
@@ -125,23 +135,28 @@ def bubble_curve(config: BubbleConfig, *, cache: dict | None = None) -> BubbleCu
         else:
             key = (config.schedule, p, m, v, config.stage_work)
             if key not in memo:
-                sim = simulate(make_schedule(config.schedule, p, m, chunks=v), forward=forward, backward=backward)
+                sim = _simulate_unchecked(_schedule_unchecked(config.schedule, p, m, v), forward, backward)
                 memo[key] = (float(sim.idle_fraction), float(sim.bubble_over_ideal))
             f, r = memo[key]
         idle.append(f)
         ratio.append(r)
-        formula.append(pcosts.fraction_from_ratio(pcosts.bubble_over_ideal(p, m, chunks=v)))
+        formula.append(balanced_f)
     return BubbleCurve(microbatches=ms, idle=tuple(idle), over_ideal=tuple(ratio), formula=tuple(formula), limit=limit_idle(config))
 
 
 def bubble_view(config: BubbleConfig, *, cache: dict | None = None) -> BubbleView:
-    """The panel's model: simulate the selected schedule and compute both conventions, peaks and the curve."""
+    """The panel's model: simulate the selected schedule and compute both conventions, peaks and the curve.
+
+    `config` is checked (BubbleConfig refuses what cannot be built), so the simulator and the closed
+    forms run unchecked: their public faces would only check the same P, M and v again."""
     p, m, v = config.stages, config.microbatches, config.chunks
     schedule = config.built_schedule
-    forward, backward = _times(config)
-    sim = simulate(schedule, forward=forward, backward=backward)
-    ratio = pcosts.bubble_over_ideal(p, m, chunks=v)
-    return BubbleView(config=config, schedule=schedule, sim=sim, idle=float(sim.idle_fraction), over_ideal=float(sim.bubble_over_ideal),
-                      formula_idle=pcosts.fraction_from_ratio(ratio), formula_over_ideal=ratio, peak=sim.peak_in_flight,
-                      peak_formula=tuple(pcosts.peak_activations_in_flight(config.schedule, p, m, chunks=v, rank=r) for r in range(p)),
-                      transfers=pcosts.boundary_transfers(p, m, chunks=v), curve=bubble_curve(config, cache=cache))
+    sim = _simulate_unchecked(schedule, *_times(config))
+    idle, over_ideal = float(sim.idle_fraction), float(sim.bubble_over_ideal)
+    ratio = _over_ideal_unchecked(p, m, v)
+    formula_idle = _from_ratio_unchecked(ratio)
+    peak_formula = _peaks_unchecked(config.schedule, p, m, v)
+    transfers = _transfers_unchecked(p, m, v)
+    return BubbleView(config=config, schedule=schedule, sim=sim, idle=idle, over_ideal=over_ideal,
+                      formula_idle=formula_idle, formula_over_ideal=ratio, peak=sim.peak_in_flight,
+                      peak_formula=peak_formula, transfers=transfers, curve=bubble_curve(config, cache=cache))

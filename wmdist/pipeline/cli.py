@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as err:
         parser = getattr(args, "_schedule_parser", None)
         if parser is not None:
-            parser.error(str(err))          # one line; under wmdist.cli, on rank 0 only under torchrun
+            parser.error(str(err))          # one line; under wmdist.app.cli, on rank 0 only under torchrun
         print(f"wmdist schedule: error: {err}", file=sys.stderr)
         return 2
     idle, over_ideal = result.idle_fraction, result.bubble_over_ideal

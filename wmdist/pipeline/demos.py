@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.pipeline import ScheduleName
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.pipeline.executor import StageRun
 from wmdist.pipeline.plan import (
     Message,
@@ -36,8 +36,8 @@ from wmdist.pipeline.plan import (
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.spec import Plans, StageRuns, by_case, checked_schedule, plans_rank
 from wmdist.pipeline.stages import PipelineReference, gradient_tolerance, loss_tolerance, model_for, reference
-from wmdist.report import Check, Count, Report, close_check, counts_per_rank, exact_check, max_abs_error
-from wmdist.transformer import TransformerConfig
+from wmdist.course.report import Check, Count, Report, close_check, counts_per_rank, exact_check, max_abs_error
+from wmdist.models.transformer import TransformerConfig
 
 __all__ = ["Plans", "StageRuns", "by_case", "plans_rank", "boundary_counts", "ForwardResult", "forward_spec",
            "compare_forward", "FORWARD_DEMO", "forward_demo", "TrainResult", "backward_orders", "train_plans",

@@ -44,10 +44,10 @@ from wmdist.pipeline.plan import (
     stage_blocks,
 )
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Action, Schedule
-from wmdist.models import make_batch
+from wmdist.models.world import make_batch
 from wmdist.runtime import run
-from wmdist.spans import Span
-from wmdist.transformer import TransformerConfig, TransformerWorldModel, make_transformer
+from wmdist.base.spans import Span
+from wmdist.models.transformer import TransformerConfig, TransformerWorldModel, make_transformer
 
 PHASE = {FORWARD: f"pp/{ACTIVATION}", BACKWARD: f"pp/{GRADIENT}"}
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import torch
 
 from wmdist.comm import Context, isend, recv
-from wmdist.exercises import Exercise
+from wmdist.course.exercises import Exercise
 
 MICROBATCHES, ROWS, WIDTH = 3, 2, 5
 

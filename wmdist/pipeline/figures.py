@@ -19,7 +19,7 @@ from wmdist.costs import pipeline as pcosts
 from wmdist.pipeline.bubble import BubbleView
 from wmdist.pipeline.results import ImbalanceCurve, MeasuredBubble
 from wmdist.pipeline.schedules import FORWARD, format_token
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 from wmdist.ui.render import DPI, FONT, SMALL, axes_grid, integer_axis, log2_axis
 from wmdist.ui.timeline import timeline_figure, timelines_figure
 

@@ -21,14 +21,14 @@ from fractions import Fraction
 
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.pipeline.spec import Plans, StageRuns, by_case, plans_rank
 from wmdist.pipeline.plan import PipeWork, require_stage_ranks, slow_stage_work
 from wmdist.pipeline.results import ImbalanceCurve, MeasuredBubble   # noqa: F401 - re-exported: the records live there
 from wmdist.pipeline.schedules import MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.simulate import simulate, spans
-from wmdist.report import Report, close_check, differ_check
-from wmdist.spans import Span
+from wmdist.course.report import Report, close_check, differ_check
+from wmdist.base.spans import Span
 
 
 def idle_fraction(timeline: tuple[Span, ...] | list[Span], ranks: int) -> float:

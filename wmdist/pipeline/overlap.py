@@ -21,14 +21,14 @@ from wmdist.comm import Context, barrier, recv, send
 from wmdist.costs import pipeline as pcosts
 from wmdist.costs.pipeline_stages import StageWaits, stage_waits
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.pipeline.demos import WIDTH, boundary_counts
 from wmdist.pipeline.measure import check_timed, measured
 from wmdist.pipeline.plan import PipeWork, microbatch_sizes
 from wmdist.pipeline.results import MeasuredBubble
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Schedule, make_schedule
 from wmdist.pipeline.spec import Plans, StageRuns, by_case, plans_rank
-from wmdist.report import Check, close_check, differ_check
+from wmdist.course.report import Check, close_check, differ_check
 
 WAIT_SLOT = 0.03           # t_F of the stage-waits demo (t_B = 2 t_F): P = 4, M = 4 is 0.63 s a step
 HOP_ALLOWANCE = 0.01       # seconds per critical-path message (observed 2-4 ms, up to ~8 with 5 ranks on 2 cores)

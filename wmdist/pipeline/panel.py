@@ -14,9 +14,9 @@ from typing import Any
 from wmdist.pipeline.bubble import BubbleConfig, BubbleView, bubble_view
 from wmdist.pipeline.figures import draw_curve, draw_held, draw_measured, draw_slots
 from wmdist.pipeline.measure import MeasuredBubble
-from wmdist.pipeline.plan import PipeWork, microbatch_sizes, stage_blocks
+from wmdist.pipeline.plan import PipeWork
 from wmdist.pipeline.widget_run import run_widget
-from wmdist.report import Report
+from wmdist.course.report import Report
 from wmdist.ui.panel import Panel, View
 
 RUN_REPEATS = 3
@@ -92,9 +92,10 @@ class BubblePanel(Panel):
                 "more microbatches mean more messages, not fewer.")
 
     def measure(self, config: BubbleConfig, progress: Any) -> MeasuredBubble:
-        """Run the selected schedule on P local ranks (training steps, fixed sleep per action) and time it."""
-        stage_blocks(PipeWork().layers, config.stages * config.chunks)        # P*v <= 8 blocks, said before starting
-        microbatch_sizes(config.microbatches, config.microbatches)
+        """Run the selected schedule on P local ranks (training steps, fixed sleep per action) and time it.
+
+        What the config allows but a run cannot (P*v above the model's 8 blocks) is refused by run_widget's
+        own check of the plan (measure.check_timed: PipeWork.check), before any process starts."""
         work = run_work(config, self.result)
         self.report = run_widget(self.result.schedule, work, progress=progress)
         measured = self.report.data

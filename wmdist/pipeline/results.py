@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from wmdist.pipeline.plan import PipeWork
 from wmdist.pipeline.schedules import Schedule
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -25,12 +25,12 @@ import torch
 from wmdist.comm import Context
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.pipeline.executor import StageRun, pipeline_rank
 from wmdist.pipeline.plan import PipeWork, microbatch_sizes, require_stage_ranks
 from wmdist.pipeline.schedules import Schedule, make_schedule
 from wmdist.pipeline.stages import batch_for, gradient_tolerance, model_for, one_thread, reference
-from wmdist.report import Report, close_check, differ_check, max_abs_error
+from wmdist.course.report import Report, close_check, differ_check, max_abs_error
 
 LR = 0.05
 

@@ -134,9 +134,22 @@ class Schedule:
         return format_token(action, with_stage=self.chunks > 1)
 
 
+def _built(cls: type, **fields: Any) -> Any:
+    """An instance of the frozen dataclass `cls` set field by field, without its __post_init__ checks: for
+    what the builders below make from sizes make_schedule (or the caller's config) has already checked."""
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def _act(kind: str, microbatch: int, stage: int) -> Action:
+    return _built(Action, kind=kind, microbatch=microbatch, stage=stage)
+
+
 def _plain(name: str, stages: int, microbatches: int, orders: Iterable[Iterable[tuple[str, int]]]) -> Schedule:
-    ranks = tuple(tuple(Action(kind, mb, rank) for kind, mb in order) for rank, order in enumerate(orders))
-    return Schedule(name=name, stages=stages, microbatches=microbatches, chunks=1, ranks=ranks)
+    ranks = tuple(tuple(_act(kind, mb, rank) for kind, mb in order) for rank, order in enumerate(orders))
+    return _built(Schedule, name=name, stages=stages, microbatches=microbatches, chunks=1, ranks=ranks)
 
 
 def gpipe(stages: int, microbatches: int) -> Schedule:
@@ -146,8 +159,10 @@ def gpipe(stages: int, microbatches: int) -> Schedule:
     phase begins. torch's ScheduleGPipe runs backwards in this same
     ascending order (microbatch 0 first).
     """
-    p = require_int("stages", stages, 1)
-    m = require_int("microbatches", microbatches, 1)
+    return _gpipe(require_int("stages", stages, 1), require_int("microbatches", microbatches, 1))
+
+
+def _gpipe(p: int, m: int) -> Schedule:
     order = [(FORWARD, i) for i in range(m)] + [(BACKWARD, i) for i in range(m)]
     return _plain("gpipe", p, m, [order] * p)
 
@@ -162,8 +177,10 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     Schedule1F1B words it as P-r warm-up forwards then "B F" pairs: the same
     sequence. (torch refuses M < P; here M < P simply leaves no steady phase.)
     """
-    p = require_int("stages", stages, 1)
-    m = require_int("microbatches", microbatches, 1)
+    return _one_f_one_b(require_int("stages", stages, 1), require_int("microbatches", microbatches, 1))
+
+
+def _one_f_one_b(p: int, m: int) -> Schedule:
     orders = []
     for rank in range(p):
         warmup = min(p - rank - 1, m)
@@ -191,13 +208,21 @@ def interleaved_one_f_one_b(stages: int, microbatches: int, chunks: int) -> Sche
     p = require_int("stages", stages, 1)
     m = require_int("microbatches", microbatches, 1)
     v = require_int("chunks", chunks, 1)
+    _require_rounds(p, m)
+    return _interleaved(p, m, v)
+
+
+def _require_rounds(p: int, m: int) -> None:
     if m % p:
         raise ValueError(f"microbatches must be a multiple of stages for the interleaved schedule "
                          f"(it works in rounds of P microbatches), got microbatches={m}, stages={p}")
+
+
+def _interleaved(p: int, m: int, v: int) -> Schedule:
     total = m * v
 
     def step(i: int, chunk: int, kind: str, rank: int) -> Action:
-        return Action(kind, (i // (p * v)) * p + i % p, chunk * p + rank)
+        return _act(kind, (i // (p * v)) * p + i % p, chunk * p + rank)
 
     ranks = []
     for rank in range(p):
@@ -208,7 +233,7 @@ def interleaved_one_f_one_b(stages: int, microbatches: int, chunks: int) -> Sche
         for j in range(total - warmup):
             order += [fwd[warmup + j], bwd[j]]
         ranks.append(tuple(order + bwd[total - warmup:]))
-    return Schedule(name="interleaved", stages=p, microbatches=m, chunks=v, ranks=tuple(ranks))
+    return _built(Schedule, name="interleaved", stages=p, microbatches=m, chunks=v, ranks=tuple(ranks))
 
 
 def check_size(stages: int, microbatches: int, *, chunks: int = 1) -> tuple[int, int, int]:
@@ -238,11 +263,18 @@ def make_schedule(name: ScheduleName, stages: int, microbatches: int, *, chunks:
     require_choice("name", name, SCHEDULES)
     p, m, v = check_size(stages, microbatches, chunks=chunks)
     if name == "interleaved":
-        return interleaved_one_f_one_b(p, m, v)
-    if v != 1:
+        _require_rounds(p, m)
+    elif v != 1:
         raise ValueError(f"chunks must be 1 for the {name} schedule (only 'interleaved' puts several "
                          f"virtual stages on a rank), got chunks={v}")
-    return gpipe(p, m) if name == "gpipe" else one_f_one_b(p, m)
+    return _schedule_unchecked(name, p, m, v)
+
+
+def _schedule_unchecked(name: ScheduleName, p: int, m: int, v: int) -> Schedule:
+    """make_schedule's schedule for a name and sizes it (or a config calling it) has already checked."""
+    if name == "interleaved":
+        return _interleaved(p, m, v)
+    return _gpipe(p, m) if name == "gpipe" else _one_f_one_b(p, m)
 
 
 def schedule_to_json(schedule: Schedule) -> dict[str, Any]:

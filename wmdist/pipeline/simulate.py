@@ -24,7 +24,7 @@ from numbers import Real
 
 from wmdist.costs.validate import require_int, require_positive
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Action, Schedule, format_token
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 
 class ScheduleDeadlock(RuntimeError):
@@ -87,8 +87,15 @@ def simulate(schedule: Schedule, *, forward: Real | Sequence[Real] = 1,
     and the inputs that never arrive, when the orders cannot complete.
     """
     n_virtual = schedule.virtual_stages
-    durations = {FORWARD: _per_stage("forward", forward, n_virtual),
-                 BACKWARD: _per_stage("backward", backward, n_virtual)}
+    return _simulate_unchecked(schedule, _per_stage("forward", forward, n_virtual),
+                               _per_stage("backward", backward, n_virtual))
+
+
+def _simulate_unchecked(schedule: Schedule, forward: tuple[Fraction, ...], backward: tuple[Fraction, ...]) -> SimResult:
+    """simulate's run for durations already checked: one exact positive Fraction per virtual stage each way
+    (what simulate makes of its arguments, or a config's stage work, e.g. pipeline.bubble's)."""
+    n_virtual = len(forward)
+    durations = {FORWARD: forward, BACKWARD: backward}
     ranks = schedule.ranks
     ends: dict[tuple[str, int, int], Fraction] = {}
     placed: list[list[Timing]] = [[] for _ in ranks]
@@ -155,7 +162,7 @@ def _in_flight(timings: Sequence[Timing]) -> tuple[tuple[Fraction, int], ...]:
 
 
 def spans(schedule: Schedule, result: SimResult) -> list[Span]:
-    """The run as wmdist.spans.Span rows (kind "forward" / "backward", label the token), for timeline plots."""
+    """The run as wmdist.base.spans.Span rows (kind "forward" / "backward", label the token), for timeline plots."""
     with_stage = schedule.chunks > 1
     return [Span(row=t.rank, start=float(t.start), end=float(t.end), kind="forward" if t.action.kind == FORWARD else "backward",
                  label=format_token(t.action, with_stage=with_stage)) for rank in result.timings for t in rank]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from wmdist.compare import one_thread
+from wmdist.course.compare import one_thread
 from wmdist.costs.rounding import reordered_sum_bound
 from wmdist.pipeline.executor import (  # the model cut into stages lives with the executor; re-exported here
     StageModule,
@@ -29,7 +29,7 @@ __all__ = ["StageModule", "batch_for", "microbatch_loss", "model_for", "split_mi
            "stage_parameter_names", "PipelineReference", "reference", "stage_gradient_bound", "gradient_tolerance",
            "loss_tolerance"]
 from wmdist.pipeline.plan import PipeWork
-from wmdist.transformer import TransformerConfig, TransformerWorldModel
+from wmdist.models.transformer import TransformerConfig, TransformerWorldModel
 
 
 @dataclass(kw_only=True, frozen=True)

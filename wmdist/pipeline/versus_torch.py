@@ -23,13 +23,13 @@ import torch
 
 from wmdist.comm import Context, counted
 from wmdist.costs.pipeline import ScheduleName
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.pipeline.spec import Plans
 from wmdist.pipeline.executor import StageRun, pipeline_rank
 from wmdist.pipeline.plan import PipeWork, require_stage_ranks, transfer_counts
 from wmdist.pipeline.schedules import Schedule, make_schedule, parse_token
 from wmdist.pipeline.stages import StageModule, batch_for, microbatch_loss, model_for
-from wmdist.report import Check, Count, Report, counts_per_rank, exact_check, max_abs_error
+from wmdist.course.report import Check, Count, Report, counts_per_rank, exact_check, max_abs_error
 from wmdist.runtime import run
 
 

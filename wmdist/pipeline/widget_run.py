@@ -9,15 +9,15 @@ machine a failure. The registered pp-bubble demo checks the idle fraction, with 
 """
 from __future__ import annotations
 
-from wmdist.experiment import Experiment, Verdict
-from wmdist.on_progress import OnProgress
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.base.on_progress import OnProgress
 from wmdist.pipeline.demos import boundary_counts
 from wmdist.pipeline.measure import check_timed, measured
 from wmdist.pipeline.plan import PipeWork
 from wmdist.pipeline.results import MeasuredBubble
 from wmdist.pipeline.schedules import Schedule, make_schedule
 from wmdist.pipeline.spec import Plans, StageRuns, by_case, plans_rank
-from wmdist.report import Report
+from wmdist.course.report import Report
 
 
 def widget_plans(schedule: Schedule, work: PipeWork) -> Plans:

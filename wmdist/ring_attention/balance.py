@@ -18,17 +18,17 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, counts_per_rank
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, counts_per_rank
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.spec import Cases
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.ring import positions, ring_forward
 from wmdist.ring_attention.spec import RingSpec
 from wmdist.ring_attention.tolerance import REASON, exact_attention, attention_tolerance
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 LAYOUTS = lay.LAYOUTS
 

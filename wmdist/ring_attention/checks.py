@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from wmdist.compare import bound_ratio
-from wmdist.report import Check, Count, counts_per_rank
+from wmdist.course.compare import bound_ratio
+from wmdist.course.report import Check, Count, counts_per_rank
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.ring import FORWARD

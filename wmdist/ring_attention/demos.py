@@ -20,14 +20,14 @@ from typing import Any
 
 from wmdist.comm import Context
 from wmdist.costs import ring_attention as costs
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.checks import assembled, sdpa_checks, sdpa_reference, sizes, work_counts
 from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.spec import DTYPES, Cases, DTypeName, RankCase, RingRun, RingSpec, ring_run, run_case
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 CASES = tuple((dtype, causal, layout) for dtype in ("float32", "float64")
               for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")))

@@ -17,7 +17,7 @@ import torch
 
 from wmdist.comm import Context, exchange
 from wmdist.costs.rounding import FLOAT64_ROUNDOFF
-from wmdist.exercises import Exercise
+from wmdist.course.exercises import Exercise
 
 LSE_MAX = 4.0     # |lse| of the finite inputs is at most this; |out| at most 1
 

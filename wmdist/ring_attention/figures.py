@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from wmdist.ring_attention.traffic import RingMeasurement, TrafficConfig, TrafficResult
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 from wmdist.ui.render import FONT, SMALL, axes_grid, eng_axis, log2_axis
 from wmdist.ui.timeline import timeline_figure, timelines_figure
 

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context, all_gather, broadcast
-from wmdist.compare import bound_ratio, worst
+from wmdist.course.compare import bound_ratio, worst
 from wmdist.costs import ring_attention as costs
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Report, counts_per_rank, exact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Report, counts_per_rank, exact_check
 from wmdist.ring_attention.blockwise import attend_block, merge
 from wmdist.ring_attention.layout import check_layout
 from wmdist.ring_attention.ring import FORWARD, positions, ring_forward

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from wmdist.comm import Context
 from wmdist.costs import ring_attention as costs
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Report
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Report
 from wmdist.ring_attention.profiling import measure_allocations
 from wmdist.ring_attention.ring import positions, ring_forward
 from wmdist.ring_attention.spec import RingSpec

@@ -23,9 +23,9 @@ from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, posi
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.spec import DTypeName, RingSpec
 from wmdist.ring_attention.traffic import RingMeasurement, TrafficConfig
-from wmdist.experiment import Experiment, Verdict
-from wmdist.on_progress import OnProgress
-from wmdist.report import Report, counts_per_rank
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.base.on_progress import OnProgress
+from wmdist.course.report import Report, counts_per_rank
 from wmdist.runtime import run
 
 RUN_MAX_SEQ, RUN_MAX_RANKS, RUN_MAX_WIDTH = 1024, 8, 1024

@@ -17,7 +17,7 @@ from wmdist.ring_attention.measure import measure_ring
 from wmdist.ring_attention.traffic import (CUSTOM, DEVICES, RingMeasurement, TrafficConfig, TrafficResult,
                                            traffic_model)
 from wmdist.ui.panel import Panel, View
-from wmdist.report import Report
+from wmdist.course.report import Report
 
 
 def size(n: float) -> str:

@@ -22,8 +22,8 @@ import torch
 from wmdist.comm import Context
 from wmdist.costs import ring_attention as costs
 from wmdist.costs.validate import require_choice
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, counts_per_rank, exact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
 from wmdist.ring_attention.checks import assembled, sdpa_checks, sdpa_reference, sizes, work_counts
 from wmdist.ring_attention.layout import Layout

@@ -35,7 +35,7 @@ import torch
 from wmdist.comm import Context, Pending, irecv, isend
 from wmdist.ring_attention.blockwise import attend_block, attend_block_backward, block_is_future, check_shapes, merge
 from wmdist.ring_attention.layout import Layout, rank_positions, ring_source
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 FORWARD, BACKWARD_KV, BACKWARD_GRAD = "ring kv", "backward kv", "backward dkv"
 

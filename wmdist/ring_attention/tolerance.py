@@ -11,7 +11,7 @@ large |v| or a large gradient gets a large allowance, a quiet row a small one.
 bounds need; `rounding_bounds` turns them into elementwise bounds for one
 implementation; `attention_tolerance` adds ours (tiles of `block_keys`, `key_blocks`
 merges, 1-ulp exp) to SDPA's taken at its worst (every key its own block,
-a 2-ulp vectorised exp); `wmdist.compare.bound_ratio` reports max |got - want| / bound,
+a 2-ulp vectorised exp); `wmdist.course.compare.bound_ratio` reports max |got - want| / bound,
 so a Check passes when it is at most 1.
 Shapes: q (B, H, Sq, D), k (B, H, Sk, D), v (B, H, Sk, Dv), dout like the output.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from wmdist.compare import ROUNDOFF
+from wmdist.course.compare import ROUNDOFF
 from wmdist.costs.ring_attention import lse_rounding_bound, weight_rounding_bound
 
 SECOND_ORDER = 1.01   # the bounds are first order in u; E^2 terms are < 1% of them while E < 0.01 (checked)

@@ -25,7 +25,7 @@ from wmdist.costs import ring_attention as ra
 from wmdist.costs.collectives import ring_allreduce_bytes
 from wmdist.costs.tensor_parallel import BlockShape, block_params, megatron_layer_bytes
 from wmdist.costs.validate import require_bool, require_choice, require_fields, require_positive
-from wmdist.knobs import knob
+from wmdist.base.knobs import knob
 
 TrafficDType = Literal["bfloat16", "float16", "float32"]     # the widget's dtypes, by element size
 DTYPE_BYTES: dict[TrafficDType, int] = {"bfloat16": 2, "float16": 2, "float32": 4}

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from wmdist.comm import Context
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, counts_per_rank
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, counts_per_rank
 from wmdist.ring_attention.profiling import op_input_bytes
 from wmdist.ring_attention.ring import positions, ring_backward, ring_forward
 from wmdist.ring_attention.spec import RingRun

@@ -21,7 +21,7 @@ _READY: set[int] = set()       # forkservers (by pid) that have forked once: the
 # preloaded module costs memory in the whole tree (measured: torch.distributed.checkpoint
 # +30 to 50 MB, torch.distributed.optim +80 MB over 8 ranks). `frozen` comes last: it adds
 # torch._dynamo, which every torch optimizer imports, and freezes the garbage collector (why: its docstring).
-_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "wmdist.comm", "wmdist.runtime.rank", "wmdist.models",
+_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "wmdist.comm", "wmdist.runtime.rank", "wmdist.models.world",
             "wmdist.runtime.frozen"]
 
 

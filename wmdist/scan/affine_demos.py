@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from wmdist.compare import ROUNDOFF
+from wmdist.course.compare import ROUNDOFF
 from wmdist.costs.scan import (
     COMBINES,
     Combine,
@@ -29,8 +29,8 @@ from wmdist.costs.scan import (
 )
 from wmdist.costs.validate import require_choice, require_int
 from wmdist.comm import Context
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, close_check, counts_per_rank, exact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, close_check, counts_per_rank, exact_check
 from wmdist.scan.affine import sequential
 from wmdist.scan.affine_ranks import AffineCase, ScanRank, ScanSpec, gather_states, scan_rank
 from wmdist.scan.results import BytesRow, ByteSweep

@@ -28,7 +28,7 @@ from wmdist.comm import Context, recv, ring_all_gather, send
 from wmdist.costs.rounding import FLOAT64_ROUNDOFF
 from wmdist.costs.scan import COMBINES, Combine, reassociation_bound, time_chunk_sizes
 from wmdist.costs.validate import require_choice, require_int
-from wmdist.exercises import Exercise
+from wmdist.course.exercises import Exercise
 from wmdist.runtime import run
 from wmdist.scan.affine import (
     Map,

@@ -34,7 +34,7 @@ from wmdist.costs.scan import time_chunk_sizes
 from wmdist.costs.validate import require_choice, require_int, require_real
 from wmdist.runtime import run
 from wmdist.scan.cell import GRUCell, rollout
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 Scheme = Literal["from zero", "hand-off", "episodes"]   # the three ways this file splits the cell's work
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)

@@ -10,11 +10,11 @@ ranks, more than T or B) before any process.
 """
 from __future__ import annotations
 
-from wmdist.compare import ROUNDOFF
+from wmdist.course.compare import ROUNDOFF
 from wmdist.costs.scan import handoff_bytes, time_chunk_sizes
 from wmdist.comm import Context
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check
 from wmdist.scan.boundaries import SCHEMES, BoundaryRank, boundaries_rank, stitch, timeline, waits
 from wmdist.scan.bounds import propagated_bound
 from wmdist.scan.cell import rollout, step_errors

@@ -10,7 +10,7 @@ from matplotlib.lines import Line2D
 
 from wmdist.costs.scan import blelloch_ops, brent_steps, chunked_ops, hillis_steele_ops, sequential_ops
 from wmdist.scan.results import ByteSweep, CellSplit, PicardSweeps, ScanTimes
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 from wmdist.ui import timelines_figure
 
 

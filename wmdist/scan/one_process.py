@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from wmdist.compare import ROUNDOFF
+from wmdist.course.compare import ROUNDOFF
 from wmdist.costs.scan import (
     OpCount,
     blelloch_ops,
@@ -33,8 +33,8 @@ from wmdist.costs.scan import (
     time_chunk_sizes,
 )
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Count, Report, close_check
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Count, Report, close_check
 from wmdist.scan.affine import Tally, associative_scan, chunked, compose, sequential, time_scans, torch_associative_scan
 from wmdist.scan.affine_ranks import AffineCase
 from wmdist.scan.results import ScanTimes

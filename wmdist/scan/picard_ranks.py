@@ -25,14 +25,14 @@ import torch
 from wmdist.comm import Context, all_gather, barrier, isend, recv
 from wmdist.costs.scan import handoff_bytes, picard_depth, picard_work, time_chunk_sizes
 from wmdist.costs.validate import require_int, require_real
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Report, counts_per_rank, exact_check, max_abs_error
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Report, counts_per_rank, exact_check, max_abs_error
 from wmdist.runtime import run
 from wmdist.scan.boundaries import CellInputs, CountingStep, relative, time_chunk
 from wmdist.scan.cell import GRUCell, picard, rollout
 from wmdist.scan.results import PicardSweeps
 from wmdist.scan.spec import EpisodeSpec
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 BOUNDARIES, CONVERGENCE = "picard boundaries", "picard convergence"
 

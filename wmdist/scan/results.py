@@ -9,7 +9,7 @@ from typing import Literal
 
 from wmdist.costs.scan import COMBINES, Combine
 from wmdist.costs.validate import require_choice
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 
 Sweep = Literal["steps", "state_size"]     # what a ByteSweep row list runs over
 SWEEPS: tuple[Sweep, ...] = ("steps", "state_size")

@@ -1,13 +1,13 @@
 """`wmdist bench session-memory`: a Binder session of every chapter, as one benchmark record.
 
 run_session (memory.py) measures; this turns its SessionMemory into a BenchResult whose headline is the
-peak over chapters of the summed PSS over the memory limit. wmdist/bench.py registers it and reads the
+peak over chapters of the summed PSS over the memory limit. wmdist/bench/suite.py registers it and reads the
 load average around it.
 """
 from __future__ import annotations
 
-from wmdist.bench_result import BenchResult
-from wmdist.on_progress import OnProgress
+from wmdist.base.bench_result import BenchResult
+from wmdist.base.on_progress import OnProgress
 from wmdist.session import memory
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 import nbformat
 
-from wmdist.on_progress import OnProgress
+from wmdist.base.on_progress import OnProgress
 from wmdist.session.cgroup import Limits
 
 CHAPTERS_SCRIPT = Path(__file__).with_name("chapters.py")

@@ -14,7 +14,7 @@ adds run on this rank's tokens only: the column layer all-gathers its input
 along the sequence, the row layer reduce-scatters its output back to tokens.
 Heads and hidden units split with torch.tensor_split's layout, so a width N
 does not divide is handled exactly (8 heads over 3 ranks: 3, 3, 2).
-Shapes: B, T, H as in wmdist.transformer; h_r heads and F_r hidden units on this rank.
+Shapes: B, T, H as in wmdist.models.transformer; h_r heads and F_r hidden units on this rank.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from torch import nn
 from wmdist.costs.tensor_parallel import BLOCK_LAYOUTS, BlockLayout, BlockShape, shard_sizes
 from wmdist.costs.validate import require_choice
 from wmdist.tensor_parallel.layers import ColumnSpec, RowSpec, TPGroup, tp_all_reduce, column_linear, offset, row_linear
-from wmdist.transformer import Block, TransformerConfig
+from wmdist.models.transformer import Block, TransformerConfig
 
 # The Block's parameters, in its own order.
 NAMES = ("ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.out.weight", "attn.out.bias",

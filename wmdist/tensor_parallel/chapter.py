@@ -1,6 +1,6 @@
 """Chapter 04: its registered demos and exercises, gathered from the modules that define them, in course order.
 
-`wmdist.demos.registry()` reads one such file per chapter; a new demo is added here and in its own module.
+`wmdist.registry.demos.registry()` reads one such file per chapter; a new demo is added here and in its own module.
 """
 from __future__ import annotations
 

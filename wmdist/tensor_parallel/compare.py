@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from wmdist.compare import reordered_terms as block_terms, worst as worst_of
+from wmdist.course.compare import reordered_terms as block_terms, worst as worst_of
 from wmdist.costs import reordered_sum_bound
 from wmdist.costs.tensor_parallel import OPS, BlockShape, Collective
-from wmdist.report import Check, Count, close_check, max_abs_error
+from wmdist.course.report import Check, Count, close_check, max_abs_error
 from wmdist.tensor_parallel.layers import Measured
 
 WHY = ("first-order allowance for float32 sums regrouped by rank: 2(K-1) 2^-24 max|X|, K = max(3H, F, B*T) "
@@ -31,7 +31,7 @@ WHY = ("first-order allowance for float32 sums regrouped by rank: 2(K-1) 2^-24 m
 
 
 def shape_terms(shape: BlockShape) -> int:
-    """K: the most terms of any float32 sum whose order the split changes (`wmdist.compare.reordered_terms`)."""
+    """K: the most terms of any float32 sum whose order the split changes (`wmdist.course.compare.reordered_terms`)."""
     return block_terms(shape.width, shape.hidden, shape.batch * shape.seq)
 
 

@@ -16,18 +16,18 @@ from dataclasses import dataclass
 import torch
 
 from wmdist.comm import Context
-from wmdist.compare import worst as worst_of
+from wmdist.course.compare import worst as worst_of
 from wmdist.costs import require_int
 from wmdist.costs import tensor_parallel as costs
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check, max_abs_error
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check, max_abs_error
 from wmdist.tensor_parallel.block import NAMES, block_shape, shard_of
 from wmdist.tensor_parallel.compare import WHY, agreement_checks, collective_counts, shape_terms, reordered_tolerance
 from wmdist.tensor_parallel.layouts import (MLP_NAMES, LayoutRuns, MLPRun, each_layout, mlp_reference, mlp_slice,
                                             run_mlp_layout)
 from wmdist.tensor_parallel.sequence import LAYOUTS, BlockRun, block_reference_run, run_layout, token_slice
 from wmdist.tensor_parallel.versus_dtensor import DTENSOR_CONFIG, OursAndTorch, ours_and_dtensor
-from wmdist.transformer import TransformerConfig
+from wmdist.models.transformer import TransformerConfig
 
 CONFIG = TransformerConfig(width=32, heads=8)     # MLP hidden width 128; 8 heads, so up to 8 ranks hold one each
 BATCH, SEQ = 2, 12

@@ -11,7 +11,7 @@ import torch
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.costs import reordered_sum_bound
 from wmdist.costs.tensor_parallel import shard_sizes
-from wmdist.exercises import Exercise
+from wmdist.course.exercises import Exercise
 
 FEATURES, OUTPUTS, TOKENS = 10, 5, 3     # 10 features: uneven slices on 3 and 4 ranks
 

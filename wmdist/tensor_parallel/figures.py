@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from wmdist.costs import tensor_parallel as costs
-from wmdist.report import Report
+from wmdist.course.report import Report
 from wmdist.ui.render import eng_axis
 
 def layouts_figure(report: Report, *, rank: int = 0) -> Figure:

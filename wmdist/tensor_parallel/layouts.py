@@ -34,7 +34,7 @@ from wmdist.tensor_parallel.layers import (
     row_linear,
     tp_group,
 )
-from wmdist.transformer import MLP, TransformerConfig
+from wmdist.models.transformer import MLP, TransformerConfig
 
 MLP_NAMES = ("mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias")
 R = TypeVar("R")

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from wmdist.comm import Context, all_reduce, barrier
 from wmdist.costs.validate import require_int
-from wmdist.experiment import Experiment, RankSpec, Verdict
-from wmdist.report import Count, close_check, counts_per_rank, exact_check
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
+from wmdist.course.report import Count, close_check, counts_per_rank, exact_check
 from wmdist.tensor_parallel.compare import WHY, reordered_tolerance
 
 SCHEDULES = ("blocking", "overlapped")

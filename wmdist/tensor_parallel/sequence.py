@@ -43,7 +43,7 @@ from wmdist.tensor_parallel.layers import (
     offset,
     reduce_scatter_sequence,
 )
-from wmdist.transformer import Block, TransformerConfig
+from wmdist.models.transformer import Block, TransformerConfig
 
 Layout = Literal["tp", "sp", "sp-regather", "cp", "cp-local-mask"]     # what run_layout can run
 LAYOUTS: tuple[str, ...] = get_args(Layout)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from wmdist.costs import tensor_parallel as costs
-from wmdist.report import Report
+from wmdist.course.report import Report
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:

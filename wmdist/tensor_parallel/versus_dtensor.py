@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from wmdist.comm import Context, counted
 from wmdist.tensor_parallel.layers import tp_group
 from wmdist.tensor_parallel.layouts import MLP_NAMES, MLPRun, make_mlp, mlp_inputs, mlp_slice, run_mlp_layout
-from wmdist.transformer import TransformerConfig
+from wmdist.models.transformer import TransformerConfig
 
 DTENSOR_CONFIG = TransformerConfig(width=210, heads=1)     # MLP hidden width 4 * 210 = 840 = lcm(1, ..., 8)
 COLLECTIVE_OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast")

@@ -1,4 +1,4 @@
-"""ipywidgets controls built from a config's knobs (wmdist.knobs), so ranges are stated once."""
+"""ipywidgets controls built from a config's knobs (wmdist.base.knobs), so ranges are stated once."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +8,7 @@ from typing import Any
 import ipywidgets as W
 from traitlets import observe, validate
 
-from wmdist.knobs import Knob, knobs, log_grid
+from wmdist.base.knobs import Knob, knobs, log_grid
 
 LABEL_WIDTH = "11em"
 CONTROL_WIDTH = "22em"

@@ -45,7 +45,7 @@ from matplotlib.figure import Figure
 from wmdist.ui.controls import CONTROL_WIDTH, controls_for
 from wmdist.ui.layout import WRAP, panel_layout
 from wmdist.ui.prefetch import Prefetcher, candidates, stable
-from wmdist.on_progress import OnProgress
+from wmdist.base.on_progress import OnProgress
 from wmdist.ui.fasttext import fast_figure
 from wmdist.ui.garbage import settle_garbage
 from wmdist.ui.render import FONT, img_html, to_png

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from wmdist.spans import Span
+from wmdist.base.spans import Span
 from wmdist.ui.layout import FIGURE_MAX_IN
 
 DEFAULT_COLORS = {"compute": "tab:green", "comm": "tab:blue", "launch": "tab:orange",

@@ -19,10 +19,10 @@ from typing import Generic, TypeVar
 import torch
 
 from wmdist import costs
-from wmdist.compare import bound_ratio
+from wmdist.course.compare import bound_ratio
 from wmdist.comm import Context
-from wmdist.experiment import Experiment, Verdict
-from wmdist.report import Check, Report, close_check, counts_per_rank, exact_check, fact_check, max_abs_error
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.report import Check, Report, close_check, counts_per_rank, exact_check, fact_check, max_abs_error
 from wmdist.yours.footprint import Estimate, available_bytes, estimate_bytes, refuse_if_too_big, release_freed_memory
 from wmdist.yours.reference import GRAD_WHY, PARAM_WHY, OneProcessRun, one_process, workload_param_tolerance
 from wmdist.yours.training import ReplicaResult, replica_train

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from wmdist import costs
-from wmdist.compare import one_thread
+from wmdist.course.compare import one_thread
 from wmdist.yours.footprint import release_freed_memory
 from wmdist.yours.refusals import require_finite
 from wmdist.yours.training import workload_optimizer

@@ -34,9 +34,9 @@ from torch import nn
 from wmdist import costs
 from wmdist.comm import Context
 from wmdist.costs.tensor_parallel import Collective
-from wmdist.experiment import Experiment, Verdict
-from wmdist.compare import worst as worst_of
-from wmdist.report import Check, Report, max_abs_error
+from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.compare import worst as worst_of
+from wmdist.course.report import Check, Report, max_abs_error
 from wmdist.tensor_parallel.compare import collective_counts
 from wmdist.tensor_parallel.layers import (ColumnSpec, Measured, RowSpec, column_linear, measured_collectives,
                                            row_linear, tp_group)

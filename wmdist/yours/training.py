@@ -31,7 +31,7 @@ from torch import nn
 
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.memory.zero import Update, ZeroConfig, ZeroRankState, adam_update, shard_range, zero_step
-from wmdist.models import on_meta
+from wmdist.models.world import on_meta
 from wmdist.yours.refusals import digest, require_finite
 from wmdist.yours.workload import (Workload, WorkloadSpec, batch_size, build_model, flat, trainable_grads, frozen,
                                    set_trainable_grads, shard, trainable)

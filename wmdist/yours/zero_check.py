@@ -20,9 +20,9 @@ import torch
 
 from wmdist import costs
 from wmdist.comm import Context
-from wmdist.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
-from wmdist.report import Count, Report, counts_per_rank
+from wmdist.course.report import Count, Report, counts_per_rank
 from wmdist.yours.dp_check import (OursThenTorch, estimate, frozen_checks, grad_check, ours_then_torch, param_check,
                                    reference_and_tolerance, same_everywhere)
 from wmdist.yours.footprint import available_bytes, refuse_if_too_big

@@ -1,6 +1,6 @@
 """The registered demos as plain data (name, chapter, world sizes, title): what `wmdist list` prints.
 
-`wmdist.demos.registry()` builds the demos from each chapter's modules, and those import torch
+`wmdist.registry.demos.registry()` builds the demos from each chapter's modules, and those import torch
 (seconds on a busy machine), which naming them should not cost. This table is the same
 information written out; tests/test_cli.py checks that it equals the registry, entry by entry,
 and prints the line to write when a demo is added, renamed or given other world sizes.

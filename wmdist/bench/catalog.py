@@ -1,7 +1,7 @@
-"""The benchmarks `wmdist bench` runs, as data: name, its function in wmdist/bench.py, a line on what it measures.
+"""The benchmarks `wmdist bench` runs, as data: name, its function in wmdist/bench/suite.py, a line on what it measures.
 
-This table is the registry: `wmdist.bench.benchmarks()` builds its callables from it (in this order),
-and `wmdist bench --help` lists it, without importing torch (bench.py does, which takes seconds on a
+This table is the registry: `wmdist.bench.suite.benchmarks()` builds its callables from it (in this order),
+and `wmdist bench --help` lists it, without importing torch (suite.py does, which takes seconds on a
 busy machine and which naming the benchmarks should not cost).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 
 class Benchmark(NamedTuple):
-    """One benchmark: its name on the command line, its function in wmdist/bench.py, what it measures."""
+    """One benchmark: its name on the command line, its function in wmdist/bench/suite.py, what it measures."""
     name: str
     function: str
     about: str

@@ -20,7 +20,9 @@ import re
 import sys
 from typing import NoReturn
 
-from wmdist import bench_catalog, catalog, lab
+from wmdist.app import lab
+from wmdist.bench import catalog as bench_catalog
+from wmdist.registry import catalog
 from wmdist.memory.command import add_memory_parser, join_signed_values, memory_main
 from wmdist.pipeline import cli as schedule_cli
 
@@ -115,8 +117,8 @@ def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser, runs: lis
     unknown = [n for n in args.names if n not in {d.name for d in catalog.DEMOS}]
     if unknown:                        # answered before torch is imported
         parser.error(f"unknown demo(s): {', '.join(unknown)} (see `wmdist list`)")
-    from wmdist.demos import prepare, verify
-    from wmdist.report import format_table, to_json
+    from wmdist.registry.demos import prepare, verify
+    from wmdist.course.report import format_table, to_json
 
     world = args.world_size
     if under_torchrun():
@@ -172,7 +174,7 @@ def _bench_progress(done: int, total: int, text: str) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from wmdist.bench import benchmarks
+    from wmdist.bench.suite import benchmarks
 
     table = benchmarks(progress=_bench_progress)
     unknown = [n for n in args.names if n not in table]

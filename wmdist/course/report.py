@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from wmdist.report_html import checks_html, counts_html
+from wmdist.course.report_html import checks_html, counts_html
 
 
 @dataclass(kw_only=True, frozen=True)

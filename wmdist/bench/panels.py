@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import ipywidgets as W
 
-from wmdist.bench_result import BenchResult
+from wmdist.base.bench_result import BenchResult
 from wmdist.ui.panel import Panel
 from wmdist.ui.prefetch import steps
 

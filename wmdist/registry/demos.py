@@ -14,10 +14,10 @@ from types import ModuleType
 from typing import Any
 
 from wmdist import runtime
-from wmdist.exercises import Exercise
-from wmdist.experiment import Experiment
-from wmdist.on_progress import OnProgress
-from wmdist.report import Report
+from wmdist.course.exercises import Exercise
+from wmdist.course.experiment import Experiment
+from wmdist.base.on_progress import OnProgress
+from wmdist.course.report import Report
 
 
 def _chapter_modules() -> list[ModuleType]:

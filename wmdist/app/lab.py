@@ -79,7 +79,7 @@ def add_parser(subparsers: Any) -> None:
 
 def find_notebooks(given: Path | None) -> Path:
     """The folder holding the course's start notebook, or LabError saying where it looked."""
-    checkout = Path(__file__).resolve().parents[1] / "notebooks"
+    checkout = Path(__file__).resolve().parents[2] / "notebooks"
     candidates = [given] if given is not None else [Path.cwd() / "notebooks", checkout]
     for folder in candidates:
         try:

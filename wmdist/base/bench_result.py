@@ -1,8 +1,8 @@
 """What one benchmark reports: its inputs, what it measured, the headline figure and its target, and the load.
 
-On its own, so that `bench.py` (the measurements) and `bench_panels.py` (the panels' timings)
-both use it without importing each other. Pure: the load averages come in as numbers
-(bench.py reads them), and `load_verdict` judges them.
+Below the benchmarks, so that `bench/suite.py` (the measurements), `bench/panels.py` (the panels'
+timings) and `session/bench.py` all use it without importing each other. Pure: the load averages
+come in as numbers (`bench/load.py` reads them), and `load_verdict` judges them.
 """
 from __future__ import annotations
 

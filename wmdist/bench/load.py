@@ -1,7 +1,7 @@
 """The 1-minute load average around one figure of a benchmark, read as it is measured.
 
 A thin layer over os.getloadavg and the clock; what the numbers mean is bench_result.load_verdict's
-(pure). bench.py wraps each figure it measures in `watch_load`.
+(pure). suite.py wraps each figure it measures in `watch_load`.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import time
 from typing import Iterator
 
-from wmdist.bench_result import Load
+from wmdist.base.bench_result import Load
 
 
 def _load_1min() -> float | None:

@@ -24,11 +24,11 @@ from wmdist.comm import Context, all_reduce, barrier, ring_all_reduce
 from wmdist.data_parallel.measure import DEFAULT_REPEATS, DEFAULT_SIZES_BYTES, DEFAULT_WORLD_SIZES, time_allreduce
 from wmdist.data_parallel.scaling import TARGET_MEDIAN_REL_ERROR, fit_alpha_beta
 from wmdist.ring_attention.measure import time_ring_forward, time_sdpa
-from wmdist.bench_catalog import BENCHMARKS
-from wmdist.bench_pairs import PairedRatio
-from wmdist.bench_load import watch_load
-from wmdist.bench_result import BenchResult, Load
-from wmdist.on_progress import OnProgress
+from wmdist.bench.catalog import BENCHMARKS
+from wmdist.bench.pairs import PairedRatio
+from wmdist.bench.load import watch_load
+from wmdist.base.bench_result import BenchResult, Load
+from wmdist.base.on_progress import OnProgress
 from wmdist.ring_attention.spec import RingSpec
 
 
@@ -247,11 +247,11 @@ def bench_ring_attention(*, world_size: int = 4, seq_len: int = 4096, repeats: i
 
 
 def bench_panels() -> BenchResult:
-    """bench_panels.bench_panels (which imports the widgets, so only when asked for), with the load around it.
+    """panels.bench_panels (which imports the widgets, so only when asked for), with the load around it.
 
     busy=1: the kernel's one process draws each answer (its prefetch worker is a thread of it).
     """
-    from wmdist.bench_panels import bench_panels as panels
+    from wmdist.bench.panels import bench_panels as panels
     loads: list[Load] = []
     with watch_load(loads, "moves", busy=1):
         result = panels()
@@ -274,7 +274,7 @@ def bench_session_memory(*, memory_limit_mib: int = 2048, cpu_quota: float = 1.0
 
 
 def benchmarks(*, progress: OnProgress | None = None) -> dict[str, Callable[[], BenchResult]]:
-    """Every benchmark by name, in the order `wmdist bench` runs them (bench_catalog.BENCHMARKS, the registry).
+    """Every benchmark by name, in the order `wmdist bench` runs them (catalog.BENCHMARKS, the registry).
 
     progress: passed to each benchmark that takes one (a long one says how far it has got).
     """

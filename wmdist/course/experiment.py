@@ -40,9 +40,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from wmdist.comm import Context
 from wmdist.costs.validate import require_int
-from wmdist.report import Check, Count, Report
+from wmdist.course.report import Check, Count, Report
 from wmdist.runtime import run
-from wmdist.on_progress import OnProgress
+from wmdist.base.on_progress import OnProgress
 
 
 
