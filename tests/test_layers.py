@@ -27,7 +27,8 @@ ENTRY = ("__init__", "__main__")                # the package face and `python -
 PURE = ["base", "costs", "comm/mesh.py", "memory/footprint.py", "memory/remedies.py",
         "data_parallel/scaling.py", "pipeline/schedules.py", "pipeline/simulate.py", "pipeline/plan.py",
         "pipeline/bubble.py", "ring_attention/layout.py", "ring_attention/traffic.py",
-        "mesh/spec.py", "mesh/patterns.py", "memory/transient.py", "memory/presets.py", "experts/tradeoff.py"]
+        "mesh/spec.py", "mesh/patterns.py", "memory/transient.py", "memory/presets.py", "experts/tradeoff.py",
+        "planner"]
 NOT_IN_PURE = {"torch", "ipywidgets", "matplotlib", "IPython"}
 ALLOWED_TORCH_DISTRIBUTED = ("torch.distributed.checkpoint", "torch.distributed.optim",
                              "torch.distributed.pipelining", "torch.distributed.tensor",

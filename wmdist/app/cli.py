@@ -1,4 +1,4 @@
-"""The `wmdist` command: list, verify, bench, memory, schedule, lab.
+"""The `wmdist` command: list, verify, bench, memory, schedule, plan, lab.
 
 Usage errors exit with status 2 and a one-line message (every subcommand's
 parser, and the checks each command makes before it runs); under torchrun
@@ -6,7 +6,7 @@ every process exits so and rank 0 alone prints it. `verify` exits 1 if any
 check fails. Under torchrun, `verify` runs in every launched process and
 rank 0 prints.
 
-Parsing, help, usage errors, `list`, `memory`, `schedule` and `lab` import no torch (seconds on a
+Parsing, help, usage errors, `list`, `memory`, `schedule`, `plan` and `lab` import no torch (seconds on a
 busy machine, before even `--help` could answer): what needs it (`verify`, `bench`, torchrun's
 teardown) imports it inside the command that runs.
 """
@@ -25,6 +25,7 @@ from wmdist.bench import catalog as bench_catalog
 from wmdist.registry import catalog
 from wmdist.memory.command import add_memory_parser, join_signed_values, memory_main
 from wmdist.pipeline import cli as schedule_cli
+from wmdist.planner import cli as plan_cli
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")     # as wmdist.runtime.under_torchrun reads them
 ECHO_LIMIT = 200         # longest word of an argument an error message repeats in full
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON")
     add_memory_parser(sub)
     schedule_cli.add_parser(sub)
+    plan_cli.add_parser(sub)
     lab.add_parser(sub)
     for command in sub.choices.values():      # schedule sets its own one-line error: make it torchrun-aware too
         command.error = functools.partial(usage_error, command.prog)     # type: ignore[method-assign]
@@ -208,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             return memory_main(args)
         if args.command == "schedule":
             return schedule_cli.main(args)
+        if args.command == "plan":
+            return plan_cli.main(args, error=functools.partial(usage_error, "wmdist plan"))
         if args.command == "lab":
             try:
                 return lab.main(args)

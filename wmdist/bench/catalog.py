@@ -27,6 +27,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("ring-attention", "bench_ring_attention",
               "causal ring attention on N ranks vs SDPA in one process: time and per-rank peak memory"),
     Benchmark("panels", "bench_panels", "each panel's answer to a control move, in the kernel, against 100 ms"),
+    Benchmark("plan", "bench_plan",
+              "chapter 11's planner against every published run: utilisation error, memory fit, layout vs best"),
     Benchmark("session-memory", "bench_session_memory",
               "Binder's session: every chapter in its own kept kernel under Binder's limits (several minutes)"),
 )

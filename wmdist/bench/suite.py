@@ -258,6 +258,12 @@ def bench_panels() -> BenchResult:
     return replace(result, loads=(*result.loads, *loads))
 
 
+def bench_plan() -> BenchResult:
+    """planner.scoring.bench_plan (pure arithmetic over the published runs: no processes, no timing)."""
+    from wmdist.planner.scoring import bench_plan as plan
+    return plan()
+
+
 def bench_session_memory(*, memory_limit_mib: int = 2048, cpu_quota: float = 1.0,
                          progress: OnProgress | None = None) -> BenchResult:
     """Binder's session: the ten chapters opened one after another, every kernel kept, under Binder's limits.

@@ -41,7 +41,8 @@ Accounting rules (each one a choice; the docs and the tests follow them):
   (A - R) / tp + R (without SP) or A / tp (with SP); even shards assumed,
   and the chapter 04 runs match it exactly when tp divides the heads, the
   hidden width and the sequence. Microbatches in flight in a pipeline are
-  not counted (GPipe keeps M, 1F1B up to P on stage 0).
+  counted only when `in_flight` says how many (GPipe keeps M, 1F1B up to P on
+  stage 0; the planner passes the schedule's peak).
   Stored bytes = ceil(layers_local * micro_batch * tokens_local * that).
   With checkpointing a rank keeps only each local layer's input
   (`input_bytes_per_token`; the layer input is in the replicated region, so
@@ -157,8 +158,16 @@ def local_params(cfg: MemoryConfig, *, rank: int = 0) -> tuple[int, int]:
     return piece, ring_chunk_size(piece, cfg.dp, c["dp"])
 
 
-def activation_bytes(cfg: MemoryConfig, *, rank: int = 0) -> int:
-    """Stored activation bytes on `rank` under the rules in the module docstring."""
+def activation_bytes(cfg: MemoryConfig, *, rank: int = 0, in_flight: int | Fraction = 1) -> int:
+    """Stored activation bytes on `rank` under the rules in the module docstring.
+
+    in_flight: microbatch activation sets the rank holds at once (a pipeline schedule's peak, e.g.
+    costs.pipeline.peak_activations_in_flight; a Fraction for interleaved chunks). Each set is stored
+    (with checkpointing: each set's layer inputs), but only one layer is ever being recomputed, so the
+    one full layer checkpointing adds is counted once, not per set.
+    """
+    if not isinstance(in_flight, (int, Fraction)) or isinstance(in_flight, bool) or in_flight < 0:
+        raise ValueError(f"in_flight must be an int or Fraction >= 0, got {in_flight!r}")
     c = rank_coords(cfg, rank)
     layers = ring_chunk_size(cfg.layers, cfg.pp, c["pp"])
     tokens = cfg.micro_batch * ring_chunk_size(cfg.seq_len, cfg.cp, c["cp"])
@@ -166,13 +175,13 @@ def activation_bytes(cfg: MemoryConfig, *, rank: int = 0) -> int:
     replicated = Fraction(cfg.act_replicated_bytes_per_token_per_layer)
     full = tokens * ((Fraction(cfg.act_bytes_per_token_per_layer) - replicated) / cfg.tp + replicated / whole)
     if not cfg.checkpointing or layers == 0:
-        return math.ceil(layers * full)
+        return math.ceil(in_flight * layers * full)
     kept = Fraction(cfg.input_bytes_per_token) * tokens / whole             # one layer's input
-    return math.ceil(layers * kept + full)
+    return math.ceil(in_flight * layers * kept + full)
 
 
-def per_rank_bytes(cfg: MemoryConfig, *, rank: int = 0) -> dict[str, int]:
-    """Bytes `rank` holds, by kind (KINDS) plus "total"; exact integers."""
+def per_rank_bytes(cfg: MemoryConfig, *, rank: int = 0, in_flight: int | Fraction = 1) -> dict[str, int]:
+    """Bytes `rank` holds, by kind (KINDS) plus "total"; exact integers. in_flight: see activation_bytes."""
     piece, shard = local_params(cfg, rank=rank)
     pbytes = DTYPE_BYTES[cfg.param_dtype]
     gbytes = DTYPE_BYTES[cfg.grad_dtype or cfg.param_dtype]
@@ -184,7 +193,7 @@ def per_rank_bytes(cfg: MemoryConfig, *, rank: int = 0) -> dict[str, int]:
         "gradients": (shard if s >= 2 else piece) * gbytes,
         "optimizer_state": (shard if s >= 1 else piece) * OPTIMIZER_SLOTS[cfg.optimizer] * sbytes,
         "master_weights": (shard if s >= 1 else piece) * 4 if cfg.master_weights else 0,
-        "activations": activation_bytes(cfg, rank=rank),
+        "activations": activation_bytes(cfg, rank=rank, in_flight=in_flight),
         "batch": cfg.batch_bytes,
     }
     out["total"] = sum(out.values())

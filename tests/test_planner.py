@@ -1,0 +1,219 @@
+"""Chapter 11's planner: inputs refused at the boundary, layouts counted, every breakdown term worked by hand.
+
+The hand-worked case: a 4-layer GELU transformer (h = 1024, F = 4096, 8 heads, vocabulary 1000) at
+sequence 1024, 64 sequences per step, on 16 GPUs of a made-up cluster with round numbers (peak 1e15 FLOP/s
+at efficiency 0.5, HBM 1e12 B/s, 4 GPUs per node on 1e11 B/s links with 1 us latency, 1e10 B/s and 10 us
+between nodes), layout dp 2 x tp 2 x pp 2 x cp 2, ZeRO-1, micro-batch 2 (so M = 16). Each expected value
+below is the formula written out, not the code's output; tolerances are 1e-12 relative (the same float
+operations in another order).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from wmdist.costs.pipeline import bubble_over_ideal
+from wmdist.planner import breakdown as bd
+from wmdist.planner.layout import ParallelLayout, candidate_layouts, check_layout, parse_layout
+from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec, from_architecture
+from wmdist.planner.presets import PRESETS, param_count
+from wmdist.planner.rank import fitting_layouts, judge, plan, rank_layouts
+
+REL = 1e-12
+MODEL = TransformerSpec(name="hand", layers=4, hidden=1024, ffn=4096, heads=8, kv_heads=8, vocab=1000, gated=False)
+CLUSTER = ClusterSpec(name="round", peak_flops=1e15, hbm_bytes=80 * 10 ** 9, hbm_bytes_per_s=1e12, gpus_per_node=4,
+                      intra_bytes_per_s=1e11, inter_bytes_per_s=1e10, intra_latency_s=1e-6, inter_latency_s=1e-5,
+                      efficiency=0.5)
+JOB = TrainingJob(model=MODEL, cluster=CLUSTER, gpus=16, seq_len=1024, batch_tokens=64 * 1024)
+LAYOUT = ParallelLayout(dp=2, tp=2, pp=2, cp=2, zero=1, micro_batch=2)
+RATE = 0.5 * 1e15
+H, S, M, B = 1024, 1024, 16, 2
+ATTN_FWD_PER_TOKEN = 2 * (S + 1) * H            # 4 d a per kept pair, S(S+1)/2 pairs, over S tokens
+LAYER_FWD = 2 * (4 * H * H + 2 * H * 4096) + ATTN_FWD_PER_TOKEN
+HEAD_FWD = 2 * 1000 * H
+TOKENS = 32 * 1024 // 2                          # a dp rank's 32 sequences, its cp half of each
+
+
+@pytest.fixture(scope="module")
+def step() -> bd.StepBreakdown:
+    return bd.breakdown(JOB, LAYOUT)
+
+
+def test_compute_is_the_last_stage_flops_at_the_stated_efficiency(step):
+    work = 3 * (2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2          # two layers and the head, split over tp = 2
+    assert step.compute == pytest.approx(work / RATE, rel=REL)
+    assert step.recompute == 0.0
+
+
+def test_full_recompute_adds_one_forward():
+    full = bd.breakdown(JOB, replace(LAYOUT, recompute="full"))
+    assert full.recompute == pytest.approx((2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2 / RATE, rel=REL)
+    assert full.compute == pytest.approx(4 / 3 * bd.breakdown(JOB, LAYOUT).compute, rel=REL)
+    assert full.hfu == pytest.approx(full.mfu * 4 / 3, rel=REL)
+    assert full.axes["tp"].traffic.messages == 12 * 1 * 2 * M             # the forward's 4 collectives again
+
+
+def test_elementwise_moves_each_saved_activation_four_times_through_hbm(step):
+    saved = (6 * H + 2 * H) * 2 + 2 * 4096 * 2                  # bytes per token and layer, bf16, no scores
+    assert step.elementwise == pytest.approx(4 * 2 * saved * TOKENS / 2 / 1e12, rel=REL)
+
+
+def test_tp_is_eight_collectives_per_layer_and_microbatch_on_the_fast_link(step):
+    per = 8 * (2 - 1) / 2 * (B * 512 * H * 2)                   # RS + AG of b (s/cp) h bf16, (N-1)/N each
+    tp = step.axes["tp"]
+    assert tp.in_node and tp.traffic.bytes_sent == pytest.approx(per * 2 * M, rel=REL)
+    assert tp.traffic.messages == 8 * 1 * 2 * M
+    assert tp.exposed == pytest.approx(tp.traffic.messages * 1e-6 + per * 2 * M / 1e11, rel=REL)
+
+
+def test_cp_ring_is_exposed_only_beyond_the_attention_it_hides_under(step):
+    block = 512 * (2 * 4 * 128) * B * 2                         # the rank's K, V: s/cp tokens, its 4 heads
+    ring = 3e-6 + 3 * block / 1e11                              # 3 sends: K, V fwd and bwd, dK, dV
+    attention = 3 * 4 * 128 * 4 * B * (S * (S + 1) // 2) / 2 / RATE
+    cp = step.axes["cp"]
+    assert cp.in_node and cp.exposed == pytest.approx((ring - attention) * 2 * M, rel=REL)
+    assert cp.seconds == pytest.approx(ring * 2 * M, rel=REL)
+
+
+def test_cp_hidden_entirely_when_attention_is_longer():
+    slow = replace(JOB, cluster=replace(CLUSTER, efficiency=0.001))
+    assert bd.breakdown(slow, LAYOUT).axes["cp"].exposed == 0.0
+
+
+def test_pp_sends_one_activation_and_one_gradient_per_microbatch_over_the_network(step):
+    pp = step.axes["pp"]
+    assert not pp.in_node                                       # stage partners are 8 ranks apart
+    assert pp.traffic.messages == 2 * M
+    assert pp.exposed == pytest.approx(2 * M * 1e-5 + 2 * M * (B * 512 * H * 2 / 2) / 1e10, rel=REL)
+
+
+def test_dp_reduces_over_dp_x_cp_and_hides_behind_one_microbatch(step):
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H   # last stage: two layers, the head, a norm
+    ring = (piece - piece // 4) * 2                             # reduce-scatter (or all-gather) over 4 ranks
+    one = 3 * 1e-5 + ring / 1e10
+    per_micro = step.compute / M
+    dp = step.axes["dp"]
+    assert not dp.in_node and dp.traffic.bytes_sent == 2 * ring
+    expected = max(one - 2 * per_micro / 3, one / 2) + max(one - per_micro / 3, one / 2)
+    assert dp.exposed == pytest.approx(expected, rel=REL)
+
+
+def test_sharded_gradients_are_reduced_every_microbatch():
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    ring = (piece - piece // 4) * 2
+    two = bd.breakdown(JOB, replace(LAYOUT, zero=2)).axes["dp"]
+    three = bd.breakdown(JOB, replace(LAYOUT, zero=3)).axes["dp"]
+    assert two.traffic.bytes_sent == (M + 1) * ring               # M reduce-scatters, one all-gather
+    assert three.traffic.bytes_sent == 3 * M * ring                # and ZeRO-3 gathers twice every microbatch
+    assert three.traffic.messages == 3 * M * 3
+
+
+def test_overlap_rule_keeps_the_last_bucket():
+    assert bd.hidden_after(1.0, 0.2, floor_share=0.1) == pytest.approx(0.8)
+    assert bd.hidden_after(1.0, 5.0, floor_share=0.1) == pytest.approx(0.1)
+    assert bd.hidden_after(1.0, 5.0, floor_share=0.0) == 0.0
+
+
+def test_bubble_is_the_schedule_ratio_of_the_busy_time(step):
+    busy = step.compute + step.elementwise + step.axes["tp"].exposed + step.axes["cp"].exposed
+    assert step.bubble == pytest.approx((2 - 1) / M * busy, rel=REL)
+    inter = bd.breakdown(JOB, replace(LAYOUT, virtual=2))
+    busy2 = inter.compute + inter.elementwise + inter.axes["tp"].exposed + inter.axes["cp"].exposed
+    assert inter.bubble == pytest.approx(bubble_over_ideal(2, M, chunks=2) * busy2, rel=REL)
+    assert inter.axes["pp"].traffic.messages == 2 * 2 * M     # twice the sends with two chunks
+
+
+def test_optimizer_reads_and_writes_30_bytes_per_local_weight(step):
+    first = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2       # stage 0's piece, ZeRO-1 shard over dp = 2
+    assert step.optimizer == pytest.approx(30 * first / 2 / 1e12, rel=REL)
+
+
+def test_ep_all_to_alls_of_an_moe_layer():
+    moe = replace(MODEL, experts=4, top_k=2, expert_ffn=1024)
+    job = replace(JOB, model=moe)
+    lay = ParallelLayout(dp=4, tp=2, pp=2, ep=2, micro_batch=2)
+    step = bd.breakdown(job, lay)
+    tokens = B * S // 2                                         # the tp rank's sequence-parallel share
+    one = 4 * tokens * 2 * (1 / 2) * H * 2 + (2 - 1) * 2 * 8   # 4 all-to-alls of k copies, half leave; counts
+    m = 64 // 4 // 2
+    ep = step.axes["ep"]
+    assert ep.traffic.bytes_sent == pytest.approx(one * 2 * m, rel=REL) and ep.traffic.messages == 5 * 2 * m
+    assert ep.exposed == pytest.approx(ep.traffic.messages * 1e-6 + one * 2 * m / 1e11, rel=REL)
+
+
+def test_step_is_the_sum_of_its_terms_and_mfu_follows(step):
+    assert step.total == pytest.approx(sum(step.terms.values()), rel=REL)
+    flops = 64 * 1024 * (6 * (4 * (4 * H * H + 2 * H * 4096) + 1000 * H) + 3 * 4 * ATTN_FWD_PER_TOKEN)
+    assert step.mfu == pytest.approx(flops / (step.total * 16 * 1e15), rel=REL)
+    assert list(step.terms) == list(bd.TERMS)
+
+
+def test_inputs_are_refused_with_the_field_named():
+    with pytest.raises(ValueError, match="kv_heads must divide heads"):
+        replace(MODEL, kv_heads=3)
+    with pytest.raises(ValueError, match="hidden"):
+        replace(MODEL, hidden=-4)
+    with pytest.raises(ValueError, match="efficiency"):
+        replace(CLUSTER, efficiency=1.5)
+    with pytest.raises(ValueError, match="batch_tokens"):
+        replace(JOB, batch_tokens=1000)
+    with pytest.raises(ValueError, match="top_k"):
+        replace(MODEL, top_k=2)
+
+
+def test_layouts_are_parsed_and_checked():
+    assert parse_layout("dp=2,tp=2,pp=2,cp=2,zero=1,micro_batch=2") == LAYOUT
+    for text, words in (("dp=2,tq=2", "name=value"), ("dp=x", "integer"), ("dp=2,dp=3", "twice")):
+        with pytest.raises(ValueError, match=words):
+            parse_layout(text)
+    bad = {"must equal the GPU count": replace(LAYOUT, dp=4), "must divide heads": replace(LAYOUT, tp=16, dp=1, pp=1, cp=1),
+           "more than the 4 layers": replace(LAYOUT, virtual=4), "needs an MoE": replace(LAYOUT, ep=2),
+           "more than the 64 sequences": replace(LAYOUT, micro_batch=64)}
+    for words, layout in bad.items():
+        with pytest.raises(ValueError, match=words):
+            check_layout(JOB, layout)
+    with pytest.raises(ValueError, match="cp=16 must divide seq_len=1000"):
+        check_layout(replace(JOB, seq_len=1000, batch_tokens=64000), ParallelLayout(dp=1, tp=1, pp=1, cp=16))
+
+
+def test_enumeration_counts_a_small_case_by_hand():
+    tiny = TransformerSpec(name="tiny", layers=4, hidden=8, ffn=16, heads=2, kv_heads=2, vocab=10)
+    job = TrainingJob(model=tiny, cluster=CLUSTER, gpus=4, seq_len=4, batch_tokens=16)
+    got = list(candidate_layouts(job, max_virtual=2, max_micro_batch=1, zero_stages=(1,), recompute=("none",)))
+    # (tp, pp, cp) with tp pp cp | 4, tp | 2 heads, pp <= 4 layers, cp | 4 tokens: (1,1,1) (1,1,2) (1,1,4) (1,2,1)
+    # (1,2,2) (1,4,1) (2,1,1) (2,1,2) (2,2,1), 9 ways; pp = 2 adds v = 2 where M = 4/dp is even: 3 more
+    assert len(got) == 12 and len(set(got)) == 12
+    assert sum(1 for lay in got if lay.virtual == 2) == 3
+    assert len(list(candidate_layouts(job, max_virtual=2, max_micro_batch=1))) == 12 * 4 * 3
+
+
+def test_rank_layouts_is_the_exact_top_of_every_fitting_layout():
+    job = replace(JOB, gpus=8, batch_tokens=16 * 1024)
+    options = {"max_virtual": 2, "max_micro_batch": 2}
+    every = sorted(fitting_layouts(job, **options), key=lambda p: p.step.total)
+    top = rank_layouts(job, top=5, zero_stages=(0, 1, 2, 3), recompute=("none", "selective", "full"), **options)
+    assert [p.step.total for p in top] == pytest.approx([p.step.total for p in every[:5]], rel=REL)
+    assert all(p.fits for p in top)
+
+
+def test_judge_names_the_tensors_that_take_the_memory():
+    text = judge(JOB, LAYOUT)
+    assert "fits" in text and "MFU" in text
+    tight = replace(JOB, cluster=replace(CLUSTER, hbm_bytes=10 ** 8))
+    p = plan(tight, LAYOUT)
+    assert not p.fits and "does NOT fit" in judge(tight, LAYOUT)
+    assert p.limit[0] == max(("parameters", "gradients", "optimizer_state", "master_weights", "activations"),
+                             key=p.memory.__getitem__)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_planner_weights_agree_with_the_presets_count(name):
+    """The planner counts matmul weights and norms; presets.param_count adds biases and learned positions."""
+    arch = PRESETS[name]
+    assert math.isclose(from_architecture(arch).params, param_count(arch), rel_tol=5e-3)
+
+
+def test_every_term_names_its_chapter():
+    assert list(bd.TERM_CHAPTERS) == list(bd.TERMS)

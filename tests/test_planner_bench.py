@@ -1,0 +1,57 @@
+"""`wmdist bench plan`: the planner scored against every published run (pure arithmetic, deterministic).
+
+Asserted: what the data make true today and must stay true (the stored efficiencies are the fit, the median
+error is within the goal, every published layout fits by the planner's own memory estimate, the figures follow
+from the per-run scores). The largest error and the layout ratio are reported by the bench, not asserted: they
+miss their goals (see the bench's notes and the planner's report).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from wmdist.planner.scoring import EFFICIENCY, GOALS, GRID, _fit, goals, plan_result, score_runs, scored_runs
+
+
+@pytest.fixture(scope="module")
+def scored():
+    return score_runs(scored_runs(), any_recompute=False)     # the bench also ranks with any recompute kind
+
+
+def test_the_stored_efficiencies_are_the_fit(scored):
+    fitted, _ = scored
+    assert {gpu: EFFICIENCY[gpu] for gpu in fitted} == fitted
+
+
+def test_goals_follow_from_the_scores(scored):
+    _, scores = scored
+    g = goals(scores)
+    errors = [100 * abs(s.predicted - s.published) for s in scores]
+    assert g["median_points"] == pytest.approx(statistics.median(errors)) and g["max_points"] == max(errors)
+    assert g["met"] == (g["median_points"] <= 5 and g["max_points"] <= 10 and g["all_fit"]
+                        and g["worst_layout_ratio"] <= GOALS["layout_ratio"])
+    assert all(math.isfinite(s.predicted) and math.isfinite(s.held_out) and s.best_seconds > 0 for s in scores)
+
+
+def test_median_error_is_within_five_points_fitted_and_held_out(scored):
+    g = goals(scored[1])
+    assert g["median_points"] <= 5 and g["held_out_median_points"] <= 5
+
+
+def test_every_published_layout_fits_by_the_planners_estimate(scored):
+    assert [s.run.name for s in scored[1] if not s.plan.fits] == []
+
+
+def test_the_bench_result_reports_the_goals(scored):
+    result = plan_result(*scored)
+    assert result.name == "plan" and result.inputs["runs"] == len(scored_runs())
+    assert result.value == pytest.approx(goals(scored[1])["median_points"])
+    assert result.met == goals(scored[1])["met"]
+    assert any(r.name in line for r in scored_runs()[:3] for line in result.notes)
+
+
+def test_the_fit_takes_the_grid_point_of_least_absolute_error():
+    curves = [[e * 0.8 for e in GRID], [e * 0.7 for e in GRID]]
+    assert _fit(curves, [0.8 * 0.5, 0.7 * 0.5]) == 0.5

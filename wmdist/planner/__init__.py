@@ -1,0 +1,1 @@
+"""Chapter 11: a planner that carries the checked formulas to a real cluster."""

@@ -1,0 +1,263 @@
+"""One training step of a layout, predicted as a sum of terms: compute, each axis's exposed communication, the bubble.
+
+The terms, per GPU of the slowest pipeline stage, and what each assumes:
+
+* compute: the stage's FLOPs (forward 2 x active weights per token, attention 4 s (a d) per token halved by
+  the causal mask, costs.ring_attention.attention_flops; backward twice the forward; recompute adds a
+  forward (full) or the attention core's forward (selective, when no FlashAttention already recomputes it))
+  at `cluster.efficiency` x peak, the one efficiency of the GPU type.
+* elementwise: norms, activations, softmax, residual adds run at HBM bandwidth, not on the tensor cores: each
+  saved activation (memory.layer_activation_bytes) moved HBM_PASSES times (more with full recompute), in
+  series with the matmuls. It is what makes small models slower per FLOP than large ones.
+* optimizer: the Adam step reads and writes OPTIMIZER_BYTES per local weight at HBM bandwidth, after the step.
+* tp: Megatron with sequence parallelism, 4 reduce-scatters + 4 all-gathers of b (s/cp) h per layer and
+  microbatch (costs.tensor_parallel.megatron_layer_bytes), 4 more with full recompute. Not overlapped.
+* cp: the ring of costs.ring_attention (K, V forward and backward, dK, dV back: 3 (cp - 1) sends of the
+  rank's key-value block per layer and microbatch). Overlapped with that layer's attention compute: only
+  what exceeds it is exposed.
+* ep: per MoE layer and microbatch the counts exchange and 4 all-to-alls (dispatch, combine, both backward) of
+  the rank's b s / (cp tp) tokens, uniform routing (costs.experts). Not overlapped.
+* pp: a middle stage's sends, one activation forward and one gradient back per microbatch and virtual stage,
+  b (s/cp) h / tp elements each (scattered by sequence parallelism). Not overlapped (they are small).
+* dp: costs.zero.zero_step_bytes over the dp x cp ranks (context-parallel ranks hold the same weights); the
+  routed experts' over dp / ep. The gradient reduction overlaps the backward of the last microbatch and the
+  parameter all-gather the forward of the first (sharded gradients, ZeRO-2 and 3, are reduce-scattered every
+  microbatch, and ZeRO-3 gathers every microbatch, each behind that microbatch), except one layer's share,
+  the bucket that is ready last (the first to be needed): exposed = max(T - window, T / layers on the stage).
+* bubble: costs.pipeline.bubble_over_ideal(pp, M, chunks=v) times the stage's busy time (compute, tp, cp, ep).
+
+Each axis runs on the link tier its groups get when the ranks are numbered tp fastest, then cp, ep, the
+rest of dp, pp (costs.mesh.strides / axis_in_node): inside a node the fast link, else the network per GPU.
+Axes are assumed not to contend for a link. MFU = model FLOPs / (step time x GPUs x peak), with model FLOPs
+per token 6 N_active + 12 L s (a d) (PaLM's count, Chowdhery et al. 2022 appendix B; for a GPT block it is
+Megatron's 72 B s L h^2 (1 + s/6h + V/12Lh) per step, Narayanan et al. 2021): no recompute, no causal halving.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from wmdist.costs import experts as ecosts
+from wmdist.costs.mesh import Link, Traffic, axis_in_node, strides
+from wmdist.costs.pipeline import bubble_over_ideal
+from wmdist.costs.ring_attention import attention_flops, ring_backward_bytes_per_rank, ring_kv_bytes_per_rank
+from wmdist.costs.tensor_parallel import megatron_layer_bytes
+from wmdist.costs.zero import zero_step_bytes, zero_step_rounds
+from wmdist.memory.footprint import local_params
+from wmdist.planner.layout import ParallelLayout, check_layout
+from wmdist.planner.memory import _pieces, _stage_layers, layer_activation_bytes, memory_configs
+from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec
+
+TERMS = ("compute", "elementwise", "optimizer", "bubble", "tp", "cp", "ep", "pp", "dp")   # the stacked bar
+# The chapter whose demo checked each term's formula on real ranks (the notebook labels the bar with them).
+TERM_CHAPTERS = {"compute": "01 (matmul FLOP/s, measured)", "elementwise": "00 (saved activations, the calculator)",
+                 "optimizer": "03 (ZeRO: what each rank updates)", "bubble": "05 (pipeline schedules)",
+                 "tp": "04 (tensor and sequence parallelism)", "cp": "06 (ring attention)", "ep": "10 (experts)",
+                 "pp": "05 (boundary transfers)", "dp": "01 and 03 (buckets, ZeRO collectives)"}
+HBM_PASSES = 4           # a saved activation: written and read in forward, read and its gradient written in backward
+OPTIMIZER_BYTES = 30     # Adam per local parameter: read grad, master, m, v (4 each), write master, m, v, bf16 weight
+RANK_ORDER = ("tp", "cp", "ep", "edp", "pp")                    # fastest-varying first; dp = ep x edp
+
+
+@dataclass(frozen=True, kw_only=True)
+class AxisTime:
+    """One axis on one GPU for one step: what it sends, on which tier, its time there and the part not hidden."""
+    traffic: Traffic
+    in_node: bool
+    seconds: float
+    exposed: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepBreakdown:
+    """A predicted step: the terms (seconds, TERMS), each axis's detail, and the FLOPs MFU is counted from."""
+    compute: float
+    recompute: float                 # the part of compute spent recomputing (inside compute)
+    elementwise: float               # norms, activations, softmax, dropout, residuals: HBM-bound
+    optimizer: float                 # the Adam step over the GPU's local weights: HBM-bound
+    bubble: float
+    axes: dict[str, AxisTime]        # tp, cp, ep, pp, dp
+    model_flops: float               # per step, all GPUs: tokens x model_flops_per_token
+    gpus: int
+    peak_flops: float
+
+    @property
+    def terms(self) -> dict[str, float]:
+        """Seconds of each stacked term, TERMS order."""
+        return {"compute": self.compute, "elementwise": self.elementwise, "optimizer": self.optimizer,
+                "bubble": self.bubble, **{a: self.axes[a].exposed for a in TERMS[4:]}}
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: model FLOPs / (step time x GPUs x peak)."""
+        return self.model_flops / (self.total * self.gpus * self.peak_flops)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: as mfu, counting the recomputed FLOPs too."""
+        return self.mfu * self.compute / (self.compute - self.recompute) if self.compute > self.recompute else 0.0
+
+
+def model_flops_per_token(model: TransformerSpec, seq_len: int) -> float:
+    """6 N_active + 6 L (s + 1) (a d): the forward's 2 FLOPs per active weight (backward twice that) and, three
+    times over, attention's QK^T and AV forward on the pairs the causal mask keeps (costs.ring_attention's
+    attention_flops, causal), no recompute. PaLM's 6N + 12 L s (a d) counts every pair instead."""
+    attention = attention_flops(seq_len, model.head_dim, heads=model.heads, causal=True) / seq_len
+    return 6 * model.active_matmul_params + 3 * model.layers * attention
+
+
+def hidden_after(seconds: float, window: float, *, floor_share: float) -> float:
+    """The overlap rule: time `seconds` runs beside `window` of compute; what is exposed is what exceeds it,
+    and at least `floor_share` of it (the piece ready only when the compute ends)."""
+    return max(seconds - window, seconds * floor_share)
+
+
+def tier(cluster: ClusterSpec, size: int, stride: int, world: int) -> tuple[bool, Link]:
+    """(in one node, its link) for an axis of `size` ranks `stride` apart."""
+    inside = axis_in_node(size, stride, cluster.gpus_per_node, world)
+    return inside, cluster.fast if inside else cluster.slow
+
+
+def _on(traffic: Traffic, placed: tuple[bool, Link]) -> tuple[Traffic, bool, float]:
+    return traffic, placed[0], sum(placed[1].terms(traffic)) if traffic.messages else 0.0
+
+
+def stage_work(job: TrainingJob, layout: ParallelLayout) -> tuple[float, float, int, float]:
+    """(FLOPs, of which recomputed, layers, HBM bytes of the elementwise work) per GPU per step, on the stage
+    with the most FLOPs. The HBM bytes: each layer's saved activations (memory.layer_activation_bytes, the
+    s x s scores included when FlashAttention does not fuse them away) moved HBM_PASSES times, twice more when
+    full recompute runs the forward again; with sequence parallelism every tp rank moves 1/tp of them."""
+    m, s = job.model, job.seq_len
+    tokens = -(-job.sequences // layout.dp) * s / layout.cp    # tokens a GPU's stage sees per step (tp shares them)
+    attn = attention_flops(s, m.head_dim, heads=m.heads, causal=True) / s     # forward, per token and layer
+    dense = 2 * (m.attention_params + m.dense_mlp_params) + attn
+    moe = 2 * (m.attention_params + m.top_k * m.expert_params + m.shared_params + m.hidden * m.experts) + attn
+    head = 2 * m.vocab * m.hidden
+    scores = not job.flash_attention
+    moved = [layer_activation_bytes(m, s, elem_bytes=job.elem_bytes, scores=scores, moe=moe_layer)[0]
+             for moe_layer in (False, True)]
+    passes = HBM_PASSES + (2 if layout.recompute == "full" else 0)
+    best = (0.0, 0.0, 0, 0.0)
+    stages = _stage_layers(m, layout.pp)
+    for i, (nd, nm) in enumerate(stages):
+        fwd = nd * dense + nm * moe + (head if i == len(stages) - 1 else 0.0)
+        again = {"none": 0.0, "selective": 0.0 if job.flash_attention else (nd + nm) * attn, "full": fwd}[
+            layout.recompute]
+        work = (3 * fwd + again) * tokens / layout.tp
+        if work > best[0]:
+            best = (work, again * tokens / layout.tp, nd + nm,
+                    passes * (nd * moved[0] + nm * moved[1]) * tokens / layout.tp)
+    return best
+
+
+def breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown:
+    """The predicted step of `layout` (checked against the job first), term by term (module docstring)."""
+    return with_data_parallel(job, layout, partial_breakdown(job, check_layout(job, layout)))
+
+
+def with_data_parallel(job: TrainingJob, layout: ParallelLayout, partial: StepBreakdown) -> StepBreakdown:
+    """`partial` (partial_breakdown of `layout` with any ZeRO stage) completed with `layout`'s dp term."""
+    _, _, layers, _ = stage_work(job, layout)
+    at = strides({"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep,
+                  "pp": layout.pp}, RANK_ORDER)
+    dp = _data_parallel(job, layout, at, layout.gpus, per_micro=partial.compute / layout.microbatches(job),
+                        layers=layers)
+    main, experts = memory_configs(job, layout)
+    weights = local_params(main)[layout.zero >= 1] + (local_params(experts)[layout.zero >= 1] if experts else 0)
+    optimizer = OPTIMIZER_BYTES * weights / job.cluster.hbm_bytes_per_s
+    return replace(partial, axes={**partial.axes, "dp": dp}, optimizer=optimizer)
+
+
+def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown:
+    """Every term but dp (left at zero), which alone depends on the ZeRO stage: a lower bound on the step that
+    rank.rank_layouts computes once for the four stages. The layout is assumed checked."""
+    m, c, e = job.model, job.cluster, job.elem_bytes
+    b, s, micro, v = layout.micro_batch, job.seq_len, layout.microbatches(job), layout.virtual
+    rate = c.efficiency * c.peak_flops
+    work, again, layers, moved = stage_work(job, layout)
+    compute = work / rate
+    elementwise = moved / c.hbm_bytes_per_s
+    sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep, "pp": layout.pp}
+    at = strides(sizes, RANK_ORDER)
+    world = layout.gpus
+    stages = _stage_layers(m, layout.pp)
+    moe_layers = max(nm for _, nm in stages)
+    axes: dict[str, AxisTime] = {}
+
+    tp_bytes = megatron_layer_bytes(b, s // layout.cp, m.hidden, layout.tp, sequence_parallel=True, elem_size=e)
+    redo = 1.5 if layout.recompute == "full" else 1.0      # the forward's 4 collectives again
+    tp = Traffic(redo * tp_bytes * layers * micro, round(redo * 8 * (layout.tp - 1)) * layers * micro)
+    t, inside, secs = _on(tp, tier(c, layout.tp, 1, world))
+    axes["tp"] = AxisTime(traffic=t, in_node=inside, seconds=secs, exposed=secs)
+
+    kv = 2 * (m.kv_heads // layout.tp) * m.head_dim
+    ring = ring_kv_bytes_per_rank(s, layout.cp, kv, batch=b, elem_size=e) + \
+        sum(ring_backward_bytes_per_rank(s, layout.cp, kv, batch=b, elem_size=e))
+    per = Traffic(ring, 3 * (layout.cp - 1))
+    inside, link = tier(c, layout.cp, at["cp"], world)
+    ring_s = sum(link.terms(per)) if per.messages else 0.0
+    attn_s = 3 * attention_flops(s, m.head_dim, heads=m.heads // layout.tp, batch=b, causal=True) / layout.cp / rate
+    axes["cp"] = AxisTime(traffic=Traffic(ring * layers * micro, per.messages * layers * micro), in_node=inside,
+                          seconds=ring_s * layers * micro,
+                          exposed=hidden_after(ring_s, attn_s, floor_share=0.0) * layers * micro)
+
+    ep = Traffic(0, 0)
+    if layout.ep > 1:
+        toks = b * s // (layout.cp * layout.tp)
+        one = 4 * ecosts.uniform_dispatch_bytes(toks, m.top_k, layout.ep, m.hidden, e) + \
+            ecosts.counts_exchange_bytes(m.experts, layout.ep)
+        ep = Traffic(one * moe_layers * micro, 5 * (layout.ep - 1) * moe_layers * micro)
+    t, inside, secs = _on(ep, tier(c, layout.ep, at["ep"], world))
+    axes["ep"] = AxisTime(traffic=t, in_node=inside, seconds=secs, exposed=secs)
+
+    sends = 2 * micro * v if layout.pp > 1 else 0
+    pp = Traffic(sends * b * (s // layout.cp) * m.hidden * e // layout.tp, sends)
+    t, inside, secs = _on(pp, tier(c, layout.pp, at["pp"], world))
+    axes["pp"] = AxisTime(traffic=t, in_node=inside, seconds=secs, exposed=secs)
+
+    axes["dp"] = AxisTime(traffic=Traffic(0, 0), in_node=True, seconds=0.0, exposed=0.0)
+    busy = compute + elementwise + sum(axes[a].exposed for a in ("tp", "cp", "ep"))
+    bubble = bubble_over_ideal(layout.pp, micro, chunks=v) * busy
+    return StepBreakdown(compute=compute, recompute=again / rate, elementwise=elementwise, optimizer=0.0,
+                         bubble=bubble, axes=axes,
+                         model_flops=job.batch_tokens * model_flops_per_token(m, s), gpus=world,
+                         peak_flops=c.peak_flops)
+
+
+def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int], world: int, *, per_micro: float,
+                   layers: int) -> AxisTime:
+    """The dp term: the non-routed weights over dp x cp ranks, the routed experts over dp / ep (module docstring).
+
+    Phases are pooled by the compute they hide behind: the gradient's (and ZeRO-3's backward gathers) behind
+    backward, the parameter gathers behind forward. Sharded gradients (ZeRO-2, 3) are reduce-scattered every
+    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M.
+    """
+    c, e, z = job.cluster, job.elem_bytes, layout.zero
+    dense, experts = _pieces(job.model, layout)
+    micro = layout.microbatches(job)
+    windows = {"backward": (micro if z >= 2 else 1) * 2 * per_micro / 3,
+               "forward": (micro if z == 3 else 1) * per_micro / 3}
+    pooled = {"backward": 0.0, "forward": 0.0}
+    total_bytes, messages, inside_all = 0, 0, True
+    groups = [(max(dense), layout.dp * layout.cp, layout.tp)]        # dp x cp ranks lie tp apart
+    if job.model.experts:
+        groups.append((max(experts), layout.dp // layout.ep, at["edp"]))
+    for numel, n, stride in groups:
+        if n == 1 or numel == 0:
+            continue
+        inside, link = tier(c, n, stride, world)
+        inside_all &= inside
+        phases = zero_step_bytes(numel, n, 0, z, elem_size=e)
+        rounds = zero_step_rounds(n, z) // len(phases)           # N - 1 per collective
+        for name, nbytes in phases.items():
+            times = micro if (z == 3 and "all-gather" in name) or (z >= 2 and name == "gradient reduce-scatter") else 1
+            when = "forward" if name in ("forward all-gather", "parameter all-gather") else "backward"
+            pooled[when] += times * sum(link.terms(Traffic(nbytes, rounds)))
+            total_bytes += times * nbytes
+            messages += times * rounds
+    exposed = sum(hidden_after(pooled[w], windows[w], floor_share=1 / max(layers, 1)) for w in pooled)
+    return AxisTime(traffic=Traffic(total_bytes, messages), in_node=inside_all, seconds=sum(pooled.values()),
+                    exposed=exposed)
