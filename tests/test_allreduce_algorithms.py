@@ -159,8 +159,8 @@ def test_bad_arguments_are_named():
 
 
 def test_the_figure_draws_four_algorithms():
-    from wmdist.data_parallel.allreduce_figures import tradeoff_figure
-    fig = tradeoff_figure(8)
+    from wmdist.data_parallel.allreduce_figures import algorithms_tradeoff_figure
+    fig = algorithms_tradeoff_figure(8)
     ax = fig.axes[0]
     labels = [line.get_label() for line in ax.lines]
     assert labels[:4] == ["ring", "tree", "halving-doubling", "direct (= ring in this model)"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from wmdist.memory.activation_recompute import EXPERIMENT, RolloutConfig, activation_bytes, checkpointing_report
+from wmdist.memory.activation_recompute import EXPERIMENT, RolloutConfig, rollout_activation_bytes, checkpointing_report
 
 
 @pytest.mark.parametrize("segment", [1, 8, 10, 64])   # 10 does not divide 64: a short last segment
@@ -22,12 +22,12 @@ def test_peak_counts_the_segment_being_recomputed():
     segment = report.measured(quantity="saved bytes", case="with checkpoints: largest segment")[0]
     assert peak == resident + segment == 99_328
     assert report.data.peak_ratio == pytest.approx(99_328 / 622_592) and report.data.memory_ratio < report.data.peak_ratio
-    short = activation_bytes(RolloutConfig(segment=10))   # 6 full segments of 10 and one of 4: the peak is at a full one
+    short = rollout_activation_bytes(RolloutConfig(segment=10))   # 6 full segments of 10 and one of 4: the peak is at a full one
     assert short["peak"] == 5 * 32 * 24 * 4 + short["largest segment"]
 
 
 def test_checkpointing_keeps_fewer_bytes_and_recomputes_all():
-    plain, ckpt = activation_bytes(RolloutConfig(segment=0)), activation_bytes(RolloutConfig(segment=8))
+    plain, ckpt = rollout_activation_bytes(RolloutConfig(segment=0)), rollout_activation_bytes(RolloutConfig(segment=8))
     assert ckpt["resident"] < plain["resident"] / 10
     assert ckpt["recomputed"] == plain["resident"]        # every step is run forward twice
 

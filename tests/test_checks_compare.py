@@ -91,9 +91,9 @@ def test_roundoff_and_reordered_terms_are_their_formulas():
 
 def test_chapter_term_counts_are_the_shared_formula():
     from wmdist.costs.tensor_parallel import BlockShape
-    from wmdist.mesh.reference import reordered_terms as mesh_terms
+    from wmdist.mesh.reference import mesh_terms as mesh_terms
     from wmdist.mesh.spec import MeshSpec
-    from wmdist.tensor_parallel.compare import reordered_terms as tp_terms
+    from wmdist.tensor_parallel.compare import shape_terms as tp_terms
     shape = BlockShape(width=16, heads=4, hidden=64, batch=2, seq=8)
     assert tp_terms(shape) == max(3 * 16, 64, 2 * 8) == 64
     spec = MeshSpec()

@@ -31,9 +31,9 @@ def _moved(t: torch.Tensor, index: tuple[int, ...], by: float) -> torch.Tensor:
 # --- chapter 04: tensor parallelism -------------------------------------------------------------
 
 def test_tp_tolerance_is_2_k_minus_1_u_max_ref_and_the_agreement_check_is_tight():
-    from wmdist.tensor_parallel.compare import agreement_checks, tolerance
+    from wmdist.tensor_parallel.compare import agreement_checks, reordered_tolerance
     ref = torch.tensor([[0.5, -3.0], [2.0, 1.0]], dtype=torch.float64)
-    assert tolerance(ref, 48) == 2 * 47 * U32 * 3.0
+    assert reordered_tolerance(ref, 48) == 2 * 47 * U32 * 3.0
     tol = 2 * 47 * U32 * 3.0
     for times, passes in EDGES:                     # rank 1 of 2 is off; rank 0 exact
         got = [{"out": ref.clone()}, {"out": _moved(ref, (1, 0), times * tol)}]
@@ -55,7 +55,7 @@ def _attention_case():
 
 def test_ring_attention_tolerance_is_the_sum_of_both_first_order_bounds():
     from wmdist.costs.ring_attention import lse_rounding_bound, weight_rounding_bound
-    from wmdist.ring_attention.tolerance import exact_attention, tolerance
+    from wmdist.ring_attention.tolerance import exact_attention, attention_tolerance
     _, q, k, v, dout = _attention_case()
     ex = exact_attention(q, k, v, dout, causal=True)
     d, s = q.shape[-1], k.shape[-2]
@@ -63,7 +63,7 @@ def test_ring_attention_tolerance_is_the_sum_of_both_first_order_bounds():
     ours_w = weight_rounding_bound(d, 4, 8, *mags, exp_ulps=1.0)
     sdpa_w = weight_rounding_bound(d, s, s, *mags, exp_ulps=2.0)
     ours_l, sdpa_l = lse_rounding_bound(d, 4, 8, *mags, exp_ulps=1.0), lse_rounding_bound(d, s, s, *mags, exp_ulps=2.0)
-    tol = tolerance(ex, torch.float32, block_keys=4, key_blocks=8)
+    tol = attention_tolerance(ex, torch.float32, block_keys=4, key_blocks=8)
     pv = ex.p @ ex.v.abs()                           # sum_j p_ij |v_j|: the output's first-order bound per element
     assert torch.allclose(tol.out, 1.01 * (ours_w + sdpa_w) * pv, rtol=1e-12, atol=0)
     assert tol.lse == pytest.approx(1.01 * (ours_l + sdpa_l), rel=1e-12)
@@ -74,13 +74,13 @@ def test_ring_attention_tolerance_is_the_sum_of_both_first_order_bounds():
 def test_ring_attention_checks_are_tight_at_their_elementwise_bound(key):
     from wmdist.ring_attention.demos import RankCase, _checks, case_name
     from wmdist.ring_attention.ring import positions
-    from wmdist.ring_attention.tolerance import exact_attention, tolerance
+    from wmdist.ring_attention.tolerance import exact_attention, attention_tolerance
     spec, q, k, v, dout = _attention_case()
     n, layout = 2, "zigzag"
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=True)
     want = dict(zip(("out", "dq", "dk", "dv"), (want.detach(), *torch.autograd.grad(want, leaves, dout))))
-    bound = getattr(tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(n),
+    bound = getattr(attention_tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(n),
                               spec.key_blocks(n)), key)
     where = (1, 0, 5, 3)                             # row 5 belongs to rank 1 in the zigzag layout of 16 on 2
     for times, passes in EDGES:
@@ -111,27 +111,28 @@ def _abs_loop(case) -> float:
 
 @pytest.mark.parametrize("diagonal", [True, False])
 def test_scan_affine_tolerance_is_two_gammas_times_the_absolute_loop(diagonal):
-    from wmdist.scan.affine_demos import tolerance
+    from wmdist.scan.affine_demos import affine_tolerance
     from wmdist.scan.affine_ranks import AffineCase
     case = AffineCase.random(2, 37, 4, diagonal=diagonal, seed=3)
     c = 2 if diagonal else 4 + 1                      # roundings per compose/apply on a path
     depth = (10 - 1) + (4 - 1) + 9                    # N = 4: chunks 10, 9, 9, 9; fold, pass down, replay
     gamma = [c * d * U32 / (1 - c * d * U32) for d in (depth, 37)]
-    assert tolerance(case, 4) == pytest.approx(sum(gamma) * _abs_loop(case), rel=1e-12)
+    assert affine_tolerance(case, 4) == pytest.approx(sum(gamma) * _abs_loop(case), rel=1e-12)
 
 
 def test_scan_affine_agreement_check_is_tight_for_each_case():
     from wmdist.scan.affine import sequential
-    from wmdist.scan.affine_demos import affine_cases, agreement_checks, tolerance
+    from wmdist.scan.affine_demos import affine_cases, affine_agreement_checks, affine_tolerance
     from wmdist.scan.affine_ranks import RankOutcome, ScanRank
     cases, n = affine_cases(steps=13, state_sizes=(3,)), 3
     sizes = time_chunk_sizes(13, n)
     loops = [sequential(c.A, c.b, c.h0) for c in cases]
     for times, passes in EDGES:
-        moved = [loops[0], _moved(loops[1], (1, 12, 2), times * tolerance(cases[1], n))]   # case 1, last rank's step
+        moved = [loops[0], _moved(loops[1], (1, 12, 2),                  # case 1, last rank's step
+                                  times * affine_tolerance(cases[1], n))]
         outcomes = [ScanRank(tuple((RankOutcome(states=h[:, sum(sizes[:r]):sum(sizes[:r + 1])], composes=0, applies=0, bytes_sent=0, bytes_recv=0, messages=0),) * 2
                                    for h in moved)) for r in range(n)]
-        checks = agreement_checks(cases, outcomes, n)
+        checks = affine_agreement_checks(cases, outcomes, n)
         assert [c.passed for c in checks] == [True, True, passes, True]      # hand-off == all-gather: both moved
 
 

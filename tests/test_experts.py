@@ -12,7 +12,7 @@ from wmdist import runtime
 from wmdist.costs import experts as ec
 from wmdist.experts import balance, demos, ep_dp
 from wmdist.experts.moe import balance_loss, dispatch_order, moe_forward, route
-from wmdist.experts.reference import tolerance
+from wmdist.experts.reference import layer_tolerance
 from wmdist.experts.spec import LayerCase, LayerSpec, layer_spec
 
 U32 = 2.0 ** -24
@@ -192,7 +192,7 @@ def test_layer_tolerance_is_its_formula_and_the_checks_are_tight(layer_results):
     spec, results = layer_results
     assert demos.compare_layer(spec, results).checks
     ref = layer_reference(spec, spec.cases[0], None)
-    tol = tolerance(spec, ref.y)
+    tol = layer_tolerance(spec, ref.y)
     assert tol == 2 * (max(8, 16, 32) - 1) * U32 * float(ref.y.abs().max())
     name = "random, k=2: output == one process"
     for times, passes in ((0.4, True), (3.0, False)):
@@ -202,7 +202,7 @@ def test_layer_tolerance_is_its_formula_and_the_checks_are_tight(layer_results):
         assert next(c for c in verdict.checks if c.name == name).passed is passes
     g = dict(results[1].runs[0].grads)
     key = next(n for n in g if n.startswith("experts."))
-    gtol = tolerance(spec, ref.grads[key])
+    gtol = layer_tolerance(spec, ref.grads[key])
     for times, passes in ((0.4, True), (3.0, False)):
         moved = {**g, key: g[key].clone()}
         moved[key].view(-1)[0] += times * gtol

@@ -152,7 +152,7 @@ def _07_picard():
     from wmdist.scan import figures
     sweeps = SimpleNamespace(sweeps=4, errors=(1.0, 0.1, 0.01, 0.0), changes=(1.0, 0.2, 0.02, 0.0),
                              chunk_sizes=(10, 9, 9, 9), work=(37, 74, 111, 148), depth=(10, 20, 30, 40), loop_steps=37)
-    return figures.picard_figure(sweeps)
+    return figures.sweeps_figure(sweeps)
 
 
 def _07_schedules(n: int):

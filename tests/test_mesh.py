@@ -31,7 +31,7 @@ from wmdist.mesh.scenarios import LONG_CONTEXT, MESH_3D, MESH_CP, TINY, WIDE
 from wmdist.mesh.spec import MeshSpec
 from wmdist.mesh.stage import MeshStage, full_model
 from wmdist.mesh.step import mesh_step
-from wmdist.mesh.tables import memory_table, side_by_side
+from wmdist.mesh.tables import mesh_memory_table, side_by_side
 from wmdist.runtime import run
 
 SHAPE = StepShape(width=24, heads=6, hidden=96, layers=5, seq_len=12, batch=7, microbatches=3, dp=2, tp=4, pp=2,
@@ -192,7 +192,7 @@ def test_3d_mesh_matches_one_device_the_formulas_and_the_calculator(mesh3d):
         assert all(p.split("/")[0] in TRAFFIC_AXES for p in phases)
     assert all(run.measured[r]["pp"].bytes_sent > 0 and run.measured[r]["cp"].bytes_sent == 0 for r in range(8))
     assert "8/8" in side_by_side(run) and side_by_side(run).count("8/8") == 4
-    assert memory_table(run).count("8/8") == 3
+    assert mesh_memory_table(run).count("8/8") == 3
     cfg = D.memory_config(MeshSpec())
     assert run.held_predicted[0]["parameters"] == per_rank_bytes(cfg, rank=0)["parameters"] == 4 * rank_params(
         MeshSpec().shape, 0, 0)

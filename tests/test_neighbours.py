@@ -1,4 +1,4 @@
-"""Warm pools as one machine's budget (runtime/neighbours.py, warm.py), through `wmdist.run` in real processes:
+"""Warm pools as one machine's budget (runtime/pool_budget.py, warm.py), through `wmdist.run` in real processes:
 a process starting a pool closes its neighbours' idle pools and then their forkserver, never a pool mid-call and
 never a pool of another neighbourhood; an idle pool closes by itself; a restarted pool says so, once."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from conftest import alive, alive_after
-from wmdist.runtime import neighbours
+from wmdist.runtime import pool_budget
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,8 +60,8 @@ class Neighbour:
     def __init__(self, tmp: Path, label: str, hood: str | None, **env: str):
         self.stderr_path = tmp / f"{label}.stderr"
         environ = {k: v for k, v in os.environ.items()
-                   if k not in (neighbours.NEIGHBOURHOOD_VARIABLE, neighbours.IDLE_VARIABLE)}
-        environ.update({neighbours.NEIGHBOURHOOD_VARIABLE: hood} if hood else {}, **env)
+                   if k not in (pool_budget.NEIGHBOURHOOD_VARIABLE, pool_budget.IDLE_VARIABLE)}
+        environ.update({pool_budget.NEIGHBOURHOOD_VARIABLE: hood} if hood else {}, **env)
         with open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=err, text=True, env=environ, cwd=REPO)
@@ -188,7 +188,7 @@ def test_an_idle_pool_closes_by_itself_and_says_so_when_it_starts_again(start, h
     a = start("a", hood, WMDIST_POOL_IDLE_S="1")
     first = a.call("wmdist.run(work, 2)")
     processes = a.processes()
-    own_socket = Path(neighbours.directory(hood)) / f"{a.pid}.sock"
+    own_socket = Path(pool_budget.directory(hood)) / f"{a.pid}.sock"
     assert own_socket.exists()
     assert alive_after(processes, 60) == [], "the pool idle for 1 s (WMDIST_POOL_IDLE_S=1) did not close"
     assert a.call("state()") == NO_POOLS and not own_socket.exists()
@@ -218,8 +218,8 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("hooded", [True, False], ids=["in-a-neighbourhood", "in-none"])
 def test_a_bad_idle_time_is_refused_by_name_at_the_first_call(hood, hooded):
-    env = {k: v for k, v in os.environ.items() if k != neighbours.NEIGHBOURHOOD_VARIABLE}
-    env.update({neighbours.IDLE_VARIABLE: "abc", **({neighbours.NEIGHBOURHOOD_VARIABLE: hood} if hooded else {})})
+    env = {k: v for k, v in os.environ.items() if k != pool_budget.NEIGHBOURHOOD_VARIABLE}
+    env.update({pool_budget.IDLE_VARIABLE: "abc", **({pool_budget.NEIGHBOURHOOD_VARIABLE: hood} if hooded else {})})
     done = subprocess.run([sys.executable, "-c", BAD_IDLE], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=300)
     assert done.returncode == 0, done.stderr
@@ -232,7 +232,7 @@ def test_a_bad_idle_time_is_refused_by_name_at_the_first_call(hood, hooded):
 
 
 def test_a_dead_neighbours_socket_is_removed_without_asking(start, hood):
-    folder = Path(neighbours.directory(hood))
+    folder = Path(pool_budget.directory(hood))
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(gone.stdout)
     assert not alive([dead])
@@ -268,7 +268,7 @@ def _appears(path: Path, seconds: float) -> bool:
 def test_a_neighbourhood_too_long_to_listen_in_keeps_its_pools_and_says_so():
     """A name whose socket path passes the Unix limit (108 bytes) does not break `wmdist.run`: the process keeps
     its pools as if it had no neighbours, and one line on stderr says why."""
-    env = {**os.environ, neighbours.NEIGHBOURHOOD_VARIABLE: "n" * 120}
+    env = {**os.environ, pool_budget.NEIGHBOURHOOD_VARIABLE: "n" * 120}
     done = subprocess.run([sys.executable, "-c", "import wmdist; print(wmdist.run(lambda ctx: ctx.rank, 2))"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[0, 1]", done.stderr

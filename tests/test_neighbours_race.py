@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import alive_after
 from test_neighbours import _appears, hood, start  # noqa: F401  (hood and start: fixtures)
-from wmdist.runtime import neighbours
+from wmdist.runtime import pool_budget
 
 # Run in A (exec'd by its driver). A's next start, once past its first look at its pools, waits in its asking
 # of the others until A's listening thread is closing a pool for a neighbour (at most 60 s: B's request comes);
@@ -58,7 +58,7 @@ def test_a_pool_started_while_answering_a_neighbour_stays_reachable(start, hood,
     a_ranks, b_ranks = a.read(), b.read()
     assert len(a_ranks) == 2 and len(b_ranks) == 2
 
-    own_socket = Path(neighbours.directory(hood)) / f"{a.pid}.sock"
+    own_socket = Path(pool_budget.directory(hood)) / f"{a.pid}.sock"
     assert own_socket.exists(), "A holds warm ranks but stopped listening: no neighbour can reach them"
     c = start("c", hood)
     assert len(c.call("wmdist.run(work, 1)")) == 1
@@ -80,6 +80,6 @@ def test_two_neighbours_starting_pools_at_once_both_stay_reachable(start, hood):
         b.send(f"wmdist.run(work, {size + 1})")
         assert len(a.read()) == size and len(b.read()) == size + 1
         for n in (a, b):
-            listening = (Path(neighbours.directory(hood)) / f"{n.pid}.sock").exists()   # first: nothing is asked
+            listening = (Path(pool_budget.directory(hood)) / f"{n.pid}.sock").exists()   # first: nothing is asked
             holds = n.call("state()")["pools"]                                       # now, so none closes since
             assert listening or not holds, f"round {round_}: a driver holds {holds} with no socket"

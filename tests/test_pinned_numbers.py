@@ -23,7 +23,7 @@ from wmdist.pipeline.schedules import MAX_SLOTS, check_size
 from wmdist.course.report import Count, Report
 from wmdist.ring_attention.traffic import CUSTOM, TrafficConfig, traffic_model
 from wmdist.ui.panel import stable
-from wmdist.ui.predict import compare
+from wmdist.ui.predict import compare_guess
 
 SETTINGS = [("gpipe", 4, 8, 1), ("1f1b", 2, 3, 1), ("1f1b", 8, 32, 1), ("interleaved", 4, 8, 2),
             ("interleaved", 2, 4, 4), ("gpipe", 1, 5, 1)]
@@ -70,7 +70,7 @@ def test_the_traffic_panel_says_the_transfer_hides_exactly_when_the_block_is_lar
 
 
 def test_a_reveal_gives_the_guess_its_own_error_and_the_formula_its_own():
-    v = compare(8000, 6000, formula=5000)
+    v = compare_guess(8000, 6000, formula=5000)
     assert v.relative_error == pytest.approx(2000 / 6000) and v.ratio == pytest.approx(8000 / 6000)
     assert v.formula_relative_error == pytest.approx(-1000 / 6000)
     assert "33.3% above" in v.summary
@@ -207,14 +207,15 @@ def test_the_yours_parameter_tolerance_is_its_formula_written_out(no_processes):
     import torch
 
     from test_yours_small_batch import mlp_work
-    from wmdist.yours.reference import one_process, param_tolerance
+    from wmdist.yours.reference import one_process, workload_param_tolerance
     work = mlp_work(2, 2, steps=1, lr=1.0)
     ref = one_process(work, 2)
     theta, g = float(ref.params.abs().max()), float(ref.grad0.abs().max())
     by_hand = work.lr * float(ref.grad_bounds[0].max()) + U32 * theta
     slack = 2 * U32 * theta + work.lr * U32 * g            # theta rounded in both runs; g + bound cast to float32
     assert work.lr * float(ref.grad_bounds[0].max()) > 4 * slack         # the bound's own term is resolved
-    assert abs(param_tolerance(work, ref) - by_hand) <= slack, (param_tolerance(work, ref), by_hand, slack)
+    tol = workload_param_tolerance(work, ref)
+    assert abs(tol - by_hand) <= slack, (tol, by_hand, slack)
 
 
 @pytest.mark.parametrize("factor,passes", [(0.95, True), (1.05, False)])
@@ -226,11 +227,11 @@ def test_the_yours_checks_are_tight_at_their_tolerances(no_processes, factor, pa
     from test_yours import _dp_results
     from test_yours_small_batch import mlp_work
     from wmdist.yours import dp_check
-    from wmdist.yours.reference import one_process, param_tolerance
-    from wmdist.yours.workload import prepare
-    spec = prepare(mlp_work(2, 2, optimizer="adam"), 2)
+    from wmdist.yours.reference import one_process, workload_param_tolerance
+    from wmdist.yours.workload import prepare_workload
+    spec = prepare_workload(mlp_work(2, 2, optimizer="adam"), 2)
     ref = one_process(spec.work, 2)
-    tol, bound = param_tolerance(spec.work, ref), ref.grad_bounds[0]
+    tol, bound = workload_param_tolerance(spec.work, ref), ref.grad_bounds[0]
     j = int((bound / (ref.grad0.double().abs() + 1e-30)).argmax())       # the bound widest next to |g_j|
     k = int(ref.params.abs().argmin())
     grad0, params = ref.grad0.clone(), ref.params.clone()

@@ -71,9 +71,10 @@ def test_microbatches_are_whole_trajectories_in_order():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: demos.forward_demo(9), "8 blocks"),                                       # P larger than the blocks
-    (lambda: demos.train_demo(4, plans=[("1f1b", 0, 1)]), "microbatches must be an integer >= 1"),
-    (lambda: demos.train_demo(2, plans=[("interleaved", 3, 2)]), "microbatches=3, stages=2"),
-    (lambda: demos.train_demo(4, plans=[("interleaved", 8, 3)]), "12 .*stages but the model has only 8 blocks"),
+    (lambda: demos.schedules_train_demo(4, plans=[("1f1b", 0, 1)]), "microbatches must be an integer >= 1"),
+    (lambda: demos.schedules_train_demo(2, plans=[("interleaved", 3, 2)]), "microbatches=3, stages=2"),
+    (lambda: demos.schedules_train_demo(4, plans=[("interleaved", 8, 3)]),
+     "12 .*stages but the model has only 8 blocks"),
     (lambda: run_pipeline(3, make_schedule("gpipe", 4, 8), plan.PipeWork()), r"world_size \(3\) must equal .* P \(4\)"),
     (lambda: run_pipeline(2, make_schedule("gpipe", 2, 9), plan.PipeWork()), r"microbatches \(9\) must not exceed"),
     (lambda: demos.forward_demo(2, work=plan.PipeWork()), "forward_only=True"),
@@ -101,7 +102,7 @@ def test_forward_pipeline_equals_one_process_and_counts_m_p_minus_1_transfers():
 
 
 def test_training_under_three_schedules_equals_one_process():
-    report = demos.train_demo(2)
+    report = demos.schedules_train_demo(2)
     assert report.passed, report.failures
     assert [d.schedule for d in report.data] == ["gpipe", "1f1b", "interleaved"]
     for d in report.data:
@@ -151,7 +152,7 @@ def test_gradient_bound_is_the_largest_sum_over_rows_of_one_rows_term():
             sums[n] += p.grad.double().abs()
             full[n] += p.grad.double()
     by_hand = max(float(s.max()) for s in sums.values())
-    assert stages.gradient_bound(work) == pytest.approx(by_hand, rel=1e-5)     # float32 terms vs float64 sums
+    assert stages.stage_gradient_bound(work) == pytest.approx(by_hand, rel=1e-5)     # float32 terms vs float64 sums
     # at this seed the rows' terms have mixed signs where the bound peaks: |terms| summed, not |their sum|
     assert by_hand > 1.1 * max(float(g.abs().max()) for g in full.values())
 
@@ -177,7 +178,7 @@ def test_the_gradient_check_compares_at_the_reordered_sum_bound():
     plans = demos.train_spec(2, plans=[("gpipe", 2, 1)])
     (_, work), = plans.cases
     ref = stages.reference(work, 2)
-    assert ref.bound == stages.gradient_bound(work)
+    assert ref.bound == stages.stage_gradient_bound(work)
     tol = 2 * (work.batch_size * work.seq_len - 1) * U32 * ref.bound
     name, where = "blocks.0.mlp.fc1.weight", (3, 5)                 # block 0 lives on stage 0, rank 0
     for times, passes in ((0.4, True), (3.0, False)):

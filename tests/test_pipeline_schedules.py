@@ -24,7 +24,7 @@ from wmdist.pipeline.schedules import (
     make_schedule,
     one_f_one_b,
     parse_token,
-    to_json,
+    schedule_to_json,
 )
 from wmdist.pipeline.simulate import ScheduleDeadlock, gantt_text, simulate, spans
 
@@ -158,7 +158,7 @@ def test_tokens_and_json_round_trip(case):
         for a in actions:
             assert parse_token(format_token(a, with_stage=True)) == a
             assert parse_token(format_token(a), stage=rank if case[3] == 1 else a.stage) == a
-    data = json.loads(json.dumps(to_json(schedule)))
+    data = json.loads(json.dumps(schedule_to_json(schedule)))
     assert data["schedule"] == case[0] and (data["stages"], data["microbatches"], data["chunks"]) == case[1:]
     assert from_json(data) == schedule
     assert all(t[0] == ("s" if case[3] > 1 else t[0]) for tokens in data["ranks"] for t in tokens)

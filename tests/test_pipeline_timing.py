@@ -64,7 +64,7 @@ TORCH_ORDERS = {
 
 @pytest.mark.parametrize("name", list(TORCH_ORDERS))
 def test_torch_pipelining_runs_the_same_order_and_gives_the_same_numbers(name):
-    c = versus_torch.compare(2, name, 4, chunks=2 if name == "interleaved" else 1)
+    c = versus_torch.compare_with_torch(2, name, 4, chunks=2 if name == "interleaved" else 1)
     assert c.theirs == tuple(tuple(line.split()) for line in TORCH_ORDERS[name])          # what torch ran
     assert c.ours == c.theirs                                                             # what we ran
     schedule = make_schedule(name, 2, 4, chunks=2 if name == "interleaved" else 1)
@@ -74,11 +74,11 @@ def test_torch_pipelining_runs_the_same_order_and_gives_the_same_numbers(name):
 
 def test_torch_comparison_refuses_what_torch_cannot_do_alike():
     with pytest.raises(ValueError, match="multiple of microbatches"):
-        versus_torch.compare(2, "1f1b", 4, work=PipeWork(batch_size=6))
+        versus_torch.compare_with_torch(2, "1f1b", 4, work=PipeWork(batch_size=6))
     with pytest.raises(ValueError, match="world_size must be >= 2"):
-        versus_torch.compare(1, "gpipe", 2)
+        versus_torch.compare_with_torch(1, "gpipe", 2)
     with pytest.raises(ValueError, match="needs microbatches >= stages"):
-        versus_torch.compare(4, "1f1b", 2)
+        versus_torch.compare_with_torch(4, "1f1b", 2)
 
 
 def test_rollout_one_loss_one_step_whole_trajectories():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from wmdist.ui import Answer, Prediction
-from wmdist.ui.predict import (NO_GUESS, Bounds, compare, format_number, how_far, parse_guess, same_when_shown,
+from wmdist.ui.predict import (NO_GUESS, Bounds, compare_guess, format_number, how_far, parse_guess, same_when_shown,
                                  verdict_html, verdict_text)
 
 QUESTION = "How many bytes will rank 2 send in this ring all-reduce?"
@@ -24,35 +24,35 @@ def test_parse_guess_refuses_non_numbers(text):
 
 
 def test_compare_signs_the_error_and_gives_the_ratio():
-    low = compare(4000, 6000, formula=6000)
+    low = compare_guess(4000, 6000, formula=6000)
     assert low.relative_error == pytest.approx(-1 / 3) and low.ratio == pytest.approx(2 / 3)
     assert low.difference == -2000 and "33.3% below" in low.summary
-    high = compare(6600, 6000)
+    high = compare_guess(6600, 6000)
     assert high.relative_error == pytest.approx(0.1) and "above" in high.summary and high.summary.startswith("close")
-    assert compare(6000, 6000).summary == "exactly right"
-    assert compare(6000, 6000).relative_error == 0.0
+    assert compare_guess(6000, 6000).summary == "exactly right"
+    assert compare_guess(6000, 6000).relative_error == 0.0
 
 
 def test_compare_without_a_guess_still_gives_the_answer():
-    v = compare(None, 0.29, formula=3 / 11)
+    v = compare_guess(None, 0.29, formula=3 / 11)
     assert v.guess is None and v.relative_error is None and v.ratio is None and v.summary == NO_GUESS
     assert v.measured == 0.29 and v.formula == pytest.approx(3 / 11)
     assert v.formula_relative_error == pytest.approx((3 / 11 - 0.29) / 0.29)
 
 
 def test_compare_with_a_zero_measurement_reports_the_difference():
-    v = compare(3, 0)
+    v = compare_guess(3, 0)
     assert v.relative_error is None and v.ratio is None and v.difference == 3 and "off by 3" in v.summary
 
 
 def test_text_view_is_deterministic_and_names_everything():
-    v = compare(None, 6000, formula=6000)
+    v = compare_guess(None, 6000, formula=6000)
     text = verdict_text(QUESTION, v, unit="B", formula_text="2(N-1)/N G", why="see 'Why' above")
-    assert text == verdict_text(QUESTION, compare(None, 6000, formula=6000), unit="B", formula_text="2(N-1)/N G",
+    assert text == verdict_text(QUESTION, compare_guess(None, 6000, formula=6000), unit="B", formula_text="2(N-1)/N G",
                                  why="see 'Why' above")
     assert QUESTION in text and NO_GUESS in text and "6,000 B" in text and "2(N-1)/N G" in text
     assert "equals the measurement" in text and "why: see 'Why' above" in text
-    html = verdict_html(QUESTION, compare(4000, 6000, formula=6000), unit="B", formula_text="f<x>", why="w")
+    html = verdict_html(QUESTION, compare_guess(4000, 6000, formula=6000), unit="B", formula_text="f<x>", why="w")
     assert "class='wmdist-reveal'" in html and "f&lt;x&gt;" in html and "33.3% below" in html
 
 
@@ -187,7 +187,7 @@ def test_how_far_reads_as_a_learner_reads_it(guess, measured, said):
 
 
 def test_the_reveal_table_reads_left_to_right():
-    html = verdict_html(QUESTION, compare(4000, 6000, formula=6000), unit="B")
+    html = verdict_html(QUESTION, compare_guess(4000, 6000, formula=6000), unit="B")
     assert "text-align:right" not in html and html.count("text-align:left") == 9
 
 
@@ -197,7 +197,7 @@ def test_the_reveal_table_reads_left_to_right():
                                              (0.16941, 0.16941238), (2, 2.0004)])
 def test_a_guess_equal_to_the_shown_value_is_exactly_right(typed, measured):
     assert format_number(typed) == format_number(measured)           # what the reveal prints for both
-    assert how_far(typed, measured) == "exactly right" and compare(typed, measured).summary == "exactly right"
+    assert how_far(typed, measured) == "exactly right" and compare_guess(typed, measured).summary == "exactly right"
     assert same_when_shown(typed, measured)
 
 

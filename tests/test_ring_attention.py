@@ -15,7 +15,7 @@ from wmdist.course.exercises import check
 from wmdist.ring_attention import balance, demos, exercises, generation, long_context, measure, versus_torch
 from wmdist.ring_attention.ring import positions, ring_attention
 from wmdist.ring_attention.spec import RingSpec
-from wmdist.ring_attention.tolerance import exact_attention, tolerance
+from wmdist.ring_attention.tolerance import exact_attention, attention_tolerance
 from wmdist.ring_attention.traffic import TrafficConfig, traffic_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
@@ -52,7 +52,8 @@ def test_ring_attention_is_a_differentiable_op():
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*leaves, is_causal=True)
     want.backward(dout)
-    tol = tolerance(exact_attention(q, k, v, dout, causal=True), torch.float64, spec.tile(3), spec.key_blocks(3))
+    tol = attention_tolerance(exact_attention(q, k, v, dout, causal=True), torch.float64, spec.tile(3),
+                              spec.key_blocks(3))
     for rows, out, grads in got:
         assert bound_ratio(out, want.detach()[:, :, rows], tol.out[:, :, rows]) <= 1
         for g, leaf, bound in zip(grads, leaves, (tol.dq, tol.dk, tol.dv)):

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from wmdist.costs import ring_attention as costs
 from wmdist.ring_attention import blockwise, layout
 from wmdist.ring_attention.blockwise import attend_block, attend_block_backward, block_is_future, merge
-from wmdist.ring_attention.tolerance import ROUNDOFF, SECOND_ORDER, exact_attention, rounding_bounds, tolerance
+from wmdist.ring_attention.tolerance import (ROUNDOFF, SECOND_ORDER, attention_tolerance, exact_attention,
+                                             rounding_bounds)
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
 
@@ -41,7 +42,7 @@ def test_blockwise_equals_sdpa_values_and_gradients(dtype, causal, seq_len, bloc
     grads = torch.autograd.grad(got.out, (q, k, v), dout)
     want_grads = torch.autograd.grad(want, (q, k, v), dout)
     ex = exact_attention(q, k, v, dout, causal=causal)
-    tol = tolerance(ex, dtype, min(block, seq_len), math.ceil(seq_len / block))
+    tol = attention_tolerance(ex, dtype, min(block, seq_len), math.ceil(seq_len / block))
     _assert_within(got.out, want, tol.out, "out")
     _assert_within(got.lse, ex.lse, tol.lse, "lse")
     for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
@@ -140,7 +141,8 @@ def test_block_functions_driven_as_a_ring_equal_sdpa(world_size, kind, causal):
     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
     want = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
     want_grads = torch.autograd.grad(want, (qr, kr, vr), dout)
-    tol = tolerance(exact_attention(q, k, v, dout, causal=causal), torch.float32, seq_len // world_size, world_size)
+    tol = attention_tolerance(exact_attention(q, k, v, dout, causal=causal), torch.float32, seq_len // world_size,
+                              world_size)
     _assert_within(out, want, tol.out, "out")
     for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
         _assert_within(g, w, getattr(tol, name), name)

@@ -14,7 +14,7 @@ from wmdist.ring_attention import layout, pruned_demo
 from wmdist.ring_attention.pruned import pruned_forward
 from wmdist.ring_attention.ring import positions
 from wmdist.ring_attention.spec import RingSpec, default_seq_len
-from wmdist.ring_attention.tolerance import exact_attention, tolerance
+from wmdist.ring_attention.tolerance import exact_attention, attention_tolerance
 from wmdist.runtime import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: the parent as one of the ranks
@@ -105,8 +105,8 @@ def test_pruning_one_hop_too_many_fails_the_sdpa_check():
     for rows, out in parts:
         got[:, :, rows] = out
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    bound = tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(4), spec.key_blocks(4),
-                      grads=False).out
+    bound = attention_tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(4),
+                                spec.key_blocks(4), grads=False).out
     c = spec.seq_len // 4
     assert bound_ratio(got[:, :, :3 * c], want[:, :, :3 * c], bound[:, :, :3 * c]) <= 1   # ranks 0-2 had block 0
     assert bound_ratio(got, want, bound) > 1                                             # rank 3 did not

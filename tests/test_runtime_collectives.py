@@ -16,7 +16,7 @@ from wmdist.comm import all_reduce
 from wmdist.runtime import RankFailure, run
 from wmdist.runtime.matching import GroupPosts
 from wmdist.runtime.messages import unmatched_collectives
-from wmdist.runtime.wire import op_code
+from wmdist.runtime.routes import op_code
 
 TRIALS = 20 if os.environ.get("WMDIST_STRESS") == "1" else 2     # the 20 in a row: WMDIST_STRESS=1
 

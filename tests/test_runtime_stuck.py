@@ -18,7 +18,7 @@ from wmdist.runtime import RankFailure, run
 from wmdist.runtime.matching import GroupPosts
 from wmdist.runtime.stuck import (ANY, COLLECTIVE, MAX_GROUPS, MAX_RANKS, RECEIVE, SEND, PostBoard, group_id,
                                   group_mask, pack, stuck, unpack)
-from wmdist.runtime.wire import op_code
+from wmdist.runtime.routes import op_code
 
 
 SPAWN = multiprocessing.get_context("spawn")

@@ -51,8 +51,8 @@ def test_demos_are_registered_for_chapter_07():
     (lambda: cell_demos.cell_demo(8, steps=5), "chunks must be <= steps"),
     (lambda: cell_demos.cell_demo(8, batch=4), "world_size must be <= batch B=4"),
     (lambda: cell_demos.cell_demo(2, steps=0), "steps must be an integer >= 1"),
-    (lambda: picard_ranks.picard_demo(4, steps=3), "chunks must be <= steps"),
-    (lambda: picard_ranks.picard_demo(2, stop_below=-1.0), "stop_below must be a finite number >= 0.0"),
+    (lambda: picard_ranks.sweeps_demo(4, steps=3), "chunks must be <= steps"),
+    (lambda: picard_ranks.sweeps_demo(2, stop_below=-1.0), "stop_below must be a finite number >= 0.0"),
     (lambda: picard_ranks.run_picard(2, *cell_demos.episodes(batch=4, steps=6), max_sweeps=0), "max_sweeps must be"),
     (lambda: boundaries.run_boundaries(2, GRUCell.seeded(16, 8), torch.zeros(2, 6, 8), torch.zeros(2, 3)),
      "state size mismatch: the cell takes n=16, m=8; got h0 with n=3"),
@@ -157,7 +157,7 @@ def test_picard_is_exact_within_n_sweeps_and_costs_n_times_the_work():
 
 
 def test_picard_stopped_early_is_an_approximation_with_its_error_measured():
-    report = picard_ranks.picard_demo(8, stop_below=1e-2)
+    report = picard_ranks.sweeps_demo(8, stop_below=1e-2)
     assert report.passed and report.data.sweeps < 8
     assert 0 < report.data.errors[-1] < 0.1 and report.data.changes[-1] <= 1e-2
     with pytest.raises(KeyError):
@@ -169,7 +169,7 @@ def test_figures_are_single_figures():
     one = one_process.measure_times(steps=(4, 8), state_size=2, batch=1, repeats=1)
     cell_data = _report("scan-cell", 4).data
     figs = [figures.bytes_figure(_report("scan-bytes", 4).data), figures.ops_figure(times=[one]), figures.ops_figure(),
-            figures.from_zero_figure(cell_data), figures.picard_figure(_report("scan-picard", 4).data),
+            figures.from_zero_figure(cell_data), figures.sweeps_figure(_report("scan-picard", 4).data),
             figures.schedules_figure(cell_data.timelines)]
     assert all(isinstance(f, Figure) for f in figs)
     assert set(plt.get_fignums()) == before          # released: Jupyter shows each one once

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from wmdist.tensor_parallel.compare import tolerance
-from wmdist.tensor_parallel.overlap import (SCHEDULES, TP_OVERLAP, TPOverlapSpec, compare_overlap, mlp_reference,
-                                            overlap_rank)
+from wmdist.tensor_parallel.compare import reordered_tolerance
+from wmdist.tensor_parallel.overlap import (SCHEDULES, TP_OVERLAP, TPOverlapSpec, compare_tp_overlap, overlap_reference,
+                                            tp_overlap_rank)
 from wmdist import runtime
 
 SMALL = dict(tokens=64, width=16, hidden=64, microbatches=4, repeats=2)
@@ -19,12 +19,12 @@ SMALL = dict(tokens=64, width=16, hidden=64, microbatches=4, repeats=2)
 @pytest.fixture(scope="module")
 def run2():
     spec = TPOverlapSpec(world_size=2, **SMALL)
-    return spec, runtime.run(overlap_rank, 2, spec)
+    return spec, runtime.run(tp_overlap_rank, 2, spec)
 
 
 def test_both_schedules_same_bytes_same_output(run2):
     spec, results = run2
-    verdict = compare_overlap(spec, results)
+    verdict = compare_tp_overlap(spec, results)
     assert all(c.passed for c in verdict.checks), [c.line() for c in verdict.checks]
     assert all(c.measured == c.predicted for c in verdict.exact)
     for r in results:                                   # the schedule moves no byte: equal, and equal to M (T/M) H 4
@@ -34,11 +34,11 @@ def test_both_schedules_same_bytes_same_output(run2):
 
 def test_timings_are_reported_not_checked(run2):
     spec, results = run2
-    times = compare_overlap(spec, results).data
+    times = compare_tp_overlap(spec, results).data
     assert set(times.median) == {*SCHEDULES, "compute alone"}
     assert all(math.isfinite(t) and t > 0 for ts in times.median.values() for t in ts)
     assert math.isfinite(times.ratio())
-    assert not any("second" in c.name or "faster" in c.name for c in compare_overlap(spec, results).checks)
+    assert not any("second" in c.name or "faster" in c.name for c in compare_tp_overlap(spec, results).checks)
 
 
 def _with(results, rank: int, **changes):
@@ -52,7 +52,7 @@ def test_overlapped_output_must_equal_blocking_bit_for_bit(run2):
     moved = dict(results[1].outputs)
     moved["overlapped"] = moved["overlapped"].clone()
     moved["overlapped"][0, 0] = torch.nextafter(moved["overlapped"][0, 0], torch.tensor(math.inf))
-    checks = compare_overlap(spec, _with(results, 1, outputs=moved)).checks
+    checks = compare_tp_overlap(spec, _with(results, 1, outputs=moved)).checks
     assert [c.name for c in checks if not c.passed] == ["overlapped == blocking on rank 1"]
 
 
@@ -60,13 +60,13 @@ def test_overlapped_output_must_equal_blocking_bit_for_bit(run2):
 def test_one_process_tolerance_is_pinned(run2, factor, passes):
     """The blocking output moved from the one-process MLP by 0.4x its allowance passes; 3x or NaN fails."""
     spec, results = run2
-    ref = mlp_reference(spec)
-    tol = tolerance(ref, spec.hidden)
+    ref = overlap_reference(spec)
+    tol = reordered_tolerance(ref, spec.hidden)
     assert 0 < tol < 1e-3 * float(ref.abs().max())       # a few ulps' worth, not a loose allowance
     got = ref.clone()
     got[3, 5] = ref[3, 5] + factor * tol if not math.isnan(factor) else math.nan
     outs = {"blocking": got, "overlapped": got.clone()}
-    check = [c for c in compare_overlap(spec, _with(results, 0, outputs=outs)).checks
+    check = [c for c in compare_tp_overlap(spec, _with(results, 0, outputs=outs)).checks
              if c.name == "blocking == one process on rank 0"][0]
     assert check.passed is passes
 
@@ -74,7 +74,7 @@ def test_one_process_tolerance_is_pinned(run2, factor, passes):
 def test_a_schedule_that_moved_other_bytes_fails_its_count(run2):
     spec, results = run2
     extra = dict(results[0].payload, overlapped=results[0].payload["overlapped"] + 4)
-    exact = compare_overlap(spec, _with(results, 0, payload=extra)).exact
+    exact = compare_tp_overlap(spec, _with(results, 0, payload=extra)).exact
     wrong = [c for c in exact if c.measured != c.predicted]
     assert [(c.case, c.rank, c.quantity) for c in wrong] == [("overlapped", 0, "payload bytes")]
 

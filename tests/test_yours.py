@@ -15,11 +15,11 @@ from torch import nn
 from wmdist import costs
 from wmdist.yours import Workload, data_parallel, tensor_parallel, zero
 from wmdist.yours import dp_check, tp_check, zero_check
-from wmdist.yours.reference import one_process, param_tolerance
+from wmdist.yours.reference import one_process, workload_param_tolerance
 from wmdist.yours.refusals import digest
 from wmdist.yours.training import ReplicaResult, ZeroResult
 from wmdist.yours.versus_torch import TorchResult
-from wmdist.yours.workload import prepare
+from wmdist.yours.workload import prepare_workload
 
 
 class GRUNet(nn.Module):
@@ -159,7 +159,7 @@ def _replica(ref, spec, grad0, params) -> ReplicaResult:
 def _dp_results(spec, grad0, params):
     ref = one_process(spec.work, spec.world_size)
     ddp = TorchResult(params=(ref.params,), grad0=ref.grad0, sent={"ddp/grads": 0}, calls={})
-    return [dp_check.OursAndDDP(_replica(ref, spec, grad0, params), ddp) for _ in range(spec.world_size)]
+    return [dp_check.OursThenTorch(_replica(ref, spec, grad0, params), ddp) for _ in range(spec.world_size)]
 
 
 def _moved(t: torch.Tensor, at: int, by: float) -> torch.Tensor:
@@ -170,9 +170,9 @@ def _moved(t: torch.Tensor, at: int, by: float) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def gru_on_2():
-    spec = prepare(gru_work(optimizer="adam"), 2)
+    spec = prepare_workload(gru_work(optimizer="adam"), 2)
     ref = one_process(spec.work, spec.world_size)
-    return spec, ref, param_tolerance(spec.work, ref)
+    return spec, ref, workload_param_tolerance(spec.work, ref)
 
 
 @pytest.mark.parametrize("factor,passes", [(0.4, True), (3.0, False)])
@@ -195,8 +195,8 @@ def test_parameter_tolerances_are_pinned(no_processes, gru_on_2, factor, passes)
     assert check.passed is passes and check.tolerance == tol
     both = next(c for c in dp.checks if c.name == "our final parameters == DDP's")   # each side within tol
     assert both.tolerance == 2 * tol and both.passed is passes
-    zspec = prepare(spec.work, 2, stage=3)
-    verdict = zero_check.compare_zero(zspec, _zero_results(zspec, ref, got))
+    zspec = prepare_workload(spec.work, 2, stage=3)
+    verdict = zero_check.compare_workload_zero(zspec, _zero_results(zspec, ref, got))
     zcheck = next(c for c in verdict.checks if c.name == "ZeRO-3 final parameters == one process")
     assert zcheck.passed is passes and zcheck.tolerance == tol
 
@@ -209,7 +209,7 @@ def _zero_results(spec, ref, got):
     theirs = [TorchResult(params=tuple(torch.chunk(p, 2, dim=0)[r] for p in params), grad0=None, sent=none,
                           calls=none) for r in range(2)]
     held = dict.fromkeys(("parameters", "gradients", "optimizer_state"), 0)
-    return [zero_check.ZeroAndTorch(ZeroResult(chunk=c, grad0=g, held=held, phases=({},) * spec.work.steps), t)
+    return [zero_check.OursThenTorch(ZeroResult(chunk=c, grad0=g, held=held, phases=({},) * spec.work.steps), t)
             for c, g, t in zip(torch.tensor_split(got, 2), torch.tensor_split(ref.grad0, 2), theirs)]
 
 
@@ -234,7 +234,7 @@ def _pair_spec(n: int = 2):
 def test_tensor_parallel_allowance_is_pinned(no_processes, factor, passes):
     spec = _pair_spec()
     full = tp_check.one_device(spec)
-    tol = costs.reordered_sum_bound(tp_check.terms(spec), float(full["output"].abs().max()))
+    tol = costs.reordered_sum_bound(tp_check.pair_terms(spec), float(full["output"].abs().max()))
     results = [tp_check.PairResult(tp_check.expected_slice(full, spec, r), []) for r in range(2)]
     results[1].tensors["output"] = full["output"].clone()
     results[1].tensors["output"][0, 0, 0] += factor * tol
@@ -247,7 +247,7 @@ def test_the_dtensor_comparison_can_fail(no_processes, factor, passes):
     """torch's result is judged like ours: same slices, same allowance; 3x of it or a NaN fails."""
     spec = _pair_spec()
     full = tp_check.one_device(spec)
-    tol = costs.reordered_sum_bound(tp_check.terms(spec), float(full["input grad"].abs().max()))
+    tol = costs.reordered_sum_bound(tp_check.pair_terms(spec), float(full["input grad"].abs().max()))
     results = [tp_check.PairResult(tp_check.expected_slice(full, spec, r), [],
                                    {k: v.clone() for k, v in tp_check.expected_slice(full, spec, r).items()})
                for r in range(2)]

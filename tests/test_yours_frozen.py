@@ -13,12 +13,12 @@ from torch import nn
 
 from wmdist import costs
 from wmdist.yours import Workload, data_parallel, tensor_parallel, zero
-from wmdist.yours.dp_check import OursAndDDP, compare_dp
+from wmdist.yours.dp_check import OursThenTorch, compare_dp
 from wmdist.yours.reference import one_process
 from wmdist.yours.refusals import digest
-from wmdist.yours.training import ReplicaResult, make_optimizer
+from wmdist.yours.training import ReplicaResult, workload_optimizer
 from wmdist.yours.versus_torch import TorchResult
-from wmdist.yours.workload import build_model, flat, flat_grads, prepare, trainable
+from wmdist.yours.workload import build_model, flat, trainable_grads, prepare_workload, trainable
 
 GRAD = "step-0 gradient == one process (in units of its rounding bound)"
 
@@ -47,7 +47,7 @@ TRAINABLE = 6 * 4 + 4 + 4 * 2 + 2
 
 
 def test_the_spec_counts_trainable_elements_only():
-    spec = prepare(work(), 2)
+    spec = prepare_workload(work(), 2)
     assert (spec.numel, spec.frozen_numel) == (TRAINABLE, FROZEN)
     assert spec.trainable == (False, False, True, True, True, True)
 
@@ -100,7 +100,7 @@ def frozen_inside() -> nn.Module:
 def test_frozen_weights_inside_the_model(stage):
     inside = Workload(model=frozen_inside, loss=mse, batch=lambda step: (X[step], Y[step]), optimizer="adam",
                       lr=0.05)
-    assert prepare(inside, 2).numel == 5 * 6 + 6 + 4 + 4 * 2
+    assert prepare_workload(inside, 2).numel == 5 * 6 + 6 + 4 + 4 * 2
     report = data_parallel(inside, world_size=2) if stage == 0 else zero(inside, stage=3, world_size=2)
     _assert_passes(report, frozen_checks=2)
     if stage:
@@ -147,13 +147,13 @@ def _summed_not_averaged(work: Workload) -> ReplicaResult:
     """Rank 0 of 2 with a planted bug, simulated in this process: the gradient summed over ranks and not
     averaged (twice the whole batch's mean-loss gradient), applied every step."""
     model = build_model(work)
-    opt = make_optimizer(model, work)
+    opt = workload_optimizer(model, work)
     for step in range(work.steps):
         x, y = work.batch(step)
         opt.zero_grad()
         (mse(model, (x, y)).mean() * 2).backward()
         if step == 0:
-            grad0 = flat_grads(model)
+            grad0 = trainable_grads(model)
         opt.step()
     final = flat(trainable(model))
     return ReplicaResult(grad0=grad0, params=final, digest=digest(final), bytes_per_step=(0,) * work.steps,
@@ -161,11 +161,11 @@ def _summed_not_averaged(work: Workload) -> ReplicaResult:
 
 
 def test_float64_still_catches_a_planted_bug(no_processes):
-    spec = prepare(work_in(torch.float64, optimizer="adam", lr=0.05), 2)
+    spec = prepare_workload(work_in(torch.float64, optimizer="adam", lr=0.05), 2)
     ref = one_process(spec.work, 2)
     bugged = _summed_not_averaged(spec.work)
     ddp = TorchResult(params=(ref.params,), grad0=ref.grad0, sent={"ddp/grads": 0}, calls={})
-    checks = {c.name: c for c in compare_dp(spec, [OursAndDDP(bugged, ddp)] * 2).checks}
+    checks = {c.name: c for c in compare_dp(spec, [OursThenTorch(bugged, ddp)] * 2).checks}
     grad, params = checks[GRAD], checks["final parameters == one process (rank 0)"]
     assert not grad.passed and grad.error > 10, grad
     assert not params.passed and params.error > 10 * params.tolerance, params
@@ -174,7 +174,7 @@ def test_float64_still_catches_a_planted_bug(no_processes):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_is_refused_with_the_reason(dtype):
     with pytest.raises(ValueError, match="master weights.*mixed precision"):
-        prepare(work_in(dtype), 2)
+        prepare_workload(work_in(dtype), 2)
 
 
 def test_mixed_dtypes_are_refused():
@@ -183,14 +183,14 @@ def test_mixed_dtypes_are_refused():
         net[4].double()
         return net
     with pytest.raises(ValueError, match="mix dtypes"):
-        prepare(Workload(model=half_double, loss=mse, batch=lambda step: (X[step], Y[step])), 2)
+        prepare_workload(Workload(model=half_double, loss=mse, batch=lambda step: (X[step], Y[step])), 2)
 
 
 def test_an_all_frozen_model_is_refused():
     def still():
         return mlp().requires_grad_(False)
     with pytest.raises(ValueError, match="every parameter of model\\(\\) is frozen"):
-        prepare(Workload(model=still, loss=mse, batch=lambda step: (X[step], Y[step])), 2)
+        prepare_workload(Workload(model=still, loss=mse, batch=lambda step: (X[step], Y[step])), 2)
 
 
 # --- tensor parallelism: what it splits, and where the course teaches it ------------------------

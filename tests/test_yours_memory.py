@@ -14,7 +14,7 @@ import torch
 from test_yours import _dp_results, conv_work, gru_work
 from wmdist.yours import data_parallel, dp_check, footprint, zero
 from wmdist.yours.footprint import MiB, Estimate, available_bytes, estimate_bytes, refuse_if_too_big
-from wmdist.yours.workload import prepare
+from wmdist.yours.workload import prepare_workload
 
 
 @pytest.mark.parametrize("stage,results,rank_copies", [(0, 4, 14), (1, 3, 18), (2, 3, 25), (3, 3, 31)])
@@ -80,7 +80,7 @@ def test_the_real_entry_points_refuse_before_any_process(no_processes, monkeypat
 
 
 def test_the_every_rank_check_on_digests_fails_when_one_rank_differs(no_processes):
-    spec = prepare(gru_work(), 2)
+    spec = prepare_workload(gru_work(), 2)
     results = _dp_results(spec, *_reference(spec))
     assert next(c for c in dp_check.compare_dp(spec, results).checks if c.name.startswith("every rank")).passed
     moved = results[1].ours.params.clone()

@@ -16,11 +16,11 @@ from torch import nn
 from wmdist.course.compare import one_thread
 from wmdist.models.world import flat_params, set_flat_grads
 from wmdist.yours import Workload, data_parallel, dp_check, zero
-from wmdist.yours.reference import one_process, param_tolerance
+from wmdist.yours.reference import one_process, workload_param_tolerance
 from wmdist.yours.refusals import digest
-from wmdist.yours.training import ReplicaResult, make_optimizer
+from wmdist.yours.training import ReplicaResult, workload_optimizer
 from wmdist.yours.versus_torch import TorchResult
-from wmdist.yours.workload import build_model, prepare, rows
+from wmdist.yours.workload import build_model, prepare_workload, rows
 
 WIDTH, IN, OUT = 256, 64, 10
 
@@ -79,7 +79,7 @@ def simulate(work: Workload, n: int, bug: str | None = None) -> ReplicaResult:
     """Rank 0 of data parallelism in this process, with `bug` planted (None: correct)."""
     with one_thread():
         model = build_model(work)
-        opt = make_optimizer(model, work)
+        opt = workload_optimizer(model, work)
         for step in range(work.steps):
             parts = _shard_grads(work, model, work.batch(step), n, shift=1 if bug == "off-by-one shard" else 0)
             total = {"averaged by N again": sum(parts) / n, "summed, not averaged": sum(parts) * n,
@@ -99,7 +99,7 @@ def simulate(work: Workload, n: int, bug: str | None = None) -> ReplicaResult:
 def _checks(spec, ours: ReplicaResult) -> dict[str, object]:
     right = simulate(spec.work, spec.world_size)
     ddp = TorchResult(params=(right.params,), grad0=right.grad0, sent={"ddp/grads": 0}, calls={})
-    verdict = dp_check.compare_dp(spec, [dp_check.OursAndDDP(ours, ddp)] * spec.world_size)
+    verdict = dp_check.compare_dp(spec, [dp_check.OursThenTorch(ours, ddp)] * spec.world_size)
     return {c.name: c for c in verdict.checks}
 
 
@@ -110,7 +110,7 @@ PARAMS = "final parameters == one process (rank 0)"
 
 @pytest.mark.parametrize("n,optimizer", [(2, "sgd"), (4, "adam")])
 def test_the_simulation_itself_passes(no_processes, n, optimizer):
-    spec = prepare(mlp_work(2, n, optimizer=optimizer), n)
+    spec = prepare_workload(mlp_work(2, n, optimizer=optimizer), n)
     checks = _checks(spec, simulate(spec.work, n))
     assert all(c.passed for c in checks.values()), checks
     assert 0 < checks[GRAD].error <= 1
@@ -119,7 +119,7 @@ def test_the_simulation_itself_passes(no_processes, n, optimizer):
 @pytest.mark.parametrize("n,optimizer", [(2, "sgd"), (4, "adam")])
 @pytest.mark.parametrize("bug", BUGS)
 def test_each_planted_bug_fails_by_a_wide_margin(no_processes, bug, n, optimizer):
-    spec = prepare(mlp_work(2, n, optimizer=optimizer), n)
+    spec = prepare_workload(mlp_work(2, n, optimizer=optimizer), n)
     checks = _checks(spec, simulate(spec.work, n, bug))
     params = checks[PARAMS]
     assert not params.passed and params.error > 10 * params.tolerance, params
@@ -131,7 +131,7 @@ def test_the_bound_is_not_the_reordering_bound_alone(no_processes):
     """What the kernel term adds: without it the correct simulation is far outside (the issue's failure)."""
     from wmdist import costs
     from wmdist.course.compare import bound_ratio
-    from wmdist.yours.reference import GRAD_EXTRA_ROUNDINGS, gradient_bound, gradient_terms
+    from wmdist.yours.reference import GRAD_EXTRA_ROUNDINGS, batch_gradient_bound, gradient_terms
     work = mlp_work(2, 2)
     with one_thread():
         model = build_model(work)
@@ -142,6 +142,6 @@ def test_the_bound_is_not_the_reordering_bound_alone(no_processes):
     reorder_only = costs.reordered_sum_bound(4, 1.0, extra_roundings=GRAD_EXTRA_ROUNDINGS) * terms.abs_sum.double()
     ours = simulate(work, 2).grad0
     assert bound_ratio(ours, whole, reorder_only) > 10
-    assert bound_ratio(ours, whole, gradient_bound(4, terms)) <= 1
+    assert bound_ratio(ours, whole, batch_gradient_bound(4, terms)) <= 1
     ref = one_process(work, 2)
-    assert torch.equal(ref.grad_bounds[0], gradient_bound(4, terms)) and param_tolerance(work, ref) > 0
+    assert torch.equal(ref.grad_bounds[0], batch_gradient_bound(4, terms)) and workload_param_tolerance(work, ref) > 0

@@ -14,7 +14,7 @@ from test_yours import assert_exact_counts, names
 from wmdist.memory.zero import flat_layout
 from wmdist.models.world import on_meta
 from wmdist.yours import Workload, data_parallel, zero
-from wmdist.yours.workload import prepare
+from wmdist.yours.workload import prepare_workload
 
 
 class TiedNet(nn.Module):
@@ -58,7 +58,7 @@ def test_a_tied_weight_stays_one_parameter_on_the_meta_device():
 
 
 def test_fsdp2_units_leave_a_tied_weight_with_the_root(no_processes):
-    spec = prepare(tied_work(), 2, stage=3)
+    spec = prepare_workload(tied_work(), 2, stage=3)
     assert spec.names == ("inp.weight", "mid.weight", "mid.bias", "head.weight", "head.bias")
     assert spec.units == (("mid", (1, 2)), ("head", (3, 4)), ("(root)", (0,)))   # inp and out share index 0
 

@@ -98,6 +98,11 @@ def log_grid(k: Knob, value: float) -> LogGrid:
                    above=math.floor((high - e) / step + fuzz))
 
 
+def pow2(low: int, high: int) -> tuple[int, ...]:
+    """Slider stops 2**low .. 2**high, for a knob's `options`."""
+    return tuple(2 ** i for i in range(low, high + 1))
+
+
 def knob(default: Any, label: str, **how: Any) -> Any:
     """A dataclass field with a default and the Knob that describes its control."""
     if isinstance(default, bool):

@@ -108,7 +108,7 @@ def microbatch_rows(shape: StepShape, dp_rank: int) -> list[int]:
     return ring_chunk_sizes(share, shape.microbatches)
 
 
-def block_params(shape: StepShape, tp_rank: int) -> int:
+def rank_block_params(shape: StepShape, tp_rank: int) -> int:
     """Elements of one block on tp rank `tp_rank`: its heads' QKV rows and output columns, its MLP units, and
     the LayerNorms and row-parallel biases whole."""
     h, d = shape.width, shape.head_dim
@@ -124,7 +124,7 @@ def rank_params(shape: StepShape, tp_rank: int, pp_rank: int) -> int:
     """Parameter elements a rank at (tp_rank, pp_rank) holds: its blocks, plus the embedding and positions on the
     first stage and the final LayerNorm and head on the last (both whole on every tp rank)."""
     h = shape.width
-    n = stage_layers(shape, pp_rank) * block_params(shape, tp_rank)
+    n = stage_layers(shape, pp_rank) * rank_block_params(shape, tp_rank)
     if pp_rank == 0:
         n += (shape.obs_dim + shape.action_dim + 1) * h + (shape.max_len or shape.seq_len) * h
     if pp_rank == shape.pp - 1:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from wmdist.comm import Context
+from wmdist.costs.validate import require_int
 from wmdist.course.report import Check, Count, Report
 from wmdist.runtime import run
 from wmdist.base.on_progress import OnProgress
@@ -50,6 +51,19 @@ class Spec(Protocol):
 
     @property
     def world_size(self) -> int: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSpec:
+    """The field a demo's spec dataclass starts from: the ranks it runs on, an integer >= 1, refused here once.
+
+    A subclass adds its own fields (keyword-only, so their order is free) and, in its `__post_init__`,
+    calls this one first.
+    """
+    world_size: int
+
+    def __post_init__(self) -> None:
+        require_int("world_size", self.world_size, 1)
 
 
 S = TypeVar("S", bound=Spec)

@@ -17,7 +17,7 @@ from wmdist.comm import Context, ring_all_reduce
 from wmdist.course.compare import bound_ratio, worst
 from wmdist.costs import allreduce
 from wmdist.data_parallel.algorithms import direct_all_reduce, halving_doubling_all_reduce, tree_all_reduce
-from wmdist.data_parallel.ring import DEFAULT_NUMEL, rank_vector, reference_sum, sum_bound
+from wmdist.data_parallel.ring import DEFAULT_NUMEL, RingAllReduceSpec, rank_vector, reference_sum, sum_bound
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.course.report import Check, Report, counts_per_rank, exact_check
 
@@ -28,16 +28,13 @@ INTEGER_RANGE = 1000     # integer inputs in [-1000, 1000]: any partial sum of <
 
 
 @dataclass(frozen=True, kw_only=True)
-class AllReduceAlgorithmsSpec:
-    """The comparison, decided before any process starts: N ranks, each contributing a seeded `numel` vector."""
-    world_size: int
-    numel: int = DEFAULT_NUMEL
-    seed: int = 0
+class AllReduceAlgorithmsSpec(RingAllReduceSpec):
+    """The ring demo's inputs (its N seeded `numel` vectors) for every algorithm, with two more refusals: fewer
+    elements than ranks, and more ranks than the exact integer check allows."""
 
     def __post_init__(self) -> None:
-        n = costs.require_int("world_size", self.world_size, 1)
-        costs.require_int("numel", self.numel, 1)
-        costs.require_int("seed", self.seed, 0)
+        super().__post_init__()
+        n = self.world_size
         if self.numel < n:
             raise ValueError(f"numel must be at least world_size: {self.numel} elements cannot give each of "
                              f"{n} ranks a chunk of the sum to own")

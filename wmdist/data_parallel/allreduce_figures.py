@@ -33,7 +33,7 @@ def curves(world_size: int, *, alpha: float | None = None, beta: float | None = 
                             defaults.beta if beta is None else beta, SIZES)
 
 
-def summary(c: AlgorithmCurves) -> str:
+def algorithms_summary(c: AlgorithmCurves) -> str:
     """Rounds and bytes of each algorithm's busiest rank, and where the tree stops beating the ring, as text."""
     lines = [f"N = {c.world_size} ranks", f"α = {seconds(c.alpha)} per round",
              f"β = {seconds(c.beta)} per byte", f"  ({si(1 / c.beta, 'B/s')})" if c.beta else "", "",
@@ -63,12 +63,12 @@ def draw_tradeoff(fig: Figure, c: AlgorithmCurves) -> None:
     eng_axis(ax.yaxis, "s")
     ax.set_title(f"small G: rounds decide; large G: bytes decide (N = {c.world_size})", fontsize=FONT, loc="left")
     column = MARGINS[1] + 0.03
-    fig.text(column, MARGINS[3], summary(c), va="top", family="monospace", fontsize=SMALL)
+    fig.text(column, MARGINS[3], algorithms_summary(c), va="top", family="monospace", fontsize=SMALL)
     fig.legend(*ax.get_legend_handles_labels(), fontsize=SMALL, loc="lower left", frameon=False,
                bbox_to_anchor=(column - 0.01, MARGINS[2] - 0.04))
 
 
-def tradeoff_figure(world_size: int, *, alpha: float | None = None, beta: float | None = None) -> Figure:
+def algorithms_tradeoff_figure(world_size: int, *, alpha: float | None = None, beta: float | None = None) -> Figure:
     """The trade-off figure at `world_size` (the notebook shows N = 8), returned for a cell to show once."""
     with plt.ioff():
         fig = plt.figure(figsize=(FIGURE_PX[0] / DPI, FIGURE_PX[1] / DPI), dpi=DPI)

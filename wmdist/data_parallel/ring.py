@@ -15,7 +15,7 @@ from wmdist import costs
 from wmdist.comm import Context, all_reduce, exchange, ring_all_reduce
 from wmdist.course.compare import bound_ratio
 from wmdist.course.exercises import Exercise
-from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
 from wmdist.course.report import Check, Report, close_check, counts_per_rank
 
 DEFAULT_NUMEL = 100_003   # prime: no world size divides it, so chunk sizes differ
@@ -28,14 +28,13 @@ def rank_vector(rank: int, numel: int, *, seed: int = 0) -> torch.Tensor:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RingAllReduceSpec:
+class RingAllReduceSpec(RankSpec):
     """The comparison, decided before any process starts: N ranks, each reducing a `numel` vector seeded by rank."""
-    world_size: int
     numel: int = DEFAULT_NUMEL
     seed: int = 0
 
     def __post_init__(self) -> None:
-        costs.require_int("world_size", self.world_size, 1)
+        super().__post_init__()
         costs.require_int("numel", self.numel, 1)
         costs.require_int("seed", self.seed, 0)
 

@@ -11,7 +11,7 @@ from wmdist.diffusion.spec import SamplingSpec
 from wmdist.ui.predict import Answer
 
 
-def picard_evaluations() -> Answer:
+def picard_total_evaluations() -> Answer:
     """Exact Picard over K = 12 steps on 4 ranks: evaluations on all ranks, counted, and by formula."""
     run = picard_ranks.picard_demo(4, spec=SamplingSpec(steps=12))
     return Answer(measured=run.data.result.total_evaluations, formula=sum(dcost.picard_evaluations(12, 12)),

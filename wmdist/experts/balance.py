@@ -19,7 +19,7 @@ from wmdist.comm import Context
 from wmdist.course.compare import one_thread
 from wmdist.costs import experts as ecosts
 from wmdist.costs.validate import require_int, require_real
-from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
 from wmdist.experts.dispatch import ExpertLayout, ep_forward, expert_group, global_counts, sync_gradients
 from wmdist.experts.moe import MoEMLP, balance_loss, moe_forward
 from wmdist.experts.reference import aux_tolerance
@@ -28,9 +28,8 @@ from wmdist.course.report import Check, Count, counts_per_rank, fact_check
 
 
 @dataclass(frozen=True, kw_only=True)
-class BalanceSpec:
+class BalanceSpec(RankSpec):
     """`steps` SGD steps of the skewed layer at learning rate `lr`, for each balancing-loss weight."""
-    world_size: int
     k: int = 1
     steps: int = 6
     lr: float = 0.5
@@ -38,6 +37,7 @@ class BalanceSpec:
     layer: LayerSpec = field(init=False)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require_int("steps", self.steps, 1, high=50)
         require_real("lr", self.lr)
         for w in self.aux_weights:

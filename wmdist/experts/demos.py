@@ -19,7 +19,7 @@ from wmdist.costs import experts as ecosts
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.experts.dispatch import ExpertLayout, ep_forward, expert_group, global_counts, sync_gradients
 from wmdist.experts.moe import balance_loss
-from wmdist.experts.reference import EXACT_WHY, WHY, LayerReference, aux_tolerance, layer_reference, tolerance
+from wmdist.experts.reference import EXACT_WHY, WHY, LayerReference, aux_tolerance, layer_reference, layer_tolerance
 from wmdist.experts.spec import LayerCase, LayerSpec, layer_spec
 from wmdist.course.report import Check, Count, counts_per_rank, differ_check, exact_check, fact_check, max_abs_error
 
@@ -70,7 +70,7 @@ def layer_rank(ctx: Context, spec: LayerSpec) -> LayerRanks:
 
 def _grad_check(spec: LayerSpec, name: str, runs: list[LayerRun], ref: LayerReference) -> Check:
     """Every parameter a rank holds against the reference's, each to its own tolerance: the worst ratio."""
-    rows = [(bound_ratio(g, ref.grads[n], tolerance(spec, ref.grads[n])), f"{n} on rank {rank}")
+    rows = [(bound_ratio(g, ref.grads[n], layer_tolerance(spec, ref.grads[n])), f"{n} on rank {rank}")
             for rank, run in enumerate(runs) for n, g in run.grads.items()]
     ratio, where = rows[worst([r for r, _ in rows])]
     return Check(name=name, error=ratio, tolerance=1.0, reason=f"{WHY}; in units of each tensor's tolerance", detail=where)
@@ -110,8 +110,8 @@ def case_verdict(spec: LayerSpec, case: LayerCase, cap: int | None, runs: list[L
                     "which experts each token chose: integers, compared exactly"),
         exact_check(f"{label}: rows each expert received == one process",
                     torch.cat([r.inputs for r in runs]), ref.inputs[:starts[n]], EXACT_WHY),
-        Check(name=f"{label}: output == one process", error=max_abs_error(y, ref.y), tolerance=tolerance(spec, ref.y), reason=WHY),
-        Check(name=f"{label}: input gradient == one process", error=max_abs_error(dx, ref.dx), tolerance=tolerance(spec, ref.dx), reason=WHY),
+        Check(name=f"{label}: output == one process", error=max_abs_error(y, ref.y), tolerance=layer_tolerance(spec, ref.y), reason=WHY),
+        Check(name=f"{label}: input gradient == one process", error=max_abs_error(dx, ref.dx), tolerance=layer_tolerance(spec, ref.dx), reason=WHY),
         _grad_check(spec, f"{label}: router and expert gradients == one process", runs, ref),
         Check(name=f"{label}: balancing loss == one process", error=abs(sum(r.aux for r in runs) - ref.aux),
               tolerance=aux_tolerance(spec, ref.aux),
@@ -150,11 +150,11 @@ def drop_checks(spec: LayerSpec, case: LayerCase, cap: int, runs: list[LayerRun]
                       reason=f"capacity C = {cap} against counts {dropless.counts}")]
     if bool(kept.any()):
         out.append(Check(name=f"{label}: tokens that kept every assignment are unchanged",
-                         error=max_abs_error(y[kept], dropless.y[kept]), tolerance=tolerance(spec, dropless.y), reason=WHY))
+                         error=max_abs_error(y[kept], dropless.y[kept]), tolerance=layer_tolerance(spec, dropless.y), reason=WHY))
     if not bool(kept.all()):
         gap = (y[~kept] - dropless.y[~kept]).abs().amax(1)
         out.append(differ_check(f"{label}: every token that lost one differs", gap.min(), torch.zeros(()),
-                                tolerance(spec, dropless.y), "a dropped expert output is missing from the sum: "
+                                layer_tolerance(spec, dropless.y), "a dropped expert output is missing from the sum: "
                                 "more than rounding"))
     return out
 

@@ -26,7 +26,7 @@ from wmdist.costs import experts as ecosts
 from wmdist.costs.collectives import ring_allreduce_bytes
 from wmdist.costs.rounding import FLOAT32_ROUNDOFF, reordered_sum_bound
 from wmdist.costs.validate import require_int, require_real
-from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
 from wmdist.experts.dispatch import ExpertLayout, ep_forward, expert_group, global_counts, is_expert, sync_gradients
 from wmdist.experts.moe import MoEConfig, MoEWorldModel, balance_loss, make_moe_model, moe_forward
 from wmdist.models.world import make_batch
@@ -37,9 +37,8 @@ WHY = ("per step: lr 2(K-1) 2^-24 max|g| + 2 2^-24 (lr max|g| + max|p|), K = max
 
 
 @dataclass(frozen=True, kw_only=True)
-class MeshTrainSpec:
+class MeshTrainSpec(RankSpec):
     """`steps` SGD steps of the MoE world model on ep x dp = `world_size` ranks, B trajectories of T steps."""
-    world_size: int
     ep: int
     steps: int = 3
     lr: float = 0.1
@@ -51,7 +50,7 @@ class MeshTrainSpec:
     layout: ExpertLayout = field(init=False)
 
     def __post_init__(self) -> None:
-        require_int("world_size", self.world_size, 1)
+        super().__post_init__()
         require_int("steps", self.steps, 1, high=20)
         require_real("lr", self.lr)
         require_real("aux_weight", self.aux_weight)

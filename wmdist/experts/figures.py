@@ -115,7 +115,7 @@ def draw_capacity(fig: Figure, view: ExpertsView) -> None:
     right.set_title("bytes sent per rank, one dispatch", fontsize=FONT, loc="left")
 
 
-def bytes_axes(ax: Axes, report: Report, case: str, *, uniform: float | None = None) -> None:
+def alltoall_bytes_axes(ax: Axes, report: Report, case: str, *, uniform: float | None = None) -> None:
     """Bytes each rank sent in each all-to-all of one case: the ledger's (bars) and the formula's (black ticks)."""
     n = report.world_size
     width = 0.8 / len(PHASES)
@@ -143,7 +143,7 @@ def draw_measured(fig: Figure, report: Report | None, case: str | None, *, unifo
                 ha="center", va="center", fontsize=FONT, transform=ax.transAxes)
         return
     ax.set_axis_on()
-    bytes_axes(ax, report, case, uniform=uniform)
+    alltoall_bytes_axes(ax, report, case, uniform=uniform)
     verdict = "PASS" if report.passed else "FAIL"
     ax.set_title(f"measured on {report.world_size} ranks ({case}): ledger vs formula, {verdict}", fontsize=FONT,
                  loc="left")
@@ -166,7 +166,7 @@ def tokens_figure(counts: Sequence[int], cap: int, *, ranks: int, title: str) ->
     return fig
 
 
-def balance_figure(result: BalanceLike) -> Figure:
+def expert_imbalance_figure(result: BalanceLike) -> Figure:
     """Imbalance (max / mean tokens per expert) at every training step, with and without the balancing loss."""
     fig, ax = _figure()
     for w, series in zip(result.aux_weights, result.imbalance):
@@ -181,10 +181,10 @@ def balance_figure(result: BalanceLike) -> Figure:
     return fig
 
 
-def bytes_figure(report: Report, case: str) -> Figure:
+def alltoall_bytes_figure(report: Report, case: str) -> Figure:
     """Bytes per rank per all-to-all in one case of a moe-ep Report: ledger against formula."""
     fig, ax = _figure(7.2, 3.2)
-    bytes_axes(ax, report, case)
+    alltoall_bytes_axes(ax, report, case)
     ax.set_title(f"{case} on {report.world_size} ranks: bytes sent per all-to-all", fontsize=FONT, loc="left")
     fig.tight_layout()
     return fig

@@ -43,14 +43,14 @@ class LayerReference:
     aux: float                           # the balancing loss
 
 
-def terms(spec: LayerSpec) -> int:
+def layer_terms(spec: LayerSpec) -> int:
     """K = max(d, F, T): the longest sum whose order expert parallelism changes."""
     return max(spec.width, spec.hidden, spec.tokens)
 
 
-def tolerance(spec: LayerSpec, want: torch.Tensor) -> float:
+def layer_tolerance(spec: LayerSpec, want: torch.Tensor) -> float:
     """2(K-1) u max|want|: the entries of one compared tensor, summed in another order."""
-    return reordered_sum_bound(terms(spec), float(want.detach().abs().max()) if want.numel() else 0.0)
+    return reordered_sum_bound(layer_terms(spec), float(want.detach().abs().max()) if want.numel() else 0.0)
 
 
 def aux_tolerance(spec: LayerSpec, aux: float) -> float:

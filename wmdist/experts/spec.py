@@ -20,6 +20,7 @@ import torch
 
 from wmdist.costs import experts as ecosts
 from wmdist.costs.validate import require_choice, require_fields, require_int, require_real
+from wmdist.course.experiment import RankSpec
 from wmdist.experts.moe import MoEMLP
 
 RouterName = Literal["random", "skewed", "one expert", "local"]
@@ -41,9 +42,8 @@ class LayerCase:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayerSpec:
+class LayerSpec(RankSpec):
     """E experts of width d -> F -> d over T tokens (T/N per rank) on N = `world_size` ranks, each case in turn."""
-    world_size: int
     cases: tuple[LayerCase, ...]
     experts: int = 8
     width: int = 8
@@ -55,7 +55,8 @@ class LayerSpec:
     capacities: tuple[int | None, ...] = field(init=False)      # per case: C, or None (dropless)
 
     def __post_init__(self) -> None:
-        require_fields(self, ("world_size", "experts", "width", "hidden", "tokens"), 1)
+        super().__post_init__()
+        require_fields(self, ("experts", "width", "hidden", "tokens"), 1)
         require_int("seed", self.seed, 0)
         require_real("aux_weight", self.aux_weight)
         if self.width < 2:

@@ -42,12 +42,7 @@ from wmdist.costs.experts import (
     _uniform_unchecked,
 )
 from wmdist.costs.validate import require_fields, require_positive, require_real
-from wmdist.base.knobs import knob
-
-
-def pow2(low: int, high: int) -> tuple[int, ...]:
-    """Slider stops 2**low .. 2**high."""
-    return tuple(2 ** i for i in range(low, high + 1))
+from wmdist.base.knobs import knob, pow2
 
 
 CAPACITY_SWEEP = tuple(round(0.25 * i, 2) for i in range(2, 17))     # c = 0.5 .. 4 for the drops view

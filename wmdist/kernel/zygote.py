@@ -18,7 +18,7 @@ registered. It ends when its launcher ends (SIGTERM from its own watcher, SIGKIL
 from the zygote KILL_GRACE_S later if it is stuck in C code), and not when the
 zygote ends. Its exit status goes back to the launcher. The
 kernels of one zygote are neighbours (`WMDIST_NEIGHBOURHOOD`): a kernel
-starting ranks asks the others to close their idle ones (runtime/neighbours.py).
+starting ranks asks the others to close their idle ones (runtime/pool_budget.py).
 
 The zygote lives as long as the Jupyter server it serves (`--home`), and after
 that until its last kernel has exited. If a module it imported has changed on
@@ -42,7 +42,7 @@ import time
 import traceback
 
 from wmdist.kernel import child
-from wmdist.runtime.neighbours import NEIGHBOURHOOD_VARIABLE
+from wmdist.runtime.pool_budget import NEIGHBOURHOOD_VARIABLE
 
 # Imported in this order; missing optional ones are skipped. `wmdist.runtime.frozen` comes last: it
 # imports torch._dynamo (which torch.optim imports on first use) and freezes the garbage collector.
@@ -259,7 +259,7 @@ class Zygote:
 
             multiprocessing.current_process().authkey = os.urandom(32)   # a fresh process draws its own
             os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-            os.environ.setdefault(NEIGHBOURHOOD_VARIABLE, f"jupyter-{self.home_pid}")   # see runtime/neighbours.py
+            os.environ.setdefault(NEIGHBOURHOOD_VARIABLE, f"jupyter-{self.home_pid}")   # see runtime/pool_budget.py
             child.look_fresh(threads=self.threads)
             child.end_with_launcher(int(request["launcher"]))
             child.take_own_command_line([sys.executable, "-m", "wmdist.kernel", *request["argv"]])   # its launcher's

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from wmdist import costs
 from wmdist.comm import Context
 from wmdist.costs.validate import require_fields
-from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
 from wmdist.latents.noisy_dp import NoisyDPRun, StochasticLatentModel, noisy_dp_train, noisy_single_process
 from wmdist.course.report import Report, close_check, counts_per_rank, exact_check
 
@@ -26,15 +26,15 @@ __all__ = ["NoisyDPRun", "StochasticLatentModel", "noisy_dp_train", "noisy_singl
 
 
 @dataclass(frozen=True, kw_only=True)
-class LatentDPSpec:
+class LatentDPSpec(RankSpec):
     """The run, decided before any process starts: N ranks, `steps` SGD steps on `rows_per_rank` rows each."""
-    world_size: int
     steps: int = 3
     rows_per_rank: int = 2
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require_fields(self, ("world_size", "steps", "rows_per_rank"), 1)
+        super().__post_init__()
+        require_fields(self, ("steps", "rows_per_rank"), 1)
 
 
 def latent_dp_rank(ctx: Context, spec: LatentDPSpec) -> NoisyDPRun:

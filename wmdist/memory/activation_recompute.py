@@ -48,7 +48,7 @@ class RolloutConfig:
         require_int("seed", self.seed, 0)
 
 
-def activation_bytes(cfg: RolloutConfig, *, elem_size: int = 4) -> dict[str, int]:
+def rollout_activation_bytes(cfg: RolloutConfig, *, elem_size: int = 4) -> dict[str, int]:
     """Predicted saved-for-backward bytes (pure arithmetic).
 
     per step: Linear input B(2Z+A) plus tanh output BZ. Without checkpoints all
@@ -119,7 +119,7 @@ def _segment(cell: DynamicsCell, h: torch.Tensor, z: torch.Tensor, a: torch.Tens
     return torch.stack(states, dim=1)
 
 
-def rollout(cell: DynamicsCell, h0: torch.Tensor, z: torch.Tensor, a: torch.Tensor, *, segment: int,
+def checkpointed_rollout(cell: DynamicsCell, h0: torch.Tensor, z: torch.Tensor, a: torch.Tensor, *, segment: int,
             on_segment: list | None = None) -> torch.Tensor:
     """All states (B, T, Z), checkpointed every `segment` steps (0: plain autograd)."""
     if segment == 0:
@@ -160,12 +160,12 @@ def measure(cfg: RolloutConfig) -> dict:
         return _Saved(t, live)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda held: held.tensor):
-        hs = rollout(cell, h0, z, a, segment=cfg.segment, on_segment=segments)                  # (B, T, Z)
+        hs = checkpointed_rollout(cell, h0, z, a, segment=cfg.segment, on_segment=segments)                  # (B, T, Z)
         phase[0] = "backward"
         (hs * weight).sum().backward()
     grads = [p.grad.clone() for p in cell.parameters()] + [z.grad.clone()]
     start = time.perf_counter()                                  # timed again without the counting hooks
-    (rollout(cell, h0, z, a, segment=cfg.segment) * weight).sum().backward()
+    (checkpointed_rollout(cell, h0, z, a, segment=cfg.segment) * weight).sum().backward()
     seconds = time.perf_counter() - start
     return {"resident": bytes_by_phase["forward"], "recomputed": bytes_by_phase["backward"],
             "largest segment": max(segments, default=0), "peak": live.peak, "grads": grads, "seconds": seconds}
@@ -247,7 +247,7 @@ def measure_both(spec: CheckpointingSpec) -> RecomputeRuns:
 
 def compare_checkpointing(spec: CheckpointingSpec, results: list[RecomputeRuns]) -> Verdict:
     """Gradients with checkpoints against without (z bitwise, the cell's within the reordering bound), and every
-    saved-bytes count against `activation_bytes`; the fastest pass of each for the time ratio."""
+    saved-bytes count against `rollout_activation_bytes`; the fastest pass of each for the time ratio."""
     cfg, (runs,) = spec.rollout, results
     plain_cfg, plain, ckpt = replace(cfg, segment=0), runs.plain, runs.checkpointed
     per_unit = reordered_sum_bound(cfg.seq_len, 1.0)       # the bound scales with sum_t |term_t|, elementwise
@@ -259,10 +259,10 @@ def compare_checkpointing(spec: CheckpointingSpec, results: list[RecomputeRuns])
                     error=ratios[worst(ratios)],
                     tolerance=1.0, reason="per-step terms are bitwise equal; their sum over T steps is grouped by segment: "
                          "at most 2(T-1) 2^-24 sum_t |term_t|")]
-    predicted, measured = activation_bytes(cfg), ckpt[0]
-    exact = counts_per_rank("saved bytes", [plain[0]["resident"]], [activation_bytes(plain_cfg)["resident"]],
+    predicted, measured = rollout_activation_bytes(cfg), ckpt[0]
+    exact = counts_per_rank("saved bytes", [plain[0]["resident"]], [rollout_activation_bytes(plain_cfg)["resident"]],
                             case="without checkpoints")
-    exact += counts_per_rank("saved bytes", [plain[0]["peak"]], [activation_bytes(plain_cfg)["peak"]],
+    exact += counts_per_rank("saved bytes", [plain[0]["peak"]], [rollout_activation_bytes(plain_cfg)["peak"]],
                              case="without checkpoints: peak")
     for key in ("resident", "recomputed", "largest segment", "peak"):
         exact += counts_per_rank("saved bytes", [measured[key]], [predicted[key]], case=f"with checkpoints: {key}")

@@ -24,7 +24,7 @@ from wmdist.ui.panel import OnProgress, Panel, View
 RUN_LIMITS = {"world size": 8, "width": 256, "layers": 16, "batch": 64}   # what "run it" runs on this machine
 
 
-def run_spec(config: PatternsConfig) -> MeshSpec:
+def mesh_run_spec(config: PatternsConfig) -> MeshSpec:
     """The MeshSpec "run it" trains: the widget's sizes, if they fit a few local CPU ranks (else a ValueError)."""
     world = config.shape.world_size
     for what, value in (("world size", world), ("width", config.width), ("layers", config.layers),
@@ -44,7 +44,7 @@ def _share(n: int, parts: int) -> str:
     return f"{low}" if not extra else f"{low + 1} or {low}"
 
 
-def summary(result: PatternsResult) -> str:
+def patterns_summary(result: PatternsResult) -> str:
     """The numbers to take away, as HTML: who moves the most bytes, who is latency-bound, the best order and why."""
     t, best, default = result.traffic, result.best, result.default
     if not result.by_bytes:
@@ -120,7 +120,7 @@ class PatternsPanel(Panel):
                 View("mesh orders", lambda fig, c, r: draw_orders(fig, r))]
 
     def describe(self, config: PatternsConfig, result: PatternsResult) -> str:
-        text = summary(result)
+        text = patterns_summary(result)
         m = self.measured
         if m is not None and m.spec.shape == config.shape and self.report is not None:
             equal = all(c.passed for c in self.report.exact)
@@ -130,6 +130,6 @@ class PatternsPanel(Panel):
         return text
 
     def measure(self, config: PatternsConfig, progress: OnProgress) -> MeshRun:
-        spec = run_spec(config)
+        spec = mesh_run_spec(config)
         self.report = run_mesh(spec, spec.world_size, name="mesh (widget)", progress=progress)
         return self.report.data

@@ -34,12 +34,7 @@ from wmdist.comm.mesh import COORD_AXES, DEFAULT_ORDER
 from wmdist.costs.mesh import (TRAFFIC_AXES, Link, StepShape, Traffic, axis_in_node, axis_traffic, expert_traffic,
                                strides)
 from wmdist.costs.validate import require_int, require_positive, require_real
-from wmdist.base.knobs import knob
-
-
-def pow2(low: int, high: int) -> tuple[int, ...]:
-    """Slider stops 2**low .. 2**high."""
-    return tuple(2 ** i for i in range(low, high + 1))
+from wmdist.base.knobs import knob, pow2
 
 
 DEGREES = {"options": pow2(0, 6)}

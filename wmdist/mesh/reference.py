@@ -67,8 +67,8 @@ class Reference:
                 + 2 * math.sqrt(self.loss) * reordered_sum_bound(self.terms, self.pred_abs))
 
 
-def reordered_terms(spec: MeshSpec) -> int:
-    """K = max(3H, F, B*T) of this mesh's block (`wmdist.course.compare.reordered_terms`)."""
+def mesh_terms(spec: MeshSpec) -> int:
+    """K = max(3H, F, B*T) of this mesh's block (`wmdist.course.compare.reordered_terms` on the spec's sizes)."""
     return block_terms(spec.width, spec.mlp_ratio * spec.width, spec.batch * spec.seq_len)
 
 
@@ -83,7 +83,7 @@ def reference_step(spec: MeshSpec) -> Reference:
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         Momentum(list(model.parameters()), spec.lr).step()
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return Reference(loss=loss.item(), pred_abs=pred.detach().abs().max().item(), grads=grads, params=params, terms=reordered_terms(spec))
+    return Reference(loss=loss.item(), pred_abs=pred.detach().abs().max().item(), grads=grads, params=params, terms=mesh_terms(spec))
 
 
 def _worst(label: str, got: list[dict[str, torch.Tensor]], want: list[dict[str, torch.Tensor]],

@@ -105,7 +105,7 @@ def run_schedule(pp: Context, spec: MeshSpec, stage: MeshStage, micro: list[dict
     return loss if stage.last else None
 
 
-def sync_gradients(stage: MeshStage, views: dict[str, Context], buckets: int) -> None:
+def sync_mesh_gradients(stage: MeshStage, views: dict[str, Context], buckets: int) -> None:
     """Sum the gradient over the cp ranks, then over the dp ranks: one ring all-reduce per bucket and axis."""
     flat = flat_grads(stage)                                          # (P_local,)
     pieces = []
@@ -166,7 +166,7 @@ def mesh_step(ctx: Context, spec: MeshSpec) -> RankStep:
     ctx.ledger.reset()
     start = time.perf_counter()
     loss = run_schedule(views["pp"], spec, stage, micro, tp, views["cp"])
-    sync_gradients(stage, views, spec.buckets)
+    sync_mesh_gradients(stage, views, spec.buckets)
     grads = {n: p.grad.clone() for n, p in zip(names, stage.parameters())}
     opt.step()
     seconds = time.perf_counter() - start

@@ -37,7 +37,7 @@ def side_by_side(run: MeshRun) -> str:
     return f"{run.spec.degrees}, one training step, per rank:\n" + _table(header, rows)
 
 
-def memory_table(run: MeshRun) -> str:
+def mesh_memory_table(run: MeshRun) -> str:
     """One row per kind: the memory calculator's bytes per rank, and the bytes each rank holds after the step."""
     n = len(run.coords)
     rows = []

@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Any, NoReturn
 
 from wmdist.pipeline.schedules import (MAX_CHUNKS, MAX_MICROBATCHES, MAX_SLOTS, MAX_STAGES, Schedule,
-                                       make_schedule, to_json)
+                                       make_schedule, schedule_to_json)
 from wmdist.pipeline.simulate import gantt_text, simulate
 
 FLAGS = {"stages": "-P", "microbatches": "-M", "chunks": "-v", "stages*microbatches*chunks": "-P*-M*-v"}
@@ -100,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     idle, over_ideal = result.idle_fraction, result.bubble_over_ideal
     if args.json:
-        data = to_json(schedule)
+        data = schedule_to_json(schedule)
         data["idle_fraction"], data["bubble_over_ideal"] = float(idle), float(over_ideal)
         if diagram is not None:
             data["gantt"] = diagram.splitlines()

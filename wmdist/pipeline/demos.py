@@ -3,7 +3,7 @@
 `forward_demo` is the text's basic schedule: M microbatches flow forward
 through P stages (GPipe's forward half); the output must equal the
 single-device model and the ledger must show M(P-1) activation transfers
-with their bytes. `train_demo` runs GPipe, 1F1B and interleaved 1F1B: the
+with their bytes. `schedules_train_demo` runs GPipe, 1F1B and interleaved 1F1B: the
 loss and every gradient must equal the full-batch run (to the rounding of
 summing the B*T token rows in M groups), and bitwise equal a single process
 that accumulates the same microbatches in the same order.
@@ -41,7 +41,7 @@ from wmdist.models.transformer import TransformerConfig
 
 __all__ = ["Plans", "StageRuns", "by_case", "plans_rank", "boundary_counts", "ForwardResult", "forward_spec",
            "compare_forward", "FORWARD_DEMO", "forward_demo", "TrainResult", "backward_orders", "train_plans",
-           "train_spec", "compare_train", "TRAIN_DEMO", "train_demo", "DEMOS"]
+           "train_spec", "compare_train", "TRAIN_DEMO", "schedules_train_demo", "DEMOS"]
 
 WIDTH = TransformerConfig().width      # H: every boundary tensor is one microbatch of (b, T, H) float32
 
@@ -200,7 +200,7 @@ TRAIN_DEMO = Experiment(name="pp-train", chapter="05", world_sizes=(1, 2, 4), sp
                         ranks=plans_rank, compare=compare_train)
 
 
-def train_demo(world_size: int, *, plans: list[tuple[ScheduleName, int, int]] | None = None) -> Report:
+def schedules_train_demo(world_size: int, *, plans: list[tuple[ScheduleName, int, int]] | None = None) -> Report:
     """One training step under each schedule: loss and every gradient vs one process, transfers and peaks counted."""
     return TRAIN_DEMO.run_spec(train_spec(world_size, plans=plans))
 

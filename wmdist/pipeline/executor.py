@@ -40,7 +40,7 @@ from wmdist.pipeline.plan import (
     incoming,
     microbatch_sizes,
     owner,
-    require_world,
+    require_stage_ranks,
     stage_blocks,
 )
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Action, Schedule
@@ -265,7 +265,11 @@ def _ledger_counts(ctx: Context) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def run_pipeline(world_size: int, schedule: Schedule, work: PipeWork) -> list[StageRun]:
-    """Run `schedule` on `world_size` local ranks; every bad input is refused here, before any process starts."""
-    require_world(world_size, schedule)
+    """Run `schedule` on `world_size` local ranks; every bad input is refused here, before any process starts.
+
+    A helper for tests: it calls `runtime.run` itself, and no demo reaches it (the chapter's demos are
+    Experiments, in demos.py).
+    """
+    require_stage_ranks(world_size, schedule)
     work.check(schedule)
     return run(pipeline_rank, world_size, schedule, work)

@@ -23,7 +23,7 @@ from wmdist.costs import pipeline as pcosts
 from wmdist.costs.validate import require_int
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.pipeline.spec import Plans, StageRuns, by_case, plans_rank
-from wmdist.pipeline.plan import PipeWork, require_world, slow_stage_work
+from wmdist.pipeline.plan import PipeWork, require_stage_ranks, slow_stage_work
 from wmdist.pipeline.results import ImbalanceCurve, MeasuredBubble   # noqa: F401 - re-exported: the records live there
 from wmdist.pipeline.schedules import MAX_MICROBATCHES, Schedule, make_schedule
 from wmdist.pipeline.simulate import simulate, spans
@@ -68,7 +68,7 @@ def ideal_timeline(schedule: Schedule, work: PipeWork) -> tuple[Span, ...]:
 
 def check_timed(schedule: Schedule, work: PipeWork) -> Schedule:
     """Refuse, before any process starts, what cannot be timed: a bad plan, or no fixed sleep to measure."""
-    require_world(schedule.stages, schedule)
+    require_stage_ranks(schedule.stages, schedule)
     work.check(schedule)
     if work.slot_seconds <= 0:
         raise ValueError("slot_seconds must be > 0 to measure a bubble: the fixed sleep is the stages' work")

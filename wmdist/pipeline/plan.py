@@ -171,7 +171,7 @@ def slow_stage_work(virtual_stages: int, *, factor: float = 2.0, stage: int = 1)
     return tuple(factor if i == s else 1.0 for i in range(n))
 
 
-def require_world(world_size: int, schedule: Schedule) -> None:
+def require_stage_ranks(world_size: int, schedule: Schedule) -> None:
     """A pipeline of P stages runs on exactly P ranks: say so before any process starts."""
     n = require_int("world_size", world_size, 1)
     if n != schedule.stages:

@@ -10,7 +10,7 @@ from wmdist.pipeline import measure
 from wmdist.ui.predict import Answer
 
 
-def idle_fraction() -> Answer:
+def bubble_idle_fraction() -> Answer:
     """Time the forward pipeline at P = 4, M = 6 on four ranks: the median idle fraction, and the formula's."""
     run = measure.bubble_demo(4, microbatches=6)
     return Answer(measured=run.data.median_idle, formula=pcosts.bubble_fraction(4, 6),

@@ -27,7 +27,7 @@ from wmdist.costs.rounding import FLOAT32_ROUNDOFF
 from wmdist.costs.validate import require_int
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.pipeline.executor import StageRun, pipeline_rank
-from wmdist.pipeline.plan import PipeWork, microbatch_sizes, require_world
+from wmdist.pipeline.plan import PipeWork, microbatch_sizes, require_stage_ranks
 from wmdist.pipeline.schedules import Schedule, make_schedule
 from wmdist.pipeline.stages import batch_for, gradient_tolerance, model_for, one_thread, reference
 from wmdist.course.report import Report, close_check, differ_check, max_abs_error
@@ -112,7 +112,7 @@ def rollout_spec(world_size: int, *, environments: int | None = None, horizon: i
                              f"trajectory") from None
     work = PipeWork(batch_size=2 * m if environments is None else environments, seq_len=horizon)
     schedule = make_schedule("1f1b", world_size, m)
-    require_world(world_size, schedule)
+    require_stage_ranks(world_size, schedule)
     work.check(schedule)
     return RolloutSpec(schedule=schedule, work=work)
 

@@ -277,19 +277,19 @@ def _schedule_unchecked(name: ScheduleName, p: int, m: int, v: int) -> Schedule:
     return _gpipe(p, m) if name == "gpipe" else _one_f_one_b(p, m)
 
 
-def to_json(schedule: Schedule) -> dict[str, Any]:
+def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
     """The schedule as plain JSON data: {"schedule", "stages", "microbatches", "chunks", "ranks": [[tokens]]}."""
     return {"schedule": schedule.name, "stages": schedule.stages, "microbatches": schedule.microbatches,
             "chunks": schedule.chunks, "ranks": [list(tokens) for tokens in schedule.tokens()]}
 
 
 def from_json(data: dict[str, Any]) -> Schedule:
-    """Rebuild a Schedule from to_json's output (or a hand-written order in the same form)."""
+    """Rebuild a Schedule from schedule_to_json's output (or a hand-written order in the same form)."""
     if not isinstance(data, dict):
-        raise TypeError(f"data must be a dict as written by to_json, got {type(data).__name__}")
+        raise TypeError(f"data must be a dict as written by schedule_to_json, got {type(data).__name__}")
     missing = [k for k in ("schedule", "stages", "microbatches", "chunks", "ranks") if k not in data]
     if missing:
-        raise ValueError(f"data lacks {missing}; expected the keys to_json writes")
+        raise ValueError(f"data lacks {missing}; expected the keys schedule_to_json writes")
     ranks = data["ranks"]
     if not isinstance(ranks, (list, tuple)) or any(not isinstance(r, (list, tuple)) for r in ranks):
         raise TypeError(f"ranks must be a list of token lists, one per rank, got {ranks!r}")

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from wmdist.comm import Context
 from wmdist.costs.pipeline import ScheduleName
 from wmdist.pipeline.executor import StageRun, pipeline_rank
-from wmdist.pipeline.plan import PipeWork, check_name, require_world
+from wmdist.pipeline.plan import PipeWork, check_name, require_stage_ranks
 from wmdist.pipeline.schedules import Schedule, make_schedule
 
 
 def checked_schedule(world_size: int, name: ScheduleName, microbatches: int, chunks: int, work: PipeWork) -> Schedule:
     """Build and check everything a run needs; a bad input is one ValueError here, before any process starts."""
     schedule = make_schedule(check_name(name), world_size, microbatches, chunks=chunks)
-    require_world(world_size, schedule)
+    require_stage_ranks(world_size, schedule)
     work.check(schedule)
     return schedule
 

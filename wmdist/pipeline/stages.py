@@ -26,7 +26,7 @@ from wmdist.pipeline.executor import (  # the model cut into stages lives with t
 )
 
 __all__ = ["StageModule", "batch_for", "microbatch_loss", "model_for", "split_microbatches", "stage_modules",
-           "stage_parameter_names", "PipelineReference", "reference", "gradient_bound", "gradient_tolerance",
+           "stage_parameter_names", "PipelineReference", "reference", "stage_gradient_bound", "gradient_tolerance",
            "loss_tolerance"]
 from wmdist.pipeline.plan import PipeWork
 from wmdist.models.transformer import TransformerConfig, TransformerWorldModel
@@ -76,10 +76,10 @@ def _reference(work: PipeWork, microbatches: int, gradients: bool) -> PipelineRe
         model.zero_grad()
         microbatch_loss(model(mb["obs"], mb["actions"]), mb["next_obs"], work.batch_size).backward()
         per_mb.append({n: p.grad.clone() for n, p in model.named_parameters()})
-    return PipelineReference(output=output, loss=loss.detach(), grads=grads, per_microbatch=per_mb, bound=gradient_bound(work))
+    return PipelineReference(output=output, loss=loss.detach(), grads=grads, per_microbatch=per_mb, bound=stage_gradient_bound(work))
 
 
-def gradient_bound(work: PipeWork) -> float:
+def stage_gradient_bound(work: PipeWork) -> float:
     """Largest sum over token rows of |one row's term| in any parameter's gradient: the scale of its rounding.
 
     Every gradient that crosses rows is a sum over the B*T token rows: a

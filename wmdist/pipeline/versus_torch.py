@@ -26,7 +26,7 @@ from wmdist.costs.pipeline import ScheduleName
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.pipeline.spec import Plans
 from wmdist.pipeline.executor import StageRun, pipeline_rank
-from wmdist.pipeline.plan import PipeWork, require_world, transfer_counts
+from wmdist.pipeline.plan import PipeWork, require_stage_ranks, transfer_counts
 from wmdist.pipeline.schedules import Schedule, make_schedule, parse_token
 from wmdist.pipeline.stages import StageModule, batch_for, microbatch_loss, model_for
 from wmdist.course.report import Check, Count, Report, counts_per_rank, exact_check, max_abs_error
@@ -112,7 +112,7 @@ def check_torch_plan(world_size: int, name: ScheduleName, microbatches: int, chu
                      work: PipeWork) -> Schedule:
     """Build the schedule and refuse what torch's schedules cannot run the same way, before any process starts."""
     schedule = make_schedule(name, world_size, microbatches, chunks=chunks)
-    require_world(world_size, schedule)
+    require_stage_ranks(world_size, schedule)
     work.check(schedule)
     if world_size < 2:
         raise ValueError(f"world_size must be >= 2 to compare with torch.distributed.pipelining, got {world_size}")
@@ -160,9 +160,12 @@ def comparisons(plans: Plans, results: list[BothRuns]) -> list[Comparison]:
     return out
 
 
-def compare(world_size: int, name: ScheduleName, microbatches: int, *, chunks: int = 1,
+def compare_with_torch(world_size: int, name: ScheduleName, microbatches: int, *, chunks: int = 1,
             work: PipeWork | None = None) -> Comparison:
-    """Run `name` on `world_size` ranks with our executor and with torch's schedule; compare everything."""
+    """Run `name` on `world_size` ranks with our executor and with torch's schedule; compare everything.
+
+    A helper for tests of one schedule at a time: it calls `runtime.run` itself; the demo is TORCH_DEMO.
+    """
     work = work or PipeWork(batch_size=2 * microbatches)
     schedule = check_torch_plan(world_size, name, microbatches, chunks, work)
     plans = Plans(world_size=world_size, cases=((schedule, work),))

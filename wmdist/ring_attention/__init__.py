@@ -15,6 +15,7 @@ the harness. They use layout.py for which positions each rank holds. The rest ch
   tolerance.py   the derived rounding bound between two attention implementations (elementwise).
   traffic.py     pure: the traffic widget's model (bytes, FLOPs, memory, overlap, DP/TP/CP per step).
   spec.py        the sizes of a run, refused before any process starts; seeded inputs; the shared cases.
+  checks.py      what the ring demos check alike: SDPA within the rounding bound, the forward's work.
   demos.py       ring == SDPA (fp32, fp64, causal or not, forward and backward), bytes and work exact.
   pruned_demo.py  pruned ring, uniform ring and zigzag side by side: == SDPA, bytes and sends exact.
   versus_torch.py  torch's private ring template on the same gloo ranks.

@@ -27,7 +27,7 @@ from wmdist.ring_attention.spec import Cases
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.ring import positions, ring_forward
 from wmdist.ring_attention.spec import RingSpec
-from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
+from wmdist.ring_attention.tolerance import REASON, exact_attention, attention_tolerance
 from wmdist.base.spans import Span
 
 LAYOUTS = lay.LAYOUTS
@@ -44,7 +44,7 @@ class BalanceRank:
     spans: tuple[Span, ...]      # the last repeat's timeline
 
 
-def balance_rank(ctx: Context, spec: RingSpec, *, layout: Layout, repeats: int) -> BalanceRank:
+def layout_balance_rank(ctx: Context, spec: RingSpec, *, layout: Layout, repeats: int) -> BalanceRank:
     """Rank function: the causal ring forward `repeats` times on this rank's rows of one layout."""
     q, k, v, _ = spec.inputs(dtype="float32")
     rows = positions(spec.seq_len, ctx.world_size, ctx.rank, layout=layout)
@@ -99,18 +99,19 @@ def balance_run(world_size: int, *, seq_len: int | None = None, block_size: int 
 
 
 def balance_ranks(ctx: Context, run: BalanceRun) -> Cases[BalanceRank]:
-    """Rank function: `balance_rank` under each layout in turn."""
-    return Cases(LAYOUTS, tuple(balance_rank(ctx, run.ring, layout=layout, repeats=run.repeats) for layout in LAYOUTS))
+    """Rank function: `layout_balance_rank` under each layout in turn."""
+    return Cases(LAYOUTS, tuple(layout_balance_rank(ctx, run.ring, layout=layout, repeats=run.repeats)
+                                for layout in LAYOUTS))
 
 
-def compare_balance(run: BalanceRun, outcomes: list[Cases[BalanceRank]]) -> Verdict:
+def compare_layout_balance(run: BalanceRun, outcomes: list[Cases[BalanceRank]]) -> Verdict:
     """Each layout's output against SDPA (rounding bound), its pairs and tiles per rank against the layout's
     formulas; the CPU times are reported, never checked."""
     spec, world_size = run.ring, run.world_size
     results = {layout: [o[layout] for o in outcomes] for layout in LAYOUTS}
     q, k, v, dout = spec.inputs(dtype="float32")
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    tol = tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(world_size),
+    tol = attention_tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(world_size),
                     spec.key_blocks(world_size), grads=False)
     checks: list[Check] = []
     exact: list[Count] = []
@@ -136,7 +137,7 @@ def compare_balance(run: BalanceRun, outcomes: list[Cases[BalanceRank]]) -> Verd
 BALANCE_DEMO = Experiment(name="ring-attention-balance", chapter="06", world_sizes=(2, 4), spec=balance_run,
                           title="Causal load balance: contiguous blocks give the last rank the most work, zigzag "
                                 "equal work; exact pair counts, measured CPU time",
-                          ranks=balance_ranks, compare=compare_balance)
+                          ranks=balance_ranks, compare=compare_layout_balance)
 
 
 def balance_demo(world_size: int, *, seq_len: int | None = None, block_size: int = 64, heads: int = 2,

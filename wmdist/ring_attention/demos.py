@@ -18,27 +18,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
 from wmdist.comm import Context
-from wmdist.course.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.course.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
+from wmdist.ring_attention.checks import assembled, sdpa_checks, sdpa_reference, sizes, work_counts
 from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD
 from wmdist.ring_attention.layout import Layout
-from wmdist.ring_attention.spec import (DTYPES, Cases, DTypeName, RankCase, RingRun, RingSpec, assemble, ring_run,
-                                        run_case)
-from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
+from wmdist.ring_attention.spec import DTYPES, Cases, DTypeName, RankCase, RingRun, RingSpec, ring_run, run_case
 from wmdist.base.spans import Span
 
 CASES = tuple((dtype, causal, layout) for dtype in ("float32", "float64")
               for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")))
 PAPER = "paper loop, N sends"
-__all__ = ["CASES", "PAPER", "Cases", "RankCase", "RingRun", "ring_run", "case_name", "ring_cases", "compare_ring",
-           "RingDemoData", "RING_DEMO", "ring_attention_demo", "DEMOS"]
+__all__ = ["CASES", "PAPER", "Cases", "RankCase", "RingRun", "ring_run", "case_name", "ring_cases",
+           "compare_ring_attention", "RingDemoData", "RING_DEMO", "ring_attention_demo", "DEMOS"]
 
 
 def case_name(dtype: DTypeName, *, causal: bool, layout: Layout) -> str:
@@ -61,18 +56,7 @@ def _checks(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DType
     """Output and three gradients of one case against SDPA on the full sequence, in units of the rounding bound."""
     name = case_name(dtype, causal=causal, layout=layout)
     ranks = [res[name] for res in results]
-    rows = [rc.rows for rc in ranks]
-    q, k, v, dout = spec.inputs(dtype=dtype)
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    want = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    want_grads = torch.autograd.grad(want, leaves, dout)
-    tol = tolerance(exact_attention(q, k, v, dout, causal=causal), getattr(torch, dtype), spec.tile(n),
-                    spec.key_blocks(n))
-    got = {"out": assemble(spec, [rc.out for rc in ranks], rows)}
-    got.update({g: assemble(spec, [rc.grads[i] for rc in ranks], rows) for i, g in enumerate(("dq", "dk", "dv"))})
-    wanted = dict(zip(("out", "dq", "dk", "dv"), (want, *want_grads)))
-    return [Check(name=f"{name}: {key} == SDPA", error=bound_ratio(got[key], wanted[key], getattr(tol, key)), tolerance=1.0, reason=REASON)
-            for key in ("out", "dq", "dk", "dv")]
+    return sdpa_checks(name, assembled(spec, ranks), sdpa_reference(spec, n, dtype=dtype, causal=causal))
 
 
 def _counts(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DTypeName, causal: bool,
@@ -93,14 +77,9 @@ def _counts(spec: RingSpec, n: int, results: list[Cases[RankCase]], dtype: DType
         return out
     tiles = [sum(row) for row in lay.tile_pairs(spec.seq_len, n, layout=layout, block_size=spec.tile(n),
                                                 causal=causal)]
-    skipped = lay.skipped_steps(spec.seq_len, n, layout=layout) if causal else []
     for phase, pick in ((FORWARD, lambda rc: rc.forward), (BACKWARD_KV, lambda rc: rc.backward)):
         out += counts_per_rank("tiles computed", [sum(pick(rc).tiles) for rc in ranks], tiles, phase=phase, case=name)
-    out += counts_per_rank("query-key pairs", [sum(rc.forward.pairs) for rc in ranks],
-                           lay.rank_work(spec.seq_len, n, layout=layout, causal=causal), phase=FORWARD, case=name)
-    out += counts_per_rank("steps skipped", [len(rc.forward.skipped) for rc in ranks],
-                           [sum(1 for r, _ in skipped if r == rank) for rank in range(n)], phase=FORWARD, case=name)
-    return out
+    return out + work_counts(spec, n, name, ranks, layout=layout, causal=causal)
 
 
 @dataclass(frozen=True)
@@ -110,7 +89,7 @@ class RingDemoData:
     backward: tuple[Span, ...]
 
 
-def compare_ring(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
+def compare_ring_attention(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
     """Every case against SDPA in units of its rounding bound, bytes and work against the formulas, the paper's
     N-sends loop against N-1 sends."""
     spec, world_size = run.ring, run.world_size
@@ -130,8 +109,7 @@ def compare_ring(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
     zig = [res[case_name("float32", causal=True, layout="zigzag")] for res in results]
     data = RingDemoData(tuple(s for rc in zig for s in rc.forward.spans),
                         tuple(s for rc in zig for s in rc.backward.spans))
-    params: dict[str, Any] = {"seq_len": spec.seq_len, "batch": spec.batch, "heads": spec.heads,
-                              "head_dim": spec.head_dim, "kv_width": spec.kv_width, "block_size": spec.block_size}
+    params: dict[str, Any] = sizes(spec)
     if world_size == 1:
         params["note"] = "one rank has no neighbour: the paper's N-sends loop would send to itself, which gloo refuses"
     return Verdict(checks=checks, exact=exact, params=params, data=data)
@@ -139,7 +117,7 @@ def compare_ring(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
 
 RING_DEMO = Experiment(name="ring-attention", chapter="06", world_sizes=tuple(range(1, 9)), spec=ring_run,
                        title="Ring attention on N ranks == SDPA (fp32, fp64, causal or not, forward and backward); "
-                             "KV bytes (N-1) S d_KV / N per rank", ranks=ring_cases, compare=compare_ring)
+                             "KV bytes (N-1) S d_KV / N per rank", ranks=ring_cases, compare=compare_ring_attention)
 
 
 def ring_attention_demo(world_size: int, *, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:

@@ -31,7 +31,7 @@ from wmdist.ring_attention.blockwise import attend_block, merge
 from wmdist.ring_attention.layout import check_layout
 from wmdist.ring_attention.ring import FORWARD, positions, ring_forward
 from wmdist.ring_attention.spec import default_seq_len
-from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
+from wmdist.ring_attention.tolerance import REASON, exact_attention, attention_tolerance
 
 DECODE, HANDOFF = "decode", "prefill handoff"
 
@@ -139,8 +139,8 @@ def compare_generation(spec: GenerationSpec, ranks: list[RankGeneration]) -> Ver
     for rk in ranks:
         got[:, :, rk.rows] = rk.prefill
     c = s // n
-    tol = tolerance(exact_attention(q, k, v, torch.zeros_like(q), causal=True), torch.float64, min(block_size, c),
-                    n * -(-c // min(block_size, c)), grads=False)
+    tol = attention_tolerance(exact_attention(q, k, v, torch.zeros_like(q), causal=True), torch.float64,
+                              min(block_size, c), n * -(-c // min(block_size, c)), grads=False)
     checks = [Check(name="prefill (context, all ranks at once) == SDPA", error=bound_ratio(got, want, tol.out), tolerance=1.0, reason=REASON),
               exact_check("every rank generated the same tokens", [rk.tokens for rk in ranks],
                           [ranks[0].tokens] * n, "all ranks merge the same gathered partials in the same order")]
@@ -151,7 +151,8 @@ def compare_generation(spec: GenerationSpec, ranks: list[RankGeneration]) -> Ver
         qs, ks, vs = model.qkv(whole[: s + step + 1])
         qn, zero = qs[:, :, -1:], torch.zeros_like(qs[:, :, -1:])
         ref = F.scaled_dot_product_attention(qn, ks, vs)        # the new token sees every earlier position and itself
-        bound = tolerance(exact_attention(qn, ks, vs, zero, causal=False), torch.float64, c + step + 1, n, grads=False)
+        bound = attention_tolerance(exact_attention(qn, ks, vs, zero, causal=False), torch.float64, c + step + 1, n,
+                                    grads=False)
         errors.append(bound_ratio(ranks[0].outputs[step], ref[0, 0, 0], bound.out[0, 0, 0]))
     checks.append(Check(name="each new token's attention == SDPA over its prefix (worst step)", error=errors[worst(errors)], tolerance=1.0,
                         reason=REASON))

@@ -121,7 +121,11 @@ def _time_exchange(ctx: Context, numel: int, repeats: int) -> list[float]:
 
 
 def measure_link(*, mib: int = 8, repeats: int = 7) -> float:
-    """Bytes per second one way between two gloo ranks, both sending at once (median over repeats)."""
+    """Bytes per second one way between two gloo ranks, both sending at once (median over repeats).
+
+    A helper for notebooks and tests (chapter 06 reads this machine's B): it calls `runtime.run` itself,
+    since a measurement of the machine is no demo with a verdict.
+    """
     numel = mib * 2 ** 20 // 4
     out = run(_time_exchange, 2, numel, repeats)
     return 4 * numel / statistics.median(max(a, b) for a, b in zip(*out))
@@ -139,7 +143,10 @@ def _time_matmul(ctx: Context, size: int, repeats: int) -> list[float]:
 
 
 def measure_matmul_flops(*, size: int = 512, repeats: int = 7) -> float:
-    """float32 FLOP/s of one rank (one thread) on a size x size matrix product: 2 size^3 / median time."""
+    """float32 FLOP/s of one rank (one thread) on a size x size matrix product: 2 size^3 / median time.
+
+    A helper for notebooks and tests, like `measure_link`: it calls `runtime.run` itself.
+    """
     return 2 * size ** 3 / statistics.median(run(_time_matmul, 1, size, repeats)[0])
 
 

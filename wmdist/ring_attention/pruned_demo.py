@@ -18,20 +18,18 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
-import torch.nn.functional as F
 
 from wmdist.comm import Context
-from wmdist.course.compare import bound_ratio
 from wmdist.costs import ring_attention as costs
 from wmdist.costs.validate import require_choice
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.course.report import Check, Count, Report, counts_per_rank, exact_check
 from wmdist.ring_attention import layout as lay
+from wmdist.ring_attention.checks import assembled, sdpa_checks, sdpa_reference, sizes, work_counts
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.pruned import pruned_backward, pruned_forward
 from wmdist.ring_attention.ring import BACKWARD_GRAD, BACKWARD_KV, FORWARD, ring_backward, ring_forward
-from wmdist.ring_attention.spec import DTYPES, Cases, RankCase, RingRun, RingSpec, assemble, ring_run, run_case
-from wmdist.ring_attention.tolerance import REASON, exact_attention, tolerance
+from wmdist.ring_attention.spec import DTYPES, Cases, RankCase, RingRun, RingSpec, ring_run, run_case
 
 Ring = Literal["pruned", "uniform"]     # the pruned ring (pruned.py) or the uniform one (ring.py)
 RINGS: tuple[Ring, ...] = get_args(Ring)
@@ -40,7 +38,7 @@ CASES: tuple[tuple[Ring, Layout], ...] = (("pruned", "contiguous"), ("uniform", 
 PHASES = (FORWARD, BACKWARD_KV, BACKWARD_GRAD)
 
 
-def case_name(ring: Ring, *, layout: Layout) -> str:
+def pruned_case_name(ring: Ring, *, layout: Layout) -> str:
     """The case key of a Report row, e.g. "pruned contiguous"."""
     return f"{ring} {layout}"
 
@@ -48,7 +46,7 @@ def case_name(ring: Ring, *, layout: Layout) -> str:
 def pruned_cases(ctx: Context, run: RingRun) -> Cases[RankCase]:
     """Rank function: every case, causal, float32, forward and backward, each with a fresh ledger."""
     rings = {"pruned": (pruned_forward, pruned_backward), "uniform": (ring_forward, ring_backward)}
-    out = {case_name(ring, layout=layout): run_case(ctx, run.ring, dtype="float32", causal=True, layout=layout,
+    out = {pruned_case_name(ring, layout=layout): run_case(ctx, run.ring, dtype="float32", causal=True, layout=layout,
                                                     forward=rings[ring][0], backward=rings[ring][1])
            for ring, layout in CASES}
     return Cases(tuple(out), tuple(out.values()))
@@ -76,13 +74,6 @@ def predicted_bytes(spec: RingSpec, world_size: int, *, ring: Ring, layout: Layo
             BACKWARD_GRAD: [grad_back] * world_size}
 
 
-def _full(spec: RingSpec, ranks: list[RankCase]) -> list[torch.Tensor]:
-    """out, dq, dk, dv of the whole sequence, assembled from the ranks' rows."""
-    rows = [rk.rows for rk in ranks]
-    return [assemble(spec, [rk.out for rk in ranks], rows)] + \
-        [assemble(spec, [rk.grads[i] for rk in ranks], rows) for i in range(3)]
-
-
 def _counts(spec: RingSpec, n: int, name: str, ring: Ring, layout: Layout, ranks: list[RankCase]) -> list[Count]:
     want_bytes = predicted_bytes(spec, n, ring=ring, layout=layout)
     want_sends = predicted_sends(n, ring=ring, layout=layout)
@@ -92,12 +83,7 @@ def _counts(spec: RingSpec, n: int, name: str, ring: Ring, layout: Layout, ranks
                                phase=phase, case=name)
         out += counts_per_rank("sends", [rk.sends.get(phase, 0) for rk in ranks], want_sends[phase],
                                phase=phase, case=name)
-    skipped = lay.skipped_steps(spec.seq_len, n, layout=layout)
-    out += counts_per_rank("query-key pairs", [sum(rk.forward.pairs) for rk in ranks],
-                           lay.rank_work(spec.seq_len, n, layout=layout, causal=True), phase=FORWARD, case=name)
-    out += counts_per_rank("steps skipped", [len(rk.forward.skipped) for rk in ranks],
-                           [sum(1 for r, _ in skipped if r == rank) for rank in range(n)], phase=FORWARD, case=name)
-    return out
+    return out + work_counts(spec, n, name, ranks, layout=layout, causal=True)
 
 
 @dataclass(frozen=True)
@@ -112,22 +98,15 @@ def compare_pruned(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
     """Every case against SDPA in units of its rounding bound, pruned against uniform (exact), bytes, sends and work
     against the formulas."""
     spec, world_size = run.ring, run.world_size
-    q, k, v, dout = spec.inputs(dtype="float32")
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    want = F.scaled_dot_product_attention(*leaves, is_causal=True)
-    wanted = [want.detach(), *torch.autograd.grad(want, leaves, dout)]
-    tol = tolerance(exact_attention(q, k, v, dout, causal=True), torch.float32, spec.tile(world_size),
-                    spec.key_blocks(world_size))
-    bounds = (tol.out, tol.dq, tol.dk, tol.dv)
+    ref = sdpa_reference(spec, world_size, dtype="float32", causal=True)
     checks: list[Check] = []
     exact: list[Count] = []
     full: dict[str, list[torch.Tensor]] = {}
     for ring, layout in CASES:
-        name = case_name(ring, layout=layout)
+        name = pruned_case_name(ring, layout=layout)
         ranks = [res[name] for res in results]
-        full[name] = _full(spec, ranks)
-        checks += [Check(name=f"{name}: {key} == SDPA", error=bound_ratio(got, ref, bound), tolerance=1.0, reason=REASON)
-                   for key, got, ref, bound in zip(("out", "dq", "dk", "dv"), full[name], wanted, bounds)]
+        full[name] = assembled(spec, ranks)
+        checks += sdpa_checks(name, full[name], ref)
         exact += _counts(spec, world_size, name, ring, layout, ranks)
     for layout in lay.LAYOUTS:
         checks.append(exact_check(f"pruned {layout}: out, dq, dk, dv == uniform ring's", full[f"pruned {layout}"],
@@ -136,8 +115,7 @@ def compare_pruned(run: RingRun, results: list[Cases[RankCase]]) -> Verdict:
     data = PrunedData({c: [res[c].sent.get(FORWARD, 0) for res in results] for c in full},
                       {c: [sum(res[c].forward.pairs) for res in results] for c in full},
                       {c: sum(sum(res[c].sent.values()) for res in results) for c in full})
-    params: dict[str, Any] = {"seq_len": spec.seq_len, "batch": spec.batch, "heads": spec.heads,
-                              "head_dim": spec.head_dim, "kv_width": spec.kv_width, "block_size": spec.block_size,
+    params: dict[str, Any] = {**sizes(spec),
                               "dead forward sends (contiguous)": costs.dead_kv_sends(world_size, layout="contiguous")}
     return Verdict(checks=checks, exact=exact, params=params, data=data)
 

@@ -9,7 +9,7 @@ own rows, so the single-process reference sees exactly the same numbers.
 The chapter's demos share the rest: `RingRun` (a RingSpec on N ranks, checked
 on every layout), `Cases` (one rank's result per named case), and
 `run_case`, one rank's run of one case with any ring (ring.py's or the pruned
-one), which returns a `RankCase`; `assemble` puts the ranks' rows back into
+one), which returns a `RankCase`; `assemble_sequence` puts the ranks' rows back into
 the whole sequence.
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ def run_case(ctx: Context, spec: RingSpec, *, dtype: DTypeName, causal: bool, la
                     sends={p: t["messages"] for p, t in phases.items()})
 
 
-def assemble(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
+def assemble_sequence(spec: RingSpec, parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
     """The whole sequence (B, H, S, .) from each rank's part (B, H, c, .) and the positions it holds."""
     full = parts[0].new_empty(parts[0].shape[:2] + (spec.seq_len,) + parts[0].shape[3:])
     for part, r in zip(parts, rows):

@@ -9,7 +9,7 @@ large |v| or a large gradient gets a large allowance, a quiet row a small one.
 
 `exact_attention` computes the float64 reference and the magnitudes the
 bounds need; `rounding_bounds` turns them into elementwise bounds for one
-implementation; `tolerance` adds ours (tiles of `block_keys`, `key_blocks`
+implementation; `attention_tolerance` adds ours (tiles of `block_keys`, `key_blocks`
 merges, 1-ulp exp) to SDPA's taken at its worst (every key its own block,
 a 2-ulp vectorised exp); `wmdist.course.compare.bound_ratio` reports max |got - want| / bound,
 so a Check passes when it is at most 1.
@@ -126,7 +126,7 @@ def sdpa_bounds(ex: ExactAttention, dtype: torch.dtype, *, grads: bool = True) -
     return rounding_bounds(ex, ROUNDOFF[dtype], s_k, s_k, 2.0, grads=grads)
 
 
-def tolerance(ex: ExactAttention, dtype: torch.dtype, block_keys: int, key_blocks: int, *,
+def attention_tolerance(ex: ExactAttention, dtype: torch.dtype, block_keys: int, key_blocks: int, *,
               grads: bool = True) -> AttentionBounds:
     """Allowed gap between ours (tiles of block_keys keys, key_blocks merges a row) and SDPA: the sum of both bounds."""
     ours = rounding_bounds(ex, ROUNDOFF[dtype], block_keys, key_blocks, 1.0, grads=grads)

@@ -36,7 +36,7 @@ from wmdist.ring_attention.ring import positions, ring_backward, ring_forward
 from wmdist.ring_attention.spec import RingRun
 from wmdist.ring_attention.layout import Layout
 from wmdist.ring_attention.spec import DTypeName, RingSpec, default_seq_len
-from wmdist.ring_attention.tolerance import REASON, SECOND_ORDER, exact_attention, sdpa_bounds, tolerance
+from wmdist.ring_attention.tolerance import REASON, SECOND_ORDER, exact_attention, sdpa_bounds, attention_tolerance
 
 CASES = (("float64", False, "contiguous"), ("float64", True, "contiguous"), ("float64", True, "zigzag"),
          ("float32", True, "zigzag"))
@@ -126,7 +126,7 @@ def _case_report(spec: RingSpec, n: int, ranks: list[TorchCase], dtype: DTypeNam
     ex = exact_attention(q, k, v, dout, causal=causal)
     theirs_tol = sdpa_bounds(ex, getattr(torch, dtype)).plus(sdpa_bounds(ex, getattr(torch, dtype)),
                                                              factor=SECOND_ORDER)
-    ours_tol = tolerance(ex, getattr(torch, dtype), spec.tile(n), spec.key_blocks(n))
+    ours_tol = attention_tolerance(ex, getattr(torch, dtype), spec.tile(n), spec.key_blocks(n))
     rows = [rc.rows for rc in ranks]
     checks = []
     for i, key in enumerate(("out", "dq", "dk", "dv")):
@@ -157,7 +157,7 @@ def torch_run(world_size: int, *, seq_len: int | None = None, block_size: int = 
     return RingRun(world_size=world_size, ring=ring, layouts=tuple(dict.fromkeys(layout for *_, layout in CASES)))
 
 
-def compare_torch(run: RingRun, results: list[TorchCases]) -> Verdict:
+def compare_ring_torch(run: RingRun, results: list[TorchCases]) -> Verdict:
     """Per case: torch's results against SDPA, ours against torch's (rounding bounds); torch's traffic vs formulas."""
     checks: list[Check] = []
     exact: list[Count] = []
@@ -172,7 +172,7 @@ def compare_torch(run: RingRun, results: list[TorchCases]) -> Verdict:
 
 TORCH_DEMO = Experiment(name="ring-attention-vs-torch", chapter="06", world_sizes=(1, 2, 3, 4), spec=torch_run,
                         title="Our ring vs torch's private _templated_ring_attention on CPU gloo: both == SDPA; torch "
-                              "sends dK, dV N times per rank, we N-1", ranks=torch_cases, compare=compare_torch)
+                              "sends dK, dV N times per rank, we N-1", ranks=torch_cases, compare=compare_ring_torch)
 
 
 def versus_torch_demo(world_size: int, *, seq_len: int | None = None, block_size: int = 4, seed: int = 0) -> Report:

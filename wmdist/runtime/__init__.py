@@ -3,7 +3,7 @@ local gloo ranks, or on the processes torchrun already launched. One module per 
 
     launch.py      `run`, `shutdown`: argument checks, then local pools or torchrun's processes
     warm.py        the warm pools by world size, reused across calls, within a rank budget
-    neighbours.py  that budget across processes: a process starting ranks asks the others to close idle pools
+    pool_budget.py that budget across processes: a process starting ranks asks the others to close idle pools
     pool.py        the parent side of one pool: calls to N ranks over pipes, results back
     start.py       how rank processes start: a forkserver with torch preloaded, Ctrl-C held while it imports
     frozen.py      run last in the forkserver, so what it preloaded is cheap to share with the ranks
@@ -15,7 +15,7 @@ local gloo ranks, or on the processes torchrun already launched. One module per 
     slots.py       per-communicator counts: torch's sequence numbers, so what C++ posts (DDP's reducer) counts
     matching.py    the end-of-call rule: same count per group, the same op where both sides saw it
     stuck.py       the shared board: a post no other rank can still match, found while the call runs
-    wire.py        which collective each torch route posts, by the name a learner knows it by
+    routes.py      which collective each torch route posts, by the name a learner knows it by
     children.py    a rank's own child processes: allowed, and ended with the call that started them
     failures.py    a failed call as one RankFailure naming the rank, what happened and where
     cleanup.py     nothing left behind: temporary directories, helpers, exit signals, kernel restarts

@@ -6,7 +6,7 @@ that group*). A member's collectives on a group are its **slots**, counted from 
 sequence number (messages.py), so those torch posts from C++ where Python never sees them (DDP's
 reducer, `_broadcast_coalesced`, the default comm hook Join's shadow passes run) are counted too; the
 ones Python sees (ProcessGroup's methods, functional collectives) are *visible* and carry a name and an
-op code (wire.py), the others are *hidden*. The rule (`unmatched_collectives`):
+op code (routes.py), the others are *hidden*. The rule (`unmatched_collectives`):
 
 1. every member posts the same number of slots on each group (else one is left over for a later call);
 2. at each slot that two members both see, their ops pair on the wire (wire class, reduce op, root);
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from wmdist.runtime.stuck import ANY, COLLECTIVE, RECEIVE, SEND, Snapshot, group_id, group_mask, unpack
-from wmdist.runtime.wire import codes_agree, describe_code
+from wmdist.runtime.routes import codes_agree, describe_code
 
 MAX_RECORDS = 1024
 GroupKey = tuple[str, tuple[int, ...]]          # (torch's group name, its global ranks)

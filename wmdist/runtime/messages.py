@@ -24,7 +24,7 @@ count) makes the *next* call's first all-reduce pair with it. The same
 wrapper counts every collective each rank posts on each group (by torch's
 group name and the group's global ranks, from torch's own sequence numbers so
 that those posted from C++ count too: slots.py; with each op's wire class,
-reduce op and root: wire.py, where the functional collectives DTensor uses are
+reduce op and root: routes.py, where the functional collectives DTensor uses are
 counted too); the parent checks the members agree (matching.py), and
 otherwise fails the call naming the ranks and the op. Every post is written to
 the rank's board (stuck.py) before torch gets it, and every wait on one of them
@@ -44,7 +44,7 @@ import torch.distributed.distributed_c10d as c10d
 from wmdist.runtime.matching import mismatched_sizes, unmatched, unmatched_collectives
 from wmdist.runtime.slots import GroupCounts, sequence_number
 from wmdist.runtime.stuck import ANY, COLLECTIVE, RECEIVE, SEND, PostBoard
-from wmdist.runtime.wire import COLLECTIVES, count_functional, op_code, wait_functional, work_registry_size
+from wmdist.runtime.routes import COLLECTIVES, count_functional, op_code, wait_functional, work_registry_size
 
 if TYPE_CHECKING:
     from wmdist.comm import Ledger
@@ -93,7 +93,7 @@ class MessageAudit:
 
     def collective(self, name: str, wire: str, group: Any, call: Callable[[], Any], code: int) -> Any:
         """Post one collective on `group` (`call()` posts it), named `name`, of wire class `wire` and op code
-        `code` (wire.py): counted, on the board first; returns what `call()` returns."""
+        `code` (routes.py): counted, on the board first; returns what `call()` returns."""
         count = self.groups.of(group)
         text = f"{name} on group {list(count.key[1]) if count else []}"
         if count is None:

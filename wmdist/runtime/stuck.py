@@ -13,7 +13,7 @@ torch), that op and its counts at that moment: how many collectives it posted on
 rank. A post is written before it is handed to torch. An op is named by its kind (a collective, a
 receive, a send), how many of that kind the rank has posted there in this call (n), where (a group's
 global ranks as a bit mask and the hash of its torch name, which tells same-member groups apart; or the
-peer), and for a collective its op code (wire.op_code: wire class, reduce op, root). The parent checks
+peer), and for a collective its op code (routes.op_code: wire class, reduce op, root). The parent checks
 the boards while a call runs (matching.py has the rules):
 
 - a pending rank's post that a finished rank can no longer match (a collective #n on a group a finished

@@ -6,7 +6,7 @@ Ledger, and the ranks put back what a call changed. Calls for one world size
 take turns (widget callbacks can call from several threads at once), so two
 threads never start two pools of the same size; other sizes proceed.
 
-The cache also gives memory back (neighbours.py): in a neighbourhood (the
+The cache also gives memory back (pool_budget.py): in a neighbourhood (the
 course's kernels of one Jupyter server), starting a pool first asks the other
 kernels to close the pools they are not using, and a pool idle for
 `WMDIST_POOL_IDLE_S` closes by itself (outside a neighbourhood pools stay warm
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from wmdist.costs.units import seconds
 from wmdist.runtime import cleanup
-from wmdist.runtime.neighbours import Neighbours
+from wmdist.runtime.pool_budget import Neighbours
 from wmdist.runtime.pool import Pool
 
 

@@ -36,7 +36,7 @@ from wmdist.scan.affine_ranks import AffineCase, ScanRank, ScanSpec, gather_stat
 from wmdist.scan.results import BytesRow, ByteSweep
 
 
-def tolerance(case: AffineCase, world_size: int) -> float:
+def affine_tolerance(case: AffineCase, world_size: int) -> float:
     """Largest |ranks - loop| rounding can explain: reassociation_bound(depths) * max |h|_abs.
 
     Both are sums of the same products of A, b and h0 entries, grouped
@@ -51,15 +51,15 @@ def tolerance(case: AffineCase, world_size: int) -> float:
     return factor * float(magnitude)
 
 
-def agreement_checks(cases: tuple[AffineCase, ...], outcomes: list[ScanRank], world_size: int) -> list[Check]:
-    """Per case: the ranks' all-gathered states vs the loop (to `tolerance`), hand-off vs all-gather (exact)."""
+def affine_agreement_checks(cases: tuple[AffineCase, ...], outcomes: list[ScanRank], world_size: int) -> list[Check]:
+    """Per case: the ranks' all-gathered states vs the loop (to `affine_tolerance`), hand-off vs all-gather (exact)."""
     why = "a summary regroups the products: reassociation_bound(chunked depth, T) * max|h|_abs"
     checks: list[Check] = []
     for i, case in enumerate(cases):
         gathered = gather_states(outcomes, i, COMBINES.index("gathered"))
         handed = gather_states(outcomes, i, COMBINES.index("handoff"))
         checks.append(close_check(f"{case.label}: ranks == sequential loop", gathered,
-                                  sequential(case.A, case.b, case.h0), tolerance(case, world_size), why))
+                                  sequential(case.A, case.b, case.h0), affine_tolerance(case, world_size), why))
         checks.append(exact_check(f"{case.label}: hand-off == all-gather", handed, gathered,
                                   "both apply the same summaries to h0 in the same order"))
     return checks
@@ -74,7 +74,7 @@ def predicted_traffic(case: AffineCase, world_size: int, combine: Combine, rank:
     return handoff_bytes(case.state_size, case.batch, world_size, rank, elem_size=elem)
 
 
-def traffic_counts(outcomes: list[ScanRank], cases: tuple[AffineCase, ...], world_size: int, *,
+def affine_traffic_counts(outcomes: list[ScanRank], cases: tuple[AffineCase, ...], world_size: int, *,
                    ops: bool) -> list[Count]:
     """Per case and combine: measured bytes and messages (and, with `ops`, composes/applies) vs the formulas."""
     rows = []
@@ -126,7 +126,8 @@ def chunked_ranks(ctx: Context, spec: AffineSpec | BytesSpec) -> ScanRank:
 def compare_affine(spec: AffineSpec, results: list[ScanRank]) -> Verdict:
     """States against the loop (reassociation bound), hand-off against all-gather (exact), counts vs formulas."""
     cases, n = spec.scan.cases, spec.world_size
-    return Verdict(checks=agreement_checks(cases, results, n), exact=traffic_counts(results, cases, n, ops=True),
+    return Verdict(checks=affine_agreement_checks(cases, results, n),
+                   exact=affine_traffic_counts(results, cases, n, ops=True),
                    params={"steps": spec.steps, "batch": spec.batch, "state_sizes": list(spec.state_sizes),
                            "dtype": "float32"})
 
@@ -175,9 +176,9 @@ def compare_bytes(spec: BytesSpec, results: list[ScanRank]) -> Verdict:
     last = len(cases) - 1
     check = close_check(f"{cases[last].label}: ranks == sequential loop",
                         gather_states(results, last, COMBINES.index("gathered")),
-                        sequential(cases[last].A, cases[last].b, cases[last].h0), tolerance(cases[last], n),
+                        sequential(cases[last].A, cases[last].b, cases[last].h0), affine_tolerance(cases[last], n),
                         "reassociation_bound(chunked depth, T) * max|h|_abs")
-    return Verdict(checks=[check], exact=traffic_counts(results, cases, n, ops=False),
+    return Verdict(checks=[check], exact=affine_traffic_counts(results, cases, n, ops=False),
                    params={"steps": list(spec.steps), "state_sizes": list(spec.state_sizes), "batch": spec.batch},
                    data=ByteSweep(world_size=n, batch=spec.batch, fixed_state_size=spec.fixed_state_size, fixed_steps=spec.fixed_steps, rows=rows))
 

@@ -178,7 +178,10 @@ def validate(world_size: int, cases: Sequence[AffineCase], *, combines: tuple[Co
 
 def scan_cases(world_size: int, cases: Sequence[AffineCase], *,
                combines: tuple[Combine, ...] = COMBINES) -> list[ScanRank]:
-    """Run every case with every combine on N ranks: result[rank].outcomes[case][combine]."""
+    """Run every case with every combine on N ranks: result[rank].outcomes[case][combine].
+
+    A helper for tests of any list of systems: it calls `runtime.run` itself; the demo is affine_demos.AFFINE_DEMO.
+    """
     spec = ScanSpec(world_size=world_size, cases=tuple(cases), combines=tuple(combines))
     return run(scan_rank, spec.world_size, spec)
 

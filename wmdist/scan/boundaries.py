@@ -158,7 +158,10 @@ def relative(spans: list[Span]) -> list[Span]:
 
 def run_boundaries(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, *,
                    step_seconds: float = 0.0) -> list[BoundaryRank]:
-    """Validate, then run the three schemes on N ranks: result[rank][scheme]."""
+    """Validate, then run the three schemes on N ranks: result[rank][scheme].
+
+    A helper for tests: it calls `runtime.run` itself; the demo is cell_demos.CELL_DEMO.
+    """
     inputs = CellInputs(world_size=world_size, cell=cell, x=x, h0=h0, step_seconds=step_seconds)
     return run(boundaries_rank, inputs.world_size, inputs)
 

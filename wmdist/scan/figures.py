@@ -112,7 +112,7 @@ def from_zero_figure(split: CellSplit) -> Figure:
     return fig
 
 
-def picard_figure(sweeps: PicardSweeps) -> Figure:
+def sweeps_figure(sweeps: PicardSweeps) -> Figure:
     """Left: error and start change per sweep (log). Right: work and depth so far, as multiples of the loop's T."""
     k = list(range(1, sweeps.sweeps + 1))
     fig, (left, right) = _subplots(1, 2, figsize=(9.0, 3.6), layout="constrained")

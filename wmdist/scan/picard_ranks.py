@@ -12,7 +12,7 @@ not assumed. Either way each sweep reruns all T steps: N sweeps spend N
 times the loop's work to reach, at best, the loop's own depth.
 
 `SweepPlan` is what the ranks run (checked before any process starts); the
-demo scan-picard is an `Experiment` on one, built by `picard_spec` from the
+demo scan-picard is an `Experiment` on one, built by `sweep_plan` from the
 same seeded episodes as scan-cell (spec.EpisodeSpec).
 """
 from __future__ import annotations
@@ -98,7 +98,10 @@ def picard_rank(ctx: Context, plan: SweepPlan) -> PicardRankRun:
 
 def run_picard(world_size: int, cell: GRUCell, x: torch.Tensor, h0: torch.Tensor, *, max_sweeps: int | None = None,
                stop_below: float = 0.0, step_seconds: float = 0.0) -> list[PicardRankRun]:
-    """Validate, then sweep on N ranks (at most `max_sweeps`, default N: enough for exactness)."""
+    """Validate, then sweep on N ranks (at most `max_sweeps`, default N: enough for exactness).
+
+    A helper for tests: it calls `runtime.run` itself; the demo is PICARD_DEMO (`sweeps_demo`).
+    """
     inputs = CellInputs(world_size=world_size, cell=cell, x=x, h0=h0, step_seconds=step_seconds)
     plan = SweepPlan(inputs=inputs, max_sweeps=inputs.world_size if max_sweeps is None else max_sweeps,
                      stop_below=stop_below)
@@ -118,7 +121,7 @@ def sweeps_needed(changes: list[float], stop_below: float) -> int:
     return len(changes)
 
 
-def picard_spec(world_size: int, *, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
+def sweep_plan(world_size: int, *, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
                 step_seconds: float = 1e-4, seed: int = 0) -> SweepPlan:
     """scan-picard's plan: the seeded episodes (spec.EpisodeSpec, as scan-cell's) swept N times at most."""
     inputs = EpisodeSpec(world_size=world_size, steps=steps, batch=batch, step_seconds=step_seconds,
@@ -126,7 +129,7 @@ def picard_spec(world_size: int, *, steps: int = 37, batch: int = 8, stop_below:
     return SweepPlan(inputs=inputs, max_sweeps=world_size, stop_below=stop_below)
 
 
-def compare_picard(plan: SweepPlan, results: list[PicardRankRun]) -> Verdict:
+def compare_sweeps(plan: SweepPlan, results: list[PicardRankRun]) -> Verdict:
     """The ranks' sweeps against the single-process sweeps (exact) and the loop; sweeps, calls, bytes vs formulas."""
     gru, x, h0, n, stop_below = plan.inputs.cell, plan.inputs.x, plan.inputs.h0, plan.world_size, plan.stop_below
     exact = rollout(gru, x, h0)
@@ -164,13 +167,13 @@ def compare_picard(plan: SweepPlan, results: list[PicardRankRun]) -> Verdict:
 
 PICARD_DEMO = Experiment(name="scan-picard", chapter="07", world_sizes=(1, 2, 4, 8),
                          title="Picard sweeps over N ranks: exact after at most N sweeps, at N times the work",
-                         spec=picard_spec, ranks=picard_rank, compare=compare_picard)
+                         spec=sweep_plan, ranks=picard_rank, compare=compare_sweeps)
 
 
-def picard_demo(world_size: int, *, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
+def sweeps_demo(world_size: int, *, steps: int = 37, batch: int = 8, stop_below: float = 0.0,
                 step_seconds: float = 1e-4, seed: int = 0) -> Report:
     """Picard sweeps on N ranks against the single-process sweeps and the loop; exact when stop_below = 0."""
-    return PICARD_DEMO.run_spec(picard_spec(world_size, steps=steps, batch=batch, stop_below=stop_below,
+    return PICARD_DEMO.run_spec(sweep_plan(world_size, steps=steps, batch=batch, stop_below=stop_below,
                                             step_seconds=step_seconds, seed=seed))
 
 

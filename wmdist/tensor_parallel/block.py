@@ -24,7 +24,7 @@ from torch import nn
 
 from wmdist.costs.tensor_parallel import BLOCK_LAYOUTS, BlockLayout, BlockShape, shard_sizes
 from wmdist.costs.validate import require_choice
-from wmdist.tensor_parallel.layers import ColumnSpec, RowSpec, TPGroup, all_reduce, column_linear, offset, row_linear
+from wmdist.tensor_parallel.layers import ColumnSpec, RowSpec, TPGroup, tp_all_reduce, column_linear, offset, row_linear
 from wmdist.models.transformer import Block, TransformerConfig
 
 # The Block's parameters, in its own order.
@@ -132,7 +132,7 @@ def reduce_sequence_parallel_grads(shard: BlockShard, tp: TPGroup) -> None:
     for its "sequence-parallel" parameters before the optimizer step).
     """
     params = [shard.p(name) for name in SEQUENCE_PARALLEL_PARAMS]
-    total = all_reduce(tp, torch.cat([p.grad.reshape(-1) for p in params]),
+    total = tp_all_reduce(tp, torch.cat([p.grad.reshape(-1) for p in params]),
                        "sequence-parallel params after backward all-reduce")
     for p, g in zip(params, torch.split(total, [p.numel() for p in params])):
         p.grad.copy_(g.view_as(p))

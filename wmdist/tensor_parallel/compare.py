@@ -30,12 +30,12 @@ WHY = ("first-order allowance for float32 sums regrouped by rank: 2(K-1) 2^-24 m
        "terms (assumes partial sums within max|X|)")
 
 
-def reordered_terms(shape: BlockShape) -> int:
+def shape_terms(shape: BlockShape) -> int:
     """K: the most terms of any float32 sum whose order the split changes (`wmdist.course.compare.reordered_terms`)."""
     return block_terms(shape.width, shape.hidden, shape.batch * shape.seq)
 
 
-def tolerance(reference: torch.Tensor, terms: int) -> float:
+def reordered_tolerance(reference: torch.Tensor, terms: int) -> float:
     """2(K-1) u max|reference|: a K-term sum in another order, partial sums taken below max|reference| (a
     first-order allowance)."""
     return reordered_sum_bound(terms, float(reference.abs().max()))
@@ -49,7 +49,7 @@ def agreement_checks(label: str, got: list[dict[str, torch.Tensor]], expected: l
         worst = worst_of([max_abs_error(got[r][name], expected[r][name]) for r in range(len(got))])
         want = expected[worst][name]
         checks.append(close_check(f"{label}: {name} == single device, every rank", got[worst][name], want,
-                                  tolerance(want, terms), f"{WHY}; worst: rank {worst}"))
+                                  reordered_tolerance(want, terms), f"{WHY}; worst: rank {worst}"))
     return checks
 
 

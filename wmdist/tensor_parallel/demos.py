@@ -22,11 +22,11 @@ from wmdist.costs import tensor_parallel as costs
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.course.report import Count, Report, close_check, counts_per_rank, differ_check, exact_check, max_abs_error
 from wmdist.tensor_parallel.block import NAMES, block_shape, shard_of
-from wmdist.tensor_parallel.compare import WHY, agreement_checks, collective_counts, reordered_terms, tolerance
+from wmdist.tensor_parallel.compare import WHY, agreement_checks, collective_counts, shape_terms, reordered_tolerance
 from wmdist.tensor_parallel.layouts import (MLP_NAMES, LayoutRuns, MLPRun, each_layout, mlp_reference, mlp_slice,
                                             run_mlp_layout)
-from wmdist.tensor_parallel.sequence import LAYOUTS, BlockRun, reference_run, run_layout, token_slice
-from wmdist.tensor_parallel.versus_dtensor import DTENSOR_CONFIG, OursAndTorch, ours_and_torch
+from wmdist.tensor_parallel.sequence import LAYOUTS, BlockRun, block_reference_run, run_layout, token_slice
+from wmdist.tensor_parallel.versus_dtensor import DTENSOR_CONFIG, OursAndTorch, ours_and_dtensor
 from wmdist.models.transformer import TransformerConfig
 
 CONFIG = TransformerConfig(width=32, heads=8)     # MLP hidden width 128; 8 heads, so up to 8 ranks hold one each
@@ -75,7 +75,7 @@ def mlp_ranks(ctx: Context, spec: TPSpec) -> LayoutRuns[MLPRun]:
 
 def versus_ranks(ctx: Context, spec: TPSpec) -> OursAndTorch:
     """Rank function: our column -> row MLP, then torch's DTensor one (versus_dtensor.ours_and_torch)."""
-    return ours_and_torch(ctx, spec.cfg, spec.shape.batch, spec.shape.seq, seed=spec.seed)
+    return ours_and_dtensor(ctx, spec.cfg, spec.shape.batch, spec.shape.seq, seed=spec.seed)
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,10 @@ def compare_block(spec: TPSpec, results: list[LayoutRuns[BlockRun]]) -> Verdict:
     """Outputs and every gradient against one device; 4 all-reduces and the bytes kept, per rank, exactly."""
     n, shape, (batch, seq) = spec.world_size, spec.shape, (spec.shape.batch, spec.shape.seq)
     runs = [r.runs[0] for r in results]
-    ref = reference_run(spec.cfg, batch, seq, seed=spec.seed)
+    ref = block_reference_run(spec.cfg, batch, seq, seed=spec.seed)
     want = [{"output": ref.output, "input gradient": ref.input_grad,
              **{nm: shard_of(nm, ref.grads[nm], spec.cfg, n, r) for nm in NAMES}} for r in range(n)]
-    checks = agreement_checks("tp", [_tensors(r) for r in runs], want, reordered_terms(shape))
+    checks = agreement_checks("tp", [_tensors(r) for r in runs], want, shape_terms(shape))
     exact = collective_counts([r.collectives for r in runs], costs.block_schedule(shape, n, layout="tp"), "tp")
     exact += counts_per_rank("saved activation bytes", [r.saved_bytes for r in runs],
                              [4 * costs.block_saved_elements(shape, n, r, layout="tp") for r in range(n)], case="tp")
@@ -141,7 +141,7 @@ def compare_layouts(spec: TPSpec, results: list[LayoutRuns[MLPRun]]) -> Verdict:
         want = [{"output": ref.output, "input gradient": ref.input_grad,
                  **{nm: mlp_slice(nm, ref.grads[nm], spec.cfg, n, r, layout=layout) for nm in MLP_NAMES}}
                 for r in range(n)]
-        checks += agreement_checks(layout, [_tensors(m) for m in mine], want, reordered_terms(shape))
+        checks += agreement_checks(layout, [_tensors(m) for m in mine], want, shape_terms(shape))
         exact += collective_counts([m.collectives for m in mine], costs.mlp_schedule(shape, n, layout=layout), layout)
         sent[layout] = [sum(c.bytes_sent for c in m.collectives) for m in mine]
     good, bad = costs.MLP_LAYOUTS[:2]
@@ -189,7 +189,7 @@ def compare_dtensor(spec: TPSpec, results: list[OursAndTorch]) -> Verdict:
                                [_tensors(r.torch) for r in results], terms)
     ref = mlp_reference(cfg, batch, seq, seed=spec.seed)
     checks.append(close_check("DTensor output == single device (rank 0)", results[0].torch.output, ref.output,
-                              tolerance(ref.output, terms), WHY))
+                              reordered_tolerance(ref.output, terms), WHY))
     calls = 2 if n > 1 else 0
     exact = [Count(quantity="collectives, torch (dispatched)", rank=r, measured=sum(x.torch.comm_counts.values()), predicted=calls, case="DTensor")
              for r, x in enumerate(results)]
@@ -226,15 +226,15 @@ def sp_cp_spec(world_size: int, *, batch: int = BATCH, seq: int = SEQ, seed: int
 def compare_sp_cp(spec: TPSpec, results: list[LayoutRuns[BlockRun]]) -> Verdict:
     """Each layout against one device and its schedule; the local-mask pitfall must differ (N > 1)."""
     n, cfg, shape, (batch, seq) = spec.world_size, spec.cfg, spec.shape, (spec.shape.batch, spec.shape.seq)
-    ref = reference_run(cfg, batch, seq, seed=spec.seed)
-    checks, exact, terms = [], [], reordered_terms(shape)
+    ref = block_reference_run(cfg, batch, seq, seed=spec.seed)
+    checks, exact, terms = [], [], shape_terms(shape)
     sent, saved = {}, {}
     for i, layout in enumerate(spec.layouts):
         mine = [r.runs[i] for r in results]
         want = [_want_block(ref, cfg, layout, n, r, seq) for r in range(n)]
         if layout == "cp-local-mask":
             worst = worst_of([max_abs_error(mine[r].output, want[r]["output"]) for r in range(n)])
-            tol = tolerance(want[worst]["output"], terms)
+            tol = reordered_tolerance(want[worst]["output"], terms)
             checks.append(differ_check("PITFALL CP masking with local positions: output differs from one device",
                                        mine[worst].output, want[worst]["output"], 1000 * tol,
                                        "1000x rounding: tokens see other spans' futures, a different model")

@@ -57,7 +57,7 @@ def offset(sizes: Sequence[int], rank: int) -> int:
 
 # --- the collectives, on activations ------------------------------------------------------
 
-def all_reduce(tp: TPGroup, t: torch.Tensor, phase: str) -> torch.Tensor:
+def tp_all_reduce(tp: TPGroup, t: torch.Tensor, phase: str) -> torch.Tensor:
     """Sum `t` over the group (ring: reduce-scatter then all-gather); a new tensor of t's shape."""
     return ring_all_reduce(tp.ctx, t, phase=phase, group=tp.group)
 
@@ -156,7 +156,7 @@ class ColumnParallelLinear(torch.autograd.Function):
         if spec.tokens is not None:
             dx = reduce_scatter_sequence(tp, partial, spec.tokens, f"{spec.site} backward reduce-scatter")
         else:
-            dx = all_reduce(tp, partial, f"{spec.site} backward all-reduce")
+            dx = tp_all_reduce(tp, partial, f"{spec.site} backward all-reduce")
         return dx, d_weight, d_bias, None, None
 
 
@@ -176,7 +176,7 @@ class RowParallelLinear(torch.autograd.Function):
         if spec.tokens is not None:
             y = reduce_scatter_sequence(tp, partial, spec.tokens, f"{spec.site} forward reduce-scatter")
         else:
-            y = all_reduce(tp, partial, f"{spec.site} forward all-reduce")
+            y = tp_all_reduce(tp, partial, f"{spec.site} forward all-reduce")
         return y + bias                                                    # the bias once, after the sum
 
     @staticmethod

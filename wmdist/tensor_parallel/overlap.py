@@ -27,17 +27,16 @@ import torch.nn.functional as F
 
 from wmdist.comm import Context, all_reduce, barrier
 from wmdist.costs.validate import require_int
-from wmdist.course.experiment import Experiment, Verdict
+from wmdist.course.experiment import Experiment, RankSpec, Verdict
 from wmdist.course.report import Count, close_check, counts_per_rank, exact_check
-from wmdist.tensor_parallel.compare import WHY, tolerance
+from wmdist.tensor_parallel.compare import WHY, reordered_tolerance
 
 SCHEDULES = ("blocking", "overlapped")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TPOverlapSpec:
+class TPOverlapSpec(RankSpec):
     """The MLP (width H, hidden F) on `tokens` tokens in M microbatches, over `world_size` tensor-parallel ranks."""
-    world_size: int
     tokens: int = 512
     width: int = 128
     hidden: int = 2048
@@ -46,7 +45,7 @@ class TPOverlapSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require_int("world_size", self.world_size, 1)
+        super().__post_init__()
         require_int("width", self.width, 1)
         require_int("repeats", self.repeats, 1, high=50)
         if require_int("hidden", self.hidden, 1) < self.world_size:
@@ -59,7 +58,7 @@ class TPOverlapSpec:
         return self.tokens * self.width * 4
 
 
-def mlp_inputs(spec: TPOverlapSpec) -> dict[str, torch.Tensor]:
+def overlap_inputs(spec: TPOverlapSpec) -> dict[str, torch.Tensor]:
     """The input tokens and the full MLP's weights, the same on every rank (seeded)."""
     g = torch.Generator().manual_seed(spec.seed)
     h, f = spec.width, spec.hidden
@@ -68,9 +67,9 @@ def mlp_inputs(spec: TPOverlapSpec) -> dict[str, torch.Tensor]:
             "b2": torch.randn(h, generator=g) * 0.1}
 
 
-def mlp_reference(spec: TPOverlapSpec) -> torch.Tensor:
+def overlap_reference(spec: TPOverlapSpec) -> torch.Tensor:
     """The whole MLP on one process: fc2(gelu(fc1(x)))."""
-    t = mlp_inputs(spec)
+    t = overlap_inputs(spec)
     return F.linear(F.gelu(F.linear(t["x"], t["w1"], t["b1"])), t["w2"], t["b2"])
 
 
@@ -85,12 +84,12 @@ class TPOverlapRank:
 
 def _shard(spec: TPOverlapSpec, rank: int) -> tuple[torch.Tensor, ...]:
     """This rank's fc1 rows (its hidden units, torch.tensor_split's layout) and the fc2 columns that read them."""
-    t = mlp_inputs(spec)
+    t = overlap_inputs(spec)
     units = torch.tensor_split(torch.arange(spec.hidden), spec.world_size)[rank]
     return t["x"], t["w1"][units], t["b1"][units], t["w2"][:, units], t["b2"]
 
 
-def overlap_rank(ctx: Context, spec: TPOverlapSpec) -> TPOverlapRank:
+def tp_overlap_rank(ctx: Context, spec: TPOverlapSpec) -> TPOverlapRank:
     """Rank function: both schedules once counted, then timed alternately `repeats` times each."""
     torch.set_num_threads(1)
     x, w1, b1, w2, b2 = _shard(spec, ctx.rank)
@@ -141,10 +140,10 @@ class TPOverlapTimes:
         return self.median["overlapped"][rank] / self.median["blocking"][rank]
 
 
-def compare_overlap(spec: TPOverlapSpec, results: list[TPOverlapRank]) -> Verdict:
+def compare_tp_overlap(spec: TPOverlapSpec, results: list[TPOverlapRank]) -> Verdict:
     """Outputs against each other (bitwise) and one process; payload and all-reduce counts against the formula."""
-    ref = mlp_reference(spec)
-    tol = tolerance(ref, spec.hidden)
+    ref = overlap_reference(spec)
+    tol = reordered_tolerance(ref, spec.hidden)
     checks = [exact_check(f"overlapped == blocking on rank {r}", res.outputs["overlapped"], res.outputs["blocking"],
                           "the same tensors through the same all-reduce, only launched earlier: bitwise equal")
               for r, res in enumerate(results)]
@@ -163,11 +162,11 @@ def compare_overlap(spec: TPOverlapSpec, results: list[TPOverlapRank]) -> Verdic
     return Verdict(checks=checks, exact=exact, params=params, data=times)
 
 
-def overlap_spec(world_size: int) -> TPOverlapSpec:
+def tp_overlap_spec(world_size: int) -> TPOverlapSpec:
     return TPOverlapSpec(world_size=world_size)
 
 
-TP_OVERLAP = Experiment(name="tp-overlap", chapter="04", world_sizes=(2, 4), spec=overlap_spec, ranks=overlap_rank,
-                        compare=compare_overlap,
+TP_OVERLAP = Experiment(name="tp-overlap", chapter="04", world_sizes=(2, 4), spec=tp_overlap_spec,
+                        ranks=tp_overlap_rank, compare=compare_tp_overlap,
                         title="TP MLP: all-reduce overlapped with the next microbatch's matmuls vs blocking; "
                               "same bytes, same output")

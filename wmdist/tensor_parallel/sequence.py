@@ -37,7 +37,7 @@ from wmdist.tensor_parallel.block import NAMES, BlockShard, make_block, reduce_s
 from wmdist.tensor_parallel.layers import (
     Measured,
     TPGroup,
-    all_reduce,
+    tp_all_reduce,
     gather_sequence,
     measured_collectives,
     offset,
@@ -138,7 +138,7 @@ def run_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: Layout
         mask = "global" if layout == "cp" else "local"
         y, saved = forward_saving(lambda: cp_block(block, x, tp, seq, causal=mask), params)
         y.backward(dy)
-        flat = all_reduce(tp, torch.cat([p.grad.reshape(-1) for p in params]), "weights after backward all-reduce")
+        flat = tp_all_reduce(tp, torch.cat([p.grad.reshape(-1) for p in params]), "weights after backward all-reduce")
         grads = dict(zip(NAMES, (g.view_as(p) for g, p in zip(torch.split(flat, [p.numel() for p in params]),
                                                                params))))
     else:
@@ -151,7 +151,7 @@ def run_layout(ctx: Context, tp: TPGroup, cfg: TransformerConfig, layout: Layout
     return BlockRun(layout=layout, output=y.detach(), input_grad=x.grad, grads=grads, saved_bytes=saved, collectives=measured_collectives(ctx.ledger))
 
 
-def reference_run(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> BlockRun:
+def block_reference_run(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> BlockRun:
     """The single-device block: output, input gradient, every parameter gradient, bytes kept for backward."""
     block = make_block(cfg, seed=seed)
     x, dy = block_inputs(cfg, batch, seq, seed=seed)

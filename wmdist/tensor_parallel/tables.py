@@ -71,7 +71,7 @@ def sequence_table(report: Report, *, rank: int = 0) -> str:
     return _table(rows)
 
 
-def memory_table(report: Report, *, layouts: tuple[str, ...] = ("tp", "sp", "sp-regather", "cp")) -> str:
+def layout_memory_table(report: Report, *, layouts: tuple[str, ...] = ("tp", "sp", "sp-regather", "cp")) -> str:
     """Bytes each rank kept for backward, measured and predicted, for each layout."""
     rows = [("layout", "measured per rank", "formula per rank")]
     for layout in layouts:

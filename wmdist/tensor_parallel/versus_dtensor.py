@@ -96,7 +96,7 @@ class OursAndTorch:
     torch: DTensorRun
 
 
-def ours_and_torch(ctx: Context, cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> OursAndTorch:
+def ours_and_dtensor(ctx: Context, cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> OursAndTorch:
     """Rank function: our column -> row MLP (with the shards we hold), then torch's."""
     tp = tp_group(ctx)
     ours = run_mlp_layout(ctx, tp, cfg, "column -> row", batch, seq, seed=seed)

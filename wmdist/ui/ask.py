@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import ipywidgets as W
 
-from wmdist.ui.predict import SHOWN, Answer, Bounds, Reveal, compare, format_number, read_guess
+from wmdist.ui.predict import SHOWN, Answer, Bounds, Reveal, compare_guess, format_number, read_guess
 
 WAITING = "nothing is measured until you press a button"
 
@@ -124,7 +124,7 @@ class Prediction:
         value, why = self._read()
         if not self.box.value.strip():
             why = unused or why
-        verdict = compare(value, answer.measured, formula=answer.formula, unused=why)
+        verdict = compare_guess(value, answer.measured, formula=answer.formula, unused=why)
         return Reveal(question=self.question, unit=self.unit, verdict=verdict, formula_text=answer.formula_text,
                       why=answer.why)
 

@@ -1,7 +1,7 @@
 """Ask before telling: the learner commits to a number, then the run shows how far off it was.
 
 The pure half of the prediction prompts (the widgets are in ask.py): `read_guess` reads the box
-against the range the question states, `compare` turns guess, formula and measurement into a
+against the range the question states, `compare_guess` turns guess, formula and measurement into a
 frozen `GuessComparison`, and `verdict_text` / `verdict_html` render it, with no timestamps or widget
 ids. An `Answer` is what a chapter's measurement hands back; a `Reveal` is the rendered record.
 """
@@ -67,7 +67,7 @@ def _relative(value: float, measured: float) -> float | None:
     return None if measured == 0 else (value - measured) / abs(measured)
 
 
-def compare(guess: float | None, measured: float, *, formula: float | None = None, unused: str = NO_GUESS) -> GuessComparison:
+def compare_guess(guess: float | None, measured: float, *, formula: float | None = None, unused: str = NO_GUESS) -> GuessComparison:
     """How far `guess` (None: no guess; `unused` says why) and `formula` are from `measured`."""
     measured = float(measured)
     formula = None if formula is None else float(formula)

@@ -1,7 +1,7 @@
 """data_parallel(work, world_size=N): chapter 01 on your model, against one process and against torch's DDP.
 
 The same workload runs three ways: our ranks (wmdist.yours.training.replica_train: the counted ring
-all-reduce), torch's DistributedDataParallel (versus_torch.ddp_train), and one process on the whole batch
+all-reduce), torch's DistributedDataParallel (versus_torch.workload_ddp_train), and one process on the whole batch
 (reference.one_process). The Report holds the checks (the step-0 gradient in units of its rounding bound,
 the final parameters to a measured tolerance, every rank's copy bitwise equal) and the exact counts: ring
 bytes sent per step against costs.ring_allreduce_bytes (2(N-1)/N of 4P bytes when N divides P), ring rounds
@@ -12,7 +12,9 @@ operations in the reference's order, so it must be equal bit for bit, and is che
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
@@ -22,30 +24,39 @@ from wmdist.comm import Context
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.course.report import Check, Report, close_check, counts_per_rank, exact_check, fact_check, max_abs_error
 from wmdist.yours.footprint import Estimate, available_bytes, estimate_bytes, refuse_if_too_big, release_freed_memory
-from wmdist.yours.reference import GRAD_WHY, PARAM_WHY, OneProcessRun, one_process, param_tolerance
+from wmdist.yours.reference import GRAD_WHY, PARAM_WHY, OneProcessRun, one_process, workload_param_tolerance
 from wmdist.yours.training import ReplicaResult, replica_train
-from wmdist.yours.versus_torch import TorchResult, ddp_train
-from wmdist.yours.workload import Workload, WorkloadSpec, prepare
+from wmdist.yours.versus_torch import TorchResult, workload_ddp_train
+from wmdist.yours.workload import Workload, WorkloadSpec, prepare_workload
 
 
 ONE_RANK = ("one rank: the reference's operations in its order (torch's too: its mean over B/1 examples and its "
             "average over 1 rank are the reference's 1/B), bitwise equal")
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class OursAndDDP:
-    """One rank's run with our ring all-reduce, then with torch's DDP."""
-    ours: ReplicaResult
-    ddp: TorchResult
+class OursThenTorch(Generic[T]):
+    """One rank's run of ours (ReplicaResult, ZeroResult), then of torch's counterpart (DDP, ZeRO, FSDP2)."""
+    ours: T
+    theirs: TorchResult
 
 
-def ours_and_ddp(ctx: Context, spec: WorkloadSpec) -> OursAndDDP:
+def ours_then_torch(ctx: Context, spec: WorkloadSpec, ours: Callable[[Context, WorkloadSpec], T],
+                    theirs: Callable[[Context, WorkloadSpec], TorchResult]) -> OursThenTorch[T]:
+    """A rank function's body: `ours`, then `theirs`, on one spec, each one's freed memory given back after it."""
+    mine = ours(ctx, spec)
+    release_freed_memory()
+    torch_run = theirs(ctx, spec)
+    release_freed_memory()
+    return OursThenTorch(mine, torch_run)
+
+
+def workload_and_ddp(ctx: Context, spec: WorkloadSpec) -> OursThenTorch[ReplicaResult]:
     """Rank function: the workload with our data parallelism, then with DDP."""
-    ours = replica_train(ctx, spec)
-    release_freed_memory()
-    theirs = ddp_train(ctx, spec)
-    release_freed_memory()
-    return OursAndDDP(ours, theirs)
+    return ours_then_torch(ctx, spec, replica_train, workload_ddp_train)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,13 +105,18 @@ def frozen_checks(who: str, ended: list[torch.Tensor], ref: OneProcessRun) -> li
     return [exact_check(f"{w} frozen parameters unchanged", e, ref.frozen, FROZEN_WHY) for w, e in zip(who, ended)]
 
 
-def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
-    """Ours and DDP against one process and each other; ring bytes and rounds, DDP's payload, exact."""
-    n, numel = spec.world_size, spec.numel
-    ours, ddp = [r.ours for r in results], [r.ddp for r in results]
+def reference_and_tolerance(spec: WorkloadSpec) -> tuple[OneProcessRun, float]:
+    """The one-process run both checks compare with (its memory given back after it), and the parameters' tolerance."""
     ref = one_process(spec.work, spec.world_size)
     release_freed_memory()
-    tol = param_tolerance(spec.work, ref)
+    return ref, workload_param_tolerance(spec.work, ref)
+
+
+def compare_dp(spec: WorkloadSpec, results: list[OursThenTorch[ReplicaResult]]) -> Verdict:
+    """Ours and DDP against one process and each other; ring bytes and rounds, DDP's payload, exact."""
+    n, numel = spec.world_size, spec.numel
+    ours, ddp = [r.ours for r in results], [r.theirs for r in results]
+    ref, tol = reference_and_tolerance(spec)
     one = n == 1
     checks = [grad_check("step-0 gradient == one process (in units of its rounding bound)", ours[0].grad0, ref, n),
               param_check("final parameters == one process (rank 0)", ours[0].params, ref.params, spec, tol,
@@ -129,21 +145,21 @@ def compare_dp(spec: WorkloadSpec, results: list[OursAndDDP]) -> Verdict:
     return Verdict(checks=checks, exact=exact, params=params, data=data)
 
 
-def experiment(spec: WorkloadSpec) -> Experiment:
+def dp_experiment(spec: WorkloadSpec) -> Experiment:
     """The run as an Experiment on this one spec (your workload is not a registered demo)."""
     return Experiment(name="your-model-data-parallel", chapter="01", world_sizes=(spec.world_size,),
                       title="Your model: data parallel (ring all-reduce) vs one process vs DDP",
-                      spec=lambda n: spec, ranks=ours_and_ddp, compare=compare_dp)
+                      spec=lambda n: spec, ranks=workload_and_ddp, compare=compare_dp)
 
 
 def data_parallel(work: Workload, *, world_size: int = 2) -> Report:
     """Train `work` data-parallel on `world_size` ranks; check it against one process and torch's DDP.
 
-    Refused with a ValueError or TypeError before any process starts: see workload.prepare.
+    Refused with a ValueError or TypeError before any process starts: see workload.prepare_workload.
     """
-    spec = prepare(work, world_size)
+    spec = prepare_workload(work, world_size)
     refuse_if_too_big(estimate(spec), available_bytes(), numel=spec.numel, what="data_parallel")
-    return experiment(spec).run_spec(spec)
+    return dp_experiment(spec).run_spec(spec)
 
 
 def estimate(spec: WorkloadSpec) -> Estimate:

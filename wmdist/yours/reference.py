@@ -1,7 +1,7 @@
 """One process, the whole batch: what every run on your model is checked against, and how closely.
 
 The gradient. Data parallelism changes two things about the step's gradient, and this module bounds
-each, per entry, from quantities measured on the reference's own run (`gradient_bound`):
+each, per entry, from quantities measured on the reference's own run (`batch_gradient_bound`):
 
 1. The kernels. Each rank runs the forward and backward on B/N examples, one process on B. A CPU
    matrix product or convolution picks its blocking, and so the order of its inner sums, by the
@@ -36,7 +36,7 @@ The parameters after several steps. How far such gradient differences carry thro
 as chapters 01 and 03 do: the reference is run again with every gradient entry of every step moved by
 its full bound, with random signs kept from step to step (PROBE_SEEDS, each pattern and its negation:
 an error of the same sign every step adds up), and the largest displacement of the final parameters,
-plus one float32 rounding of |theta| per step, is the tolerance (`param_tolerance`; its formula is
+plus one float32 rounding of |theta| per step, is the tolerance (`workload_param_tolerance`; its formula is
 written out in tests/test_pinned_numbers.py). Measured, not derived, and the checks say so.
 """
 from __future__ import annotations
@@ -50,9 +50,9 @@ from wmdist import costs
 from wmdist.course.compare import one_thread
 from wmdist.yours.footprint import release_freed_memory
 from wmdist.yours.refusals import require_finite
-from wmdist.yours.training import make_optimizer
-from wmdist.yours.workload import Workload, batch_size, build_model, flat, flat_grads, frozen, rows, set_flat_grads, \
-    trainable
+from wmdist.yours.training import workload_optimizer
+from wmdist.yours.workload import (Workload, batch_size, build_model, flat, frozen, rows, set_trainable_grads,
+                                   trainable, trainable_grads)
 
 GRAD_EXTRA_ROUNDINGS = 3    # the loss scale in each run (2: 1/B, or 1/(B/N) for torch's), a division by N (1)
 PROBE_SEEDS = (1, 2)        # the sign patterns the reference is perturbed with (each, and its negation)
@@ -141,7 +141,8 @@ def roundoff(dtype: torch.dtype) -> float:
     return costs.FLOAT64_ROUNDOFF if dtype == torch.float64 else costs.FLOAT32_ROUNDOFF
 
 
-def gradient_bound(b: int, terms: GradientTerms, *, unit_roundoff: float = costs.FLOAT32_ROUNDOFF) -> torch.Tensor:
+def batch_gradient_bound(b: int, terms: GradientTerms, *,
+                         unit_roundoff: float = costs.FLOAT32_ROUNDOFF) -> torch.Tensor:
     """Per entry, how far a data-parallel gradient of a batch of b may differ from the whole batch's: (P,),
     float32 rounded up. kernel + (2(b-1) + GRAD_EXTRA_ROUNDINGS) u abs_sum (the module doc derives it), u the
     parameters' unit roundoff."""
@@ -159,13 +160,13 @@ def one_process(work: Workload, world_size: int, *,
 
     Each step's gradient bound is for `world_size` ranks (their shards are one of its layouts).
     `perturb=(bounds, signs)` adds signs * bounds[step] to each step's gradient before the optimizer sees it
-    (signs: (P,) of +-1, the same at every step), and skips computing the bounds: what `param_tolerance`
+    (signs: (P,) of +-1, the same at every step), and skips computing the bounds: what `workload_param_tolerance`
     measures with.
     """
     with one_thread():
         model = build_model(work)
         start_frozen = flat(frozen(model)).clone()
-        opt, bounds = make_optimizer(model, work), []
+        opt, bounds = workload_optimizer(model, work), []
         for step in range(work.steps):
             batch = work.batch(step)
             b = batch_size(batch, where="batch")
@@ -173,14 +174,14 @@ def one_process(work: Workload, world_size: int, *,
             losses = work.loss(model, batch)
             require_finite(losses, step=step, where="the one-process reference" + (", a tolerance probe" if perturb else ""))
             (losses.sum() / b).backward()
-            grad = flat_grads(model)
+            grad = trainable_grads(model)
             if step == 0:
                 grad0 = grad.clone()
             if perturb is None:
-                bounds.append(gradient_bound(b, gradient_terms(work, model, batch, world_size, grad),
+                bounds.append(batch_gradient_bound(b, gradient_terms(work, model, batch, world_size, grad),
                                              unit_roundoff=roundoff(grad.dtype)))
             else:                                                                     # sign * bound: exact
-                set_flat_grads(model, (grad.double() + perturb[1] * perturb[0][step]).to(grad.dtype))
+                set_trainable_grads(model, (grad.double() + perturb[1] * perturb[0][step]).to(grad.dtype))
             opt.step()
     return OneProcessRun(grad0=grad0, params=flat(trainable(model)), frozen=start_frozen, grad_bounds=tuple(bounds))
 
@@ -207,7 +208,7 @@ def probe_displacement(work: Workload, reference: OneProcessRun) -> float:
     return moved
 
 
-def param_tolerance(work: Workload, reference: OneProcessRun) -> float:
+def workload_param_tolerance(work: Workload, reference: OneProcessRun) -> float:
     """Allowed max |difference| of the final parameters from the reference's (measured; see the module doc):
     probe_displacement + steps * u * max|theta|, u the parameters' unit roundoff."""
     u = roundoff(reference.params.dtype)

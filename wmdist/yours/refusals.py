@@ -1,4 +1,4 @@
-"""What `workload.prepare` refuses about your model and loss, before any process starts, and what it says.
+"""What `workload.prepare_workload` refuses about your model and loss, before any process starts, and what it says.
 
 Each refusal names what was found, not a guess at it: a model off the CPU (the meta device, a GPU),
 BatchNorm in training mode or dropout (they make a shard compute another function than the whole batch),

@@ -119,7 +119,7 @@ def schedule(spec: LinearPairSpec) -> list[Collective]:
             Collective("first", "backward", "all-reduce", tuple(costs.ring_chunk_sizes(spec.x.numel(), n)))]
 
 
-def terms(spec: LinearPairSpec) -> int:
+def pair_terms(spec: LinearPairSpec) -> int:
     """K = max(in, hidden, out, rows): the longest float32 sum the split regroups or reorders."""
     rows = spec.x.numel() // spec.x.shape[-1]
     return max(spec.w1.shape[1], spec.w1.shape[0], spec.w2.shape[0], rows)
@@ -127,7 +127,7 @@ def terms(spec: LinearPairSpec) -> int:
 
 def compare_pair(spec: LinearPairSpec, results: list[PairResult]) -> Verdict:
     """Every rank's output and gradients against one process; the collectives against their formula."""
-    full, k = one_device(spec), terms(spec)
+    full, k = one_device(spec), pair_terms(spec)
     why = (f"first-order allowance for float32 sums regrouped by rank: 2(K-1) 2^-24 max|X|, K = max(in, hidden, "
            f"out, rows) = {k} (assumes partial sums within max|X|)")
     checks: list[Check] = []

@@ -33,18 +33,18 @@ from wmdist.comm import Context, ring_all_reduce
 from wmdist.memory.zero import Update, ZeroConfig, ZeroRankState, adam_update, shard_range, zero_step
 from wmdist.models.world import on_meta
 from wmdist.yours.refusals import digest, require_finite
-from wmdist.yours.workload import (Workload, WorkloadSpec, batch_size, build_model, flat, flat_grads, frozen,
-                                   set_flat_grads, shard, trainable)
+from wmdist.yours.workload import (Workload, WorkloadSpec, batch_size, build_model, flat, trainable_grads, frozen,
+                                   set_trainable_grads, shard, trainable)
 
 
-def make_optimizer(model: nn.Module, work: Workload) -> torch.optim.Optimizer:
+def workload_optimizer(model: nn.Module, work: Workload) -> torch.optim.Optimizer:
     """torch's SGD (with work.momentum) or Adam (its default betas and eps) on the model's parameters."""
     if work.optimizer == "sgd":
         return torch.optim.SGD(trainable(model), lr=work.lr, momentum=work.momentum)
     return torch.optim.Adam(trainable(model), lr=work.lr)
 
 
-def shard_loss(work: Workload, model: nn.Module, mine: Any, global_batch: int, *, step: int,
+def workload_loss(work: Workload, model: nn.Module, mine: Any, global_batch: int, *, step: int,
                where: str) -> torch.Tensor:
     """sum(this rank's per-example losses) / B: summed over ranks, the whole batch's mean loss. A NaN or inf
     loss raises FloatingPointError naming the step and `where` (the rank, whose run)."""
@@ -69,19 +69,19 @@ def replica_train(ctx: Context, spec: WorkloadSpec) -> ReplicaResult:
     """Rank function: your model trained spec.work.steps steps, gradients summed by the counted ring all-reduce."""
     work = spec.work
     model = build_model(work)
-    opt = make_optimizer(model, work)
+    opt = workload_optimizer(model, work)
     sent, rounds = [], []
     for step in range(work.steps):
         batch = work.batch(step)
         opt.zero_grad()
-        shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"), step=step,
+        workload_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"), step=step,
                    where=f"rank {ctx.rank}, our data parallelism").backward()
         phase = f"step {step}/gradient all-reduce"
-        synced = ring_all_reduce(ctx, flat_grads(model), phase=phase)                 # (P,) summed over ranks
+        synced = ring_all_reduce(ctx, trainable_grads(model), phase=phase)                 # (P,) summed over ranks
         totals = ctx.ledger.totals(phase=phase, prefix=True)
         sent.append(totals["bytes_sent"])
         rounds.append(totals["rounds"])
-        set_flat_grads(model, synced)
+        set_trainable_grads(model, synced)
         opt.step()
         if step == 0:
             grad0 = synced

@@ -8,7 +8,7 @@ what it sends in the ranks' ledgers:
   B/N examples, and your loss receives the DDP wrapper as its model (call it, as model(x)). Its
   constructor's broadcast of rank 0's parameters and buffers happens inside torch: recorded with bytes
   computed from their size, and the label says so. forward_sync_buffers=False: a forward leaves the
-  buffers alone (workload.prepare checks), so there is nothing to send each step.
+  buffers alone (workload.prepare_workload checks), so there is nothing to send each step.
 * ZeroRedundancyOptimizer (ZeRO-1, whole parameters per rank): gradients summed with our counted
   all_reduce; its step's broadcast of the updated parameters is recorded as one collective with bytes
   computed from which parameters the rank owns.
@@ -34,8 +34,8 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 
 from wmdist.comm import Context, all_gather, all_reduce, counted, reduce_scatter
 from wmdist.yours.refusals import digest
-from wmdist.yours.training import make_optimizer, shard_loss
-from wmdist.yours.workload import WorkloadSpec, batch_size, build_model, flat, flat_grads, frozen, shard, trainable
+from wmdist.yours.training import workload_optimizer, workload_loss
+from wmdist.yours.workload import WorkloadSpec, batch_size, build_model, flat, trainable_grads, frozen, shard, trainable
 
 
 def _counted_average(ctx, bucket):   # no annotations: DDP rejects string (postponed) ones
@@ -49,7 +49,7 @@ def _local_mean(spec: WorkloadSpec, model: nn.Module, batch: Any, world_size: in
                 where: str) -> torch.Tensor:
     """torch's convention: the mean loss of this rank's B/N examples (DDP and FSDP2 then average over ranks)."""
     mine = shard(batch, world_size, rank)
-    return shard_loss(spec.work, model, mine, batch_size(mine, where="batch"), step=step,
+    return workload_loss(spec.work, model, mine, batch_size(mine, where="batch"), step=step,
                       where=f"rank {rank}, {where}")
 
 
@@ -71,7 +71,7 @@ def _ledger(ctx: Context, phases: tuple[str, ...]) -> tuple[dict[str, int], dict
     return sent, calls
 
 
-def ddp_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
+def workload_ddp_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
     """Rank function: the workload under torch's DistributedDataParallel."""
     work = spec.work
     model = build_model(work)
@@ -80,13 +80,13 @@ def ddp_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
                  "ddp/init", sent=state, recv=state):
         ddp = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
     ddp.register_comm_hook(ctx, _counted_average)
-    opt = make_optimizer(model, work)
+    opt = workload_optimizer(model, work)
     for step in range(work.steps):
         opt.zero_grad()
         _local_mean(spec, ddp, work.batch(step), ctx.world_size, ctx.rank, step=step,
                     where="torch's DDP").backward()                                      # through DDP: its hooks
         if step == 0:
-            grad0 = flat_grads(model)
+            grad0 = trainable_grads(model)
         opt.step()
     sent, calls = _ledger(ctx, ("ddp/grads",))
     return _whole(ctx, model, grad0, sent, calls)
@@ -108,15 +108,15 @@ def zero_redundancy_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
     work = spec.work
     model = build_model(work)
     options = {"lr": work.lr} if work.optimizer == "adam" else {"lr": work.lr, "momentum": work.momentum}
-    opt = ZeroRedundancyOptimizer(trainable(model), optimizer_class=type(make_optimizer(model, work)), **options)
+    opt = ZeroRedundancyOptimizer(trainable(model), optimizer_class=type(workload_optimizer(model, work)), **options)
     owned = sum(p.numel() * p.element_size() for g in opt.optim.param_groups for p in g["params"])
     total = sum(p.numel() * p.element_size() for p in trainable(model))
     for step in range(work.steps):
         batch = work.batch(step)
         opt.zero_grad()
-        shard_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"), step=step,
+        workload_loss(work, model, shard(batch, ctx.world_size, ctx.rank), batch_size(batch, where="batch"), step=step,
                    where=f"rank {ctx.rank}, torch's ZeroRedundancyOptimizer").backward()
-        summed = all_reduce(ctx, flat_grads(model), phase="gradient all-reduce")
+        summed = all_reduce(ctx, trainable_grads(model), phase="gradient all-reduce")
         torch.nn.utils.vector_to_parameters(summed, [p.grad for p in trainable(model)])
         with counted(ctx, "ZeroRedundancyOptimizer.step (not observed: bytes computed from parameter ownership)",
                      "parameter broadcast", sent=owned, recv=total - owned):
@@ -169,7 +169,7 @@ def fsdp2_train(ctx: Context, spec: WorkloadSpec, *, reshard: bool) -> TorchResu
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
         unit.set_custom_all_gather(_CountedGather(ctx))
         unit.set_custom_reduce_scatter(_CountedScatter(ctx))
-    opt = make_optimizer(model, work)
+    opt = workload_optimizer(model, work)
     for step in range(work.steps):
         opt.zero_grad()
         _local_mean(spec, model, work.batch(step), ctx.world_size, ctx.rank, step=step, where="torch's FSDP2").backward()

@@ -8,7 +8,7 @@
     batch(step)         -> the global batch of that step: a tensor, a tuple/list or a dict of tensors,
                                           examples along dim 0 of each
 
-`prepare(work, world_size, stage=...)` builds the model once in this process and runs the loss on the
+`prepare_workload(work, world_size, stage=...)` builds the model once in this process and runs the loss on the
 step-0 batch, so everything that would make the ranks compute another function than one process is
 refused here, with a ValueError or TypeError naming what was found (refusals.py): a model off the CPU
 (the meta device, a GPU), a BatchNorm in training mode (it mixes the examples of a batch), dropout or
@@ -180,12 +180,12 @@ def flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
 
-def flat_grads(model: nn.Module) -> torch.Tensor:
+def trainable_grads(model: nn.Module) -> torch.Tensor:
     """The trainable parameters' gradients in order, as one (P,) buffer."""
     return flat([p.grad for p in trainable(model)])
 
 
-def set_flat_grads(model: nn.Module, buffer: torch.Tensor) -> None:
+def set_trainable_grads(model: nn.Module, buffer: torch.Tensor) -> None:
     """Write a (P,) buffer into the .grad of each trainable parameter."""
     params = trainable(model)
     for p, piece in zip(params, torch.split(buffer, [p.numel() for p in params])):
@@ -199,7 +199,7 @@ def _prod(shape: tuple[int, ...]) -> int:
     return out
 
 
-def prepare(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
+def prepare_workload(work: Workload, world_size: int, *, stage: int = 0) -> WorkloadSpec:
     """Check `work` on `world_size` ranks (before any process starts) and decide the sizes; see the module doc."""
     if not isinstance(work, Workload):
         raise TypeError(f"work must be a Workload, got {type(work).__name__}")

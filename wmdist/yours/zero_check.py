@@ -14,7 +14,6 @@ unsent (FSDP2 shards and gathers them, but scatters no gradient for them), and a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
@@ -24,12 +23,12 @@ from wmdist.comm import Context
 from wmdist.course.experiment import Experiment, Verdict
 from wmdist.memory.footprint import MemoryConfig, per_rank_bytes
 from wmdist.course.report import Count, Report, counts_per_rank
-from wmdist.yours.dp_check import estimate, frozen_checks, grad_check, param_check, same_everywhere
-from wmdist.yours.footprint import available_bytes, refuse_if_too_big, release_freed_memory
-from wmdist.yours.reference import one_process, param_tolerance
+from wmdist.yours.dp_check import (OursThenTorch, estimate, frozen_checks, grad_check, ours_then_torch, param_check,
+                                   reference_and_tolerance, same_everywhere)
+from wmdist.yours.footprint import available_bytes, refuse_if_too_big
 from wmdist.yours.training import ZeroResult, zero_train
 from wmdist.yours.versus_torch import TorchResult, fsdp2_step_traffic, fsdp2_train, joined_shards, zero_redundancy_train
-from wmdist.yours.workload import Workload, WorkloadSpec, prepare
+from wmdist.yours.workload import Workload, WorkloadSpec, prepare_workload
 
 ZeroStage = Literal[1, 2, 3]
 STAGES: tuple[int, ...] = get_args(ZeroStage)
@@ -37,20 +36,14 @@ TORCH_NAME = {1: "ZeroRedundancyOptimizer", 2: "FSDP2 (reshard_after_forward=Fal
               3: "FSDP2 (reshard_after_forward=True)"}
 
 
-@dataclass(frozen=True)
-class ZeroAndTorch:
-    """One rank's ZeRO run, then torch's."""
-    ours: ZeroResult
-    theirs: TorchResult
+def torch_zero_train(ctx: Context, spec: WorkloadSpec) -> TorchResult:
+    """torch's counterpart of our ZeRO at spec.stage: ZeroRedundancyOptimizer (1), FSDP2 (2: no reshard, 3)."""
+    return zero_redundancy_train(ctx, spec) if spec.stage == 1 else fsdp2_train(ctx, spec, reshard=spec.stage == 3)
 
 
-def ours_and_torch(ctx: Context, spec: WorkloadSpec) -> ZeroAndTorch:
+def ours_and_torch(ctx: Context, spec: WorkloadSpec) -> OursThenTorch[ZeroResult]:
     """Rank function: our ZeRO at spec.stage, then torch's counterpart."""
-    ours = zero_train(ctx, spec)
-    release_freed_memory()
-    theirs = zero_redundancy_train(ctx, spec) if spec.stage == 1 else fsdp2_train(ctx, spec, reshard=spec.stage == 3)
-    release_freed_memory()
-    return ZeroAndTorch(ours, theirs)
+    return ours_then_torch(ctx, spec, zero_train, torch_zero_train)
 
 
 def _held(spec: WorkloadSpec, rank: int) -> dict[str, int]:
@@ -97,13 +90,11 @@ def _torch_counts(spec: WorkloadSpec, theirs: list[TorchResult]) -> list[Count]:
     return rows
 
 
-def compare_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
+def compare_workload_zero(spec: WorkloadSpec, results: list[OursThenTorch[ZeroResult]]) -> Verdict:
     """Our ZeRO and torch's against one process and each other; ring bytes, rounds, held bytes, torch's payload."""
     n, stage = spec.world_size, spec.stage
     ours, theirs = [r.ours for r in results], [r.theirs for r in results]
-    ref = one_process(spec.work, spec.world_size)
-    release_freed_memory()
-    tol = param_tolerance(spec.work, ref)
+    ref, tol = reference_and_tolerance(spec)
     got = torch.cat([o.chunk for o in ours])
     torch_params = theirs[0].params[0] if stage == 1 else joined_shards(theirs, spec)
     torch_frozen = theirs[0].frozen if stage == 1 else joined_shards(theirs, spec, trainable=False)
@@ -124,20 +115,20 @@ def compare_zero(spec: WorkloadSpec, results: list[ZeroAndTorch]) -> Verdict:
     return Verdict(checks=checks, exact=exact, params=params, data=ref)
 
 
-def experiment(spec: WorkloadSpec) -> Experiment:
+def zero_experiment(spec: WorkloadSpec) -> Experiment:
     """The run as an Experiment on this one spec."""
     return Experiment(name=f"your-model-zero-{spec.stage}", chapter="03", world_sizes=(spec.world_size,),
                       title=f"Your model: ZeRO-{spec.stage} vs one process vs {TORCH_NAME[spec.stage]}",
-                      spec=lambda n: spec, ranks=ours_and_torch, compare=compare_zero)
+                      spec=lambda n: spec, ranks=ours_and_torch, compare=compare_workload_zero)
 
 
 def zero(work: Workload, *, stage: ZeroStage, world_size: int = 2) -> Report:
     """Train `work` with ZeRO-`stage` on `world_size` ranks; check it against one process and torch's own.
 
     Refused with a ValueError or TypeError before any process starts: a stage other than 1, 2, 3, and
-    whatever workload.prepare refuses.
+    whatever workload.prepare_workload refuses.
     """
     costs.require_choice("stage", stage, STAGES)
-    spec = prepare(work, world_size, stage=stage)
+    spec = prepare_workload(work, world_size, stage=stage)
     refuse_if_too_big(estimate(spec), available_bytes(), numel=spec.numel, what=f"zero(stage={stage})")
-    return experiment(spec).run_spec(spec)
+    return zero_experiment(spec).run_spec(spec)
