@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -51,6 +54,16 @@ def patience(seconds: float) -> float:
 def descendants() -> set[int]:
     """Every live process below this one (forkserver, resource tracker and ranks)."""
     return set(alive([p.pid for p in psutil.Process().children(recursive=True)]))
+
+
+@pytest.fixture
+def short_tmp():
+    """A fresh directory with a short path (under /tmp), removed afterwards: for a test that makes it a
+    process's TMPDIR. The ranks' forkserver listens on a Unix socket at TMPDIR/pymp-X/listener-X, at most
+    107 bytes, which pytest's tmp_path (its run counter, the xdist worker, the test's name) can outgrow."""
+    path = tempfile.mkdtemp(prefix="wmt-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

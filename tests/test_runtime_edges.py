@@ -19,6 +19,12 @@ from wmdist.runtime import MAX_TIMEOUT_S, RankFailure, run
 from wmdist.runtime.cleanup import OWNER_FILE
 
 
+@pytest.fixture
+def tmp_path(short_tmp):
+    """This module's tests make tmp_path a process's TMPDIR: a short one (conftest.short_tmp says why)."""
+    return short_tmp
+
+
 def rank_and_size(ctx):
     return ctx.rank, ctx.world_size
 

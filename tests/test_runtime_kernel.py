@@ -18,6 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
+def tmp_path(short_tmp):
+    """This module's tests make tmp_path a process's TMPDIR: a short one (conftest.short_tmp says why)."""
+    return short_tmp
+
+
+@pytest.fixture
 def kernel(tmp_path):
     """A python3 kernel whose temporary directory is tmp_path; yields (manager, client)."""
     km = KernelManager(kernel_name="python3")
