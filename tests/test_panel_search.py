@@ -92,3 +92,31 @@ def test_the_page_states_the_rule():
     finally:
         p.prefetch.cancel(clear=True)
         p.prefetch.idle()
+
+
+def test_a_panel_move_to_a_new_job_is_one_bounded_search(monkeypatch):
+    """Counted at both searches' expensive calls: a panel wired back to rank.rank_layouts spends thousands."""
+    from wmdist.planner import rank
+    calls = {"n": 0}
+
+    def counted(f):
+        def wrapper(*a, **k):
+            calls["n"] += 1
+            return f(*a, **k)
+        return wrapper
+    for module in (ps, rank):
+        monkeypatch.setattr(module, "gpu_memory", counted(module.gpu_memory))
+        monkeypatch.setattr(module, "partial_breakdown", counted(module.partial_breakdown))
+    p = PlannerPanel()
+    try:
+        p.prefetch.cancel(clear=True)
+        p.prefetch.idle()
+        monkeypatch.setattr(p.prefetch, "schedule", lambda jobs: None)   # no look-ahead: count this move alone
+        for gpus in (8192, 2048):
+            before = calls["n"]
+            p.controls["gpus"].value = gpus
+            assert p.result.job.gpus == gpus and p.result.plans
+            assert 0 < calls["n"] - before <= ps.MAX_EVALUATIONS, gpus
+    finally:
+        p.prefetch.cancel(clear=True)
+        p.prefetch.idle()
