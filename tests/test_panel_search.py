@@ -18,6 +18,7 @@ from wmdist.planner.rank import plan, rank_layouts
 
 SMALL = PlannerConfig(model="mcore-7.1b", gpu="h100", gpus=64, batch_tokens=2 * 2 ** 20, seq_len=4096)
 MOE = PlannerConfig(model="mixtral-8x22b", gpu="h100", gpus=256, batch_tokens=4 * 2 ** 20, seq_len=4096)
+TIGHT = PlannerConfig(model="gpt3-175b", gpu="h100", gpus=64, batch_tokens=2 ** 20, seq_len=2048)   # needs every pair
 
 
 def brute_force(config: PlannerConfig) -> list:
@@ -32,7 +33,7 @@ def brute_force(config: PlannerConfig) -> list:
     return [p for _, _, p in sorted(found, key=lambda t: t[:2])][:TOP]
 
 
-@pytest.mark.parametrize("config", [SMALL, MOE], ids=["dense", "moe"])
+@pytest.mark.parametrize("config", [SMALL, MOE, TIGHT], ids=["dense", "moe", "tight"])
 def test_the_search_is_exact_within_its_space(config):
     got = ps.panel_search(job_of(config), top=TOP)
     expected = brute_force(config)
@@ -40,6 +41,8 @@ def test_the_search_is_exact_within_its_space(config):
     assert [p.layout for p in got.plans] == [p.layout for p in expected]
     assert [p.step.total for p in got.plans] == [p.step.total for p in expected]
     assert [p.memory for p in got.plans] == [p.memory for p in expected]
+    if config is TIGHT:          # the memory-tight job's best layouts use every SECONDARY pair
+        assert {(p.layout.zero, p.layout.recompute) for p in got.plans} == set(ps.SECONDARY)
 
 
 def test_the_panels_best_is_within_two_per_cent_of_the_full_search():
