@@ -15,12 +15,12 @@ from wmdist.costs.units import seconds
 from wmdist.planner import predictions
 from wmdist.planner.breakdown import TERMS
 from wmdist.planner.exercises import BUBBLE, bubble_cases, bubble_solution
-from wmdist.planner.explore import CHECKED_IN, PANEL_BOUNDS, TOP, PlanCache, PlannerConfig, job_of, planner_view
+from wmdist.planner.explore import CHECKED_IN, TOP, PlanCache, PlannerConfig, job_of, planner_view
 from wmdist.planner.figures import draw_memory, draw_steps
 from wmdist.planner.misses import MISS_POINTS, compare_runs, unexplained
 from wmdist.planner.panel import PlannerPanel
 from wmdist.planner.published import RUNS
-from wmdist.planner.rank import rank_layouts
+from wmdist.planner.panel_search import panel_search
 from wmdist.planner.scoring import EFFICIENCY, published_plan, run_job, scored_runs
 from wmdist.ui.render import canvas_figure
 from wmdist.ui.static import strip_tags
@@ -38,9 +38,9 @@ def panel():
 
 
 def test_the_panel_shows_the_planners_ranking_and_its_numbers(panel):
-    """The layouts are rank_layouts' (same order, same steps); the summary prints the chosen one's step, MFU,
+    """The layouts are panel_search's (same order, same steps); the summary prints the chosen one's step, MFU,
     memory and every non-zero term, each with the chapter that checked it."""
-    expected = rank_layouts(job_of(SMALL), top=TOP, **PANEL_BOUNDS)
+    expected = panel_search(job_of(SMALL), top=TOP).plans
     assert [p.layout for p in panel.result.plans] == [p.layout for p in expected]
     assert [p.step.total for p in panel.result.plans] == [p.step.total for p in expected]
     text = strip_tags(panel.summary.value)

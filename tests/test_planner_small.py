@@ -53,3 +53,26 @@ def test_more_cores_than_ranks_do_not_speed_a_rank_up():
     with pytest.raises(ValueError, match="alpha_s"):
         mesh_step_prediction(shape, alpha_s=-1.0, beta_s_per_byte=BETA, flops_per_s=FLOPS, cores=CORES)
     assert replace(MeshSpec(), cp=1).world_size == 8
+
+
+def test_the_warm_steps_are_timed_in_parts_that_add_up():
+    """Eight real ranks, two warm steps: every part is a finite positive time and the parts sum to the step (the
+    same perf_counter readings, so only float addition separates them: 1e-12 s)."""
+    import math
+
+    from wmdist.mesh.scenarios import MESH_3D
+    from wmdist.mesh.warm import measure_mesh_steps, slowest_steps
+    ranks = measure_mesh_steps(MESH_3D, repeats=2)
+    assert len(ranks) == MESH_3D.world_size and all(len(r) == 2 for r in ranks)
+    for p in (p for r in ranks for p in r):
+        assert all(math.isfinite(x) and x > 0 for x in (p.schedule, p.sync, p.optimizer))
+        assert abs(p.schedule + p.sync + p.optimizer - p.total) <= 1e-12
+    slow = slowest_steps(ranks)
+    assert [s.total for s in slow] == [max(r[k].total for r in ranks) for k in range(2)]
+
+
+def test_bad_repeats_is_refused_before_any_rank_starts():
+    from wmdist.mesh.scenarios import MESH_3D
+    from wmdist.mesh.warm import measure_mesh_steps
+    with pytest.raises(ValueError, match="repeats"):
+        measure_mesh_steps(MESH_3D, repeats=0)

@@ -2,10 +2,11 @@
 the view it computes (the job, the best layouts, the chosen one's terms and memory). No widgets, no processes.
 
 Each term of the stacked step names the chapter whose demo checked its formula on real ranks (CHECKED_IN: the
-chapter numbers of breakdown.TERM_CHAPTERS), so the panel and the notebook can say where a number comes from. The search is the planner's exact ranking
-(rank.rank_layouts) within PANEL_BOUNDS, a bounded enumeration stated here: interleaving up to 4 virtual stages
-and micro-batches of 1 or 2 sequences (the published runs' layouts are inside it, and a finer search moves the
-best step by a few per cent at most; the CLI, `wmdist plan`, searches the planner's full default space).
+chapter numbers of breakdown.TERM_CHAPTERS), so the panel and the notebook can say where a number comes from.
+The search is panel_search.panel_search: the planner's own breakdown and memory on a narrowed space (one layout
+per mesh shape: b=1, the largest interleaving up to 4, ZeRO-1 and no recompute unless they do not fit), bounded
+so a move is answered in tens of milliseconds; the CLI, `wmdist plan`, searches the planner's full space
+(rank.rank_layouts) and may find a faster layout (SEARCH_RULE says this on the page).
 `PlanCache` keeps each job's ranking, so a control moved back, or a state the panel's prefetcher computed
 ahead, costs a dictionary look-up.
 """
@@ -19,7 +20,8 @@ from wmdist.costs.validate import require_choice, require_int
 from wmdist.planner.breakdown import TERM_CHAPTERS, TERMS
 from wmdist.planner.model import TrainingJob, from_architecture
 from wmdist.planner.presets import PRESETS
-from wmdist.planner.rank import Plan, rank_layouts
+from wmdist.planner.panel_search import MAX_VIRTUAL, panel_search
+from wmdist.planner.rank import Plan
 from wmdist.planner.scoring import EFFICIENCY, cluster_spec
 
 # Where each term of the breakdown was checked against real ranks: the chapter and what it measured.
@@ -45,7 +47,9 @@ MIB = 2 ** 20
 BATCHES = tuple((f"{n}M tokens", n * MIB) for n in (1, 2, 4, 8, 16))
 CONTEXTS = tuple((f"{s // 1024}K", s) for s in (2048, 4096, 8192, 32768, 131072))
 TOP = 5
-PANEL_BOUNDS = {"max_virtual": 4, "max_micro_batch": 2}
+SEARCH_RULE = (f"The panel searches one layout per mesh shape (b=1, the largest interleaving up to {MAX_VIRTUAL}, "
+               "ZeRO-1 and no recompute unless they do not fit, MoE's largest ep); `wmdist plan` searches every "
+               "knob and may find a faster layout.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,16 +110,16 @@ class PlanCache:
         with self._lock:
             found = self._plans.get(job)
         if found is None:
-            found = tuple(rank_layouts(job, top=TOP, **PANEL_BOUNDS))
+            found = panel_search(job, top=TOP).plans
             with self._lock:
                 self._plans[job] = found
         return found
 
 
 def planner_view(config: PlannerConfig, *, cache: PlanCache | None = None) -> PlannerView:
-    """The panel's model: the job and its TOP fastest fitting layouts (rank.rank_layouts within PANEL_BOUNDS)."""
+    """The panel's model: the job and its TOP fastest fitting layouts (panel_search.panel_search's space)."""
     job = job_of(config)
-    plans = cache.plans(job) if cache is not None else tuple(rank_layouts(job, top=TOP, **PANEL_BOUNDS))
+    plans = cache.plans(job) if cache is not None else panel_search(job, top=TOP).plans
     return PlannerView(config=config, job=job, plans=plans)
 
 

@@ -1,8 +1,8 @@
 """PlannerPanel: a published model shape on a cluster, its fastest layouts that fit, and the chosen one's step and memory.
 
 Menus and sliders set a PlannerConfig (explore.py: model and GPU presets, GPU count, batch, context, which
-ranked layout to show); compute() is explore.planner_view, the planner's exact ranking (no processes) with
-one PlanCache per panel, so the prefetcher's look-ahead and a control moved back cost a look-up. The views
+ranked layout to show); compute() is explore.planner_view, the planner's physics on the panel's narrowed,
+bounded space (panel_search.py; no processes) with one PlanCache per panel, so the prefetcher's look-ahead and a control moved back cost a look-up. The views
 come from .figures; the key numbers name, for every term, the chapter whose demo checked its formula.
 There is no "run it": a cluster is not on this machine (the notebook runs the small end instead).
 """
@@ -19,6 +19,7 @@ from wmdist.planner.explore import (
     PLACEMENT_CHAPTER,
     PlanCache,
     PlannerConfig,
+    SEARCH_RULE,
     PlannerView,
     planner_view,
 )
@@ -61,7 +62,7 @@ def summary(view: PlannerView) -> str:
     """The numbers to take away, as HTML."""
     c, job = view.config, view.job
     if view.chosen is None:
-        return (f"<b>Nothing fits</b>: every layout of {html.escape(c.model)} ({job.model.params / 1e9:.0f}B "
+        return (f"<b>Nothing fits</b>: every layout the panel tries of {html.escape(c.model)} ({job.model.params / 1e9:.0f}B "
                 f"parameters) on {c.gpus:,} {html.escape(c.gpu)} needs more than "
                 f"{format_bytes(job.cluster.hbm_bytes)} on some GPU. Add GPUs.")
     p = view.chosen
@@ -101,5 +102,5 @@ class PlannerPanel(Panel):
     def details(self, config: PlannerConfig, result: PlannerView) -> str:
         if not result.plans:
             return ""
-        return ("The fastest layouts that fit (the planner's exact ranking within explore.PANEL_BOUNDS; "
-                "b: sequences per microbatch, v: virtual stages):<br>" + layout_table(result))
+        return ("The fastest layouts that fit (b: sequences per microbatch, v: virtual stages). "
+                + html.escape(SEARCH_RULE) + "<br>" + layout_table(result))
