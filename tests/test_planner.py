@@ -107,7 +107,25 @@ def test_sharded_gradients_are_reduced_every_microbatch():
     three = bd.breakdown(JOB, replace(LAYOUT, zero=3)).axes["dp"]
     assert two.traffic.bytes_sent == (M + 1) * ring               # M reduce-scatters, one all-gather
     assert three.traffic.bytes_sent == 3 * M * ring                # and ZeRO-3 gathers twice every microbatch
-    assert three.traffic.messages == 3 * M * 3
+    assert three.traffic.messages == 3 * M * 3 * 2                 # a ring of 3 steps per layer, 2 layers
+
+
+def test_zero3_gathers_layer_by_layer_and_again_for_the_recomputed_forward():
+    """ZeRO-3: each of the stage's 2 layers runs its own 4-rank ring (3 latencies) per collective; with full
+    recompute the recomputed forward gathers once more, behind backward. Per collective and microbatch:
+    2 x 3 x 1e-5 s + ring / 1e10; forward holds one gather, backward the backward gather, the recompute
+    gather and the reduce-scatter."""
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    ring = (piece - piece // 4) * 2
+    lay = replace(LAYOUT, zero=3, recompute="full")
+    step = bd.breakdown(JOB, lay)
+    dp = step.axes["dp"]
+    assert dp.traffic.bytes_sent == 4 * M * ring and dp.traffic.messages == 4 * M * 3 * 2
+    one = 2 * 3 * 1e-5 + ring / 1e10
+    per_micro = step.compute / M
+    expected = max(3 * M * one - M * 2 * per_micro / 3, 3 * M * one / 2) + max(M * one - M * per_micro / 3, M * one / 2)
+    assert dp.exposed == pytest.approx(expected, rel=REL)
+    assert bd.breakdown(JOB, replace(LAYOUT, zero=3)).axes["dp"].traffic.bytes_sent == 3 * M * ring
 
 
 def test_overlap_rule_keeps_the_last_bucket():

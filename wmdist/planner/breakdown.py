@@ -233,7 +233,9 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
 
     Phases are pooled by the compute they hide behind: the gradient's (and ZeRO-3's backward gathers) behind
     backward, the parameter gathers behind forward. Sharded gradients (ZeRO-2, 3) are reduce-scattered every
-    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M.
+    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M. ZeRO-3 runs each collective layer by layer (a
+    ring of N - 1 steps per layer: layers x (N - 1) latencies), and with full recompute the recomputed forward
+    gathers the layer's weights a third time (freed after the forward), behind backward.
     """
     c, e, z = job.cluster, job.elem_bytes, layout.zero
     dense, experts = _pieces(job.model, layout)
@@ -252,6 +254,10 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
         inside_all &= inside
         phases = zero_step_bytes(numel, n, 0, z, elem_size=e)
         rounds = zero_step_rounds(n, z) // len(phases)           # N - 1 per collective
+        if z == 3:
+            rounds *= max(layers, 1)         # gathered and reduced layer by layer: each layer's own ring
+            if layout.recompute == "full":   # the recomputed forward gathers the freed weights again
+                phases = {**phases, "recompute all-gather": phases["backward all-gather"]}
         for name, nbytes in phases.items():
             times = micro if (z == 3 and "all-gather" in name) or (z >= 2 and name == "gradient reduce-scatter") else 1
             when = "forward" if name in ("forward all-gather", "parameter all-gather") else "backward"

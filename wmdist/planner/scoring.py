@@ -36,7 +36,7 @@ GRID = tuple(round(0.30 + 0.01 * i, 2) for i in range(66))
 GOALS = {"median_points": 5.0, "max_points": 10.0, "layout_ratio": 1.10}
 # The efficiency of each GPU type, as `score_runs(scored_runs())` fits it (tests/test_planner_bench.py fits it
 # again and holds these to it): A100 from its 33 published runs, H100 from its 13.
-EFFICIENCY = {"a100-80gb": 0.59, "h100": 0.59}
+EFFICIENCY = {"a100-80gb": 0.60, "h100": 0.59}
 
 
 def cluster_spec(gpu: str, *, fabric: str | None = None, efficiency: float) -> ClusterSpec:
@@ -210,14 +210,19 @@ def score_runs(runs: tuple[PublishedRun, ...], *, reference: float = 0.6,
 
 
 def goals(scores: list[RunScore]) -> dict[str, float | bool]:
-    """The three goals from the scores: utilisation error (fitted and held out), memory, layout."""
+    """The three goals from the scores: utilisation error (fitted and held out) and memory over every run; the
+    layout goal over the layouts their authors chose, not the runs a source presents as its baseline
+    (PublishedRun.baseline, e.g. Narayanan et al.'s ZeRO-3 rows), whose worst ratio is reported beside it."""
+    chosen = [s for s in scores if not s.run.baseline] or scores
     err = [s.error_points for s in scores]
     held = [s.held_out_points for s in scores]
     out: dict[str, float | bool] = {
         "median_points": statistics.median(err), "max_points": max(err),
         "held_out_median_points": statistics.median(held), "held_out_max_points": max(held),
-        "all_fit": all(s.plan.fits for s in scores), "worst_layout_ratio": max(s.layout_ratio for s in scores),
-        "worst_layout_ratio_any_recompute": max((s.layout_ratio_any or 0.0) for s in scores)}
+        "all_fit": all(s.plan.fits for s in scores),
+        "worst_layout_ratio": max(s.layout_ratio for s in chosen),
+        "worst_layout_ratio_baselines": max((s.layout_ratio for s in scores if s.run.baseline), default=0.0),
+        "worst_layout_ratio_any_recompute": max((s.layout_ratio_any or 0.0) for s in chosen)}
     out["met"] = (out["median_points"] <= GOALS["median_points"] and out["max_points"] <= GOALS["max_points"]
                   and bool(out["all_fit"]) and out["worst_layout_ratio"] <= GOALS["layout_ratio"])
     return out
@@ -226,13 +231,13 @@ def goals(scores: list[RunScore]) -> dict[str, float | bool]:
 def score_table(scores: list[RunScore]) -> str:
     """One line per run: published and predicted utilisation, held out, memory, the layout's ratio to the best."""
     lines = [(f"{'run':32s} {'counted':8s} {'published':>9s} {'predicted':>9s} {'held-out':>8s} {'memory GB':>9s} "
-             f"{'fits':>4s} {'vs best':>7s} {'any':>6s}  completed layout")]
+             f"{'fits':>4s} {'vs best':>7s} {'any':>6s}  completed layout (* a source's baseline)")]
     for s in scores:
         lines.append(f"{s.run.name:32s} {counted(s.run):8s} {100 * s.published:8.1f}% {100 * s.predicted:8.1f}% "
                      f"{100 * s.held_out:7.1f}% {s.plan.memory['total'] / 1e9:9.1f} "
                      f"{'yes' if s.plan.fits else 'NO':>4s} "
                      f"{s.layout_ratio:7.3f} {'-' if s.layout_ratio_any is None else f'{s.layout_ratio_any:.3f}':>6s}  "
-                     f"{s.plan.layout.describe()}")
+                     f"{s.plan.layout.describe()}{' *' if s.run.baseline else ''}")
     return "\n".join(lines)
 
 
@@ -251,7 +256,9 @@ def plan_result(fitted: dict[str, float], scores: list[RunScore]) -> BenchResult
              (f"largest miss: {worst.run.name}, published {100 * worst.published:.1f}% vs predicted "
              f"{100 * worst.predicted:.1f}%"),
              ("layout goal: each published layout's predicted step over the planner's best for the same job, with "
-             "the run's printed recompute kind held (the unrestricted ratio is the 'any' column)"),
+             "the run's printed recompute kind held (the unrestricted ratio is the 'any' column), over the layouts "
+             "their authors chose; the runs a source presents as its baseline (marked *) are scored for MFU and "
+             f"memory like the rest, their worst layout ratio {g['worst_layout_ratio_baselines']:.3f}"),
              *score_table(scores).splitlines()]
     return BenchResult(name="plan", inputs={"runs": len(runs), "gpu_types": sorted(fitted),
                                             "sources": len({r.citation.title for r in runs})},
