@@ -235,3 +235,23 @@ def test_planner_weights_agree_with_the_presets_count(name):
 
 def test_every_term_names_its_chapter():
     assert list(bd.TERM_CHAPTERS) == list(bd.TERMS)
+
+
+def test_padding_takes_a_block_off_the_first_and_last_stages():
+    """Llama 3's partition: 10 layers + 2 slots over pp = 4 is 3 per stage, the ends one fewer: 2, 3, 3, 2
+    (unpadded: 3, 3, 2, 2). Stage 0's activations are then 2 layers' sets in flight, not 3: 2/3 of them
+    (within one byte: the calculator rounds up once)."""
+    from wmdist.planner.memory import _stage_layers, gpu_memory
+    model = replace(MODEL, layers=10)
+    assert _stage_layers(model, 4, 2) == ((2, 0), (3, 0), (3, 0), (2, 0))
+    assert _stage_layers(model, 4) == ((3, 0), (3, 0), (2, 0), (2, 0))
+    job = replace(JOB, model=model)
+    lay = ParallelLayout(dp=2, tp=2, pp=4, micro_batch=2)
+    padded, plain = gpu_memory(job, replace(lay, padding=2)), gpu_memory(job, lay)
+    assert abs(padded["activations"] - plain["activations"] * 2 / 3) <= 1
+    assert padded["activations"] < plain["activations"]
+    assert "padding=2" in replace(lay, padding=2).describe() and "padding" not in lay.describe()
+    with pytest.raises(ValueError, match="padding=2 needs pp > 1"):
+        check_layout(job, ParallelLayout(dp=8, tp=2, padding=2))
+    with pytest.raises(ValueError, match="padding"):
+        ParallelLayout(padding=-1)

@@ -141,7 +141,7 @@ def stage_work(job: TrainingJob, layout: ParallelLayout) -> tuple[float, float, 
              for moe_layer in (False, True)]
     passes = HBM_PASSES + (2 if layout.recompute == "full" else 0)
     best = (0.0, 0.0, 0, 0.0)
-    stages = _stage_layers(m, layout.pp)
+    stages = _stage_layers(m, layout.pp, layout.padding)
     for i, (nd, nm) in enumerate(stages):
         fwd = nd * dense + nm * moe + (head if i == len(stages) - 1 else 0.0)
         again = {"none": 0.0, "selective": 0.0 if job.flash_attention else (nd + nm) * attn, "full": fwd}[
@@ -183,7 +183,7 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
     sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep, "pp": layout.pp}
     at = strides(sizes, RANK_ORDER)
     world = layout.gpus
-    stages = _stage_layers(m, layout.pp)
+    stages = _stage_layers(m, layout.pp, layout.padding)
     moe_layers = max(nm for _, nm in stages)
     axes: dict[str, AxisTime] = {}
 

@@ -36,7 +36,7 @@ GRID = tuple(round(0.30 + 0.01 * i, 2) for i in range(66))
 GOALS = {"median_points": 5.0, "max_points": 10.0, "layout_ratio": 1.10}
 # The efficiency of each GPU type, as `score_runs(scored_runs())` fits it (tests/test_planner_bench.py fits it
 # again and holds these to it): A100 from its 33 published runs, H100 from its 13.
-EFFICIENCY = {"a100-80gb": 0.60, "h100": 0.59}
+EFFICIENCY = {"a100-80gb": 0.60, "h100": 0.58}
 
 
 def cluster_spec(gpu: str, *, fabric: str | None = None, efficiency: float) -> ClusterSpec:
@@ -69,7 +69,7 @@ def completions(job: TrainingJob, run: PublishedRun) -> list[ParallelLayout]:
     for b, v, z, r in product(open_or(lay.micro_batch, (1, 2, 4, 8)), open_or(lay.virtual_stages, range(1, 9)),
                               open_or(lay.zero_stage, (0, 1, 2, 3)), open_or(lay.recompute, RECOMPUTE)):
         candidate = ParallelLayout(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero=z, micro_batch=b,
-                                   virtual=v, recompute=r)  # type: ignore[arg-type]
+                                   virtual=v, recompute=r, padding=lay.pipeline_padding)  # type: ignore[arg-type]
         try:
             out.append(check_layout(job, candidate))
         except ValueError:
