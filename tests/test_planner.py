@@ -255,3 +255,25 @@ def test_padding_takes_a_block_off_the_first_and_last_stages():
         check_layout(job, ParallelLayout(dp=8, tp=2, padding=2))
     with pytest.raises(ValueError, match="padding"):
         ParallelLayout(padding=-1)
+
+
+def test_contention_charges_the_share_of_sms_an_overlapped_collective_holds():
+    """A collective hidden behind compute still takes comm_sm_share of the SMs: the step pays share x the hidden
+    seconds. 1 s beside 5 s of compute, floor 0.1: 0.1 exposed + 0.2 x 0.9 hidden = 0.28; beside 0.2 s: 0.8
+    exposed + 0.5 x 0.2 = 0.9. The dp term of the hand-worked layout at share 0.25, phase by phase."""
+    assert bd.hidden_after(1.0, 5.0, floor_share=0.1, contention=0.2) == pytest.approx(0.28, rel=REL)
+    assert bd.hidden_after(1.0, 0.2, floor_share=0.1, contention=0.5) == pytest.approx(0.9, rel=REL)
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    ring = (piece - piece // 4) * 2
+    one = 3 * 1e-5 + ring / 1e10
+    job = replace(JOB, cluster=replace(CLUSTER, comm_sm_share=0.25))
+    step = bd.breakdown(job, LAYOUT)
+    per_micro = step.compute / M
+    expected = 0.0
+    for window in (2 * per_micro / 3, per_micro / 3):
+        exposed = max(one - window, one / 2)
+        expected += exposed + 0.25 * (one - exposed)
+    assert step.axes["dp"].exposed == pytest.approx(expected, rel=REL)
+    assert step.axes["dp"].exposed > bd.breakdown(JOB, LAYOUT).axes["dp"].exposed
+    with pytest.raises(ValueError, match="comm_sm_share"):
+        replace(CLUSTER, comm_sm_share=1.0)

@@ -24,6 +24,8 @@ The terms, per GPU of the slowest pipeline stage, and what each assumes:
   parameter all-gather the forward of the first (sharded gradients, ZeRO-2 and 3, are reduce-scattered every
   microbatch, and ZeRO-3 gathers every microbatch, each behind that microbatch), except one layer's share,
   the bucket that is ready last (the first to be needed): exposed = max(T - window, T / layers on the stage).
+* contention (cp and dp, the overlapped axes): a collective that runs beside the matmuls holds some SMs (one
+  thread block per NCCL channel), so the hidden part H still costs comm_sm_share x H: exposed + share x H.
 * bubble: costs.pipeline.bubble_over_ideal(pp, M, chunks=v) times the stage's busy time (compute, tp, cp, ep).
 
 Each axis runs on the link tier its groups get when the ranks are numbered tp fastest, then cp, ep, the
@@ -109,10 +111,13 @@ def model_flops_per_token(model: TransformerSpec, seq_len: int) -> float:
     return 6 * model.active_matmul_params + 3 * model.layers * attention
 
 
-def hidden_after(seconds: float, window: float, *, floor_share: float) -> float:
+def hidden_after(seconds: float, window: float, *, floor_share: float, contention: float = 0.0) -> float:
     """The overlap rule: time `seconds` runs beside `window` of compute; what is exposed is what exceeds it,
-    and at least `floor_share` of it (the piece ready only when the compute ends)."""
-    return max(seconds - window, seconds * floor_share)
+    and at least `floor_share` of it (the piece ready only when the compute ends). `contention`: the share of
+    the SMs a running collective takes from the matmuls (ClusterSpec.comm_sm_share), so the compute beside the
+    hidden part slows by that share and the step grows by contention x the hidden seconds."""
+    exposed = max(seconds - window, seconds * floor_share)
+    return exposed + contention * (seconds - exposed)
 
 
 def tier(cluster: ClusterSpec, size: int, stride: int, world: int) -> tuple[bool, Link]:
@@ -202,7 +207,8 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
     attn_s = 3 * attention_flops(s, m.head_dim, heads=m.heads // layout.tp, batch=b, causal=True) / layout.cp / rate
     axes["cp"] = AxisTime(traffic=Traffic(ring * layers * micro, per.messages * layers * micro), in_node=inside,
                           seconds=ring_s * layers * micro,
-                          exposed=hidden_after(ring_s, attn_s, floor_share=0.0) * layers * micro)
+                          exposed=hidden_after(ring_s, attn_s, floor_share=0.0, contention=c.comm_sm_share)
+                          * layers * micro)
 
     ep = Traffic(0, 0)
     if layout.ep > 1:
@@ -264,6 +270,7 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
             pooled[when] += times * sum(link.terms(Traffic(nbytes, rounds)))
             total_bytes += times * nbytes
             messages += times * rounds
-    exposed = sum(hidden_after(pooled[w], windows[w], floor_share=1 / max(layers, 1)) for w in pooled)
+    exposed = sum(hidden_after(pooled[w], windows[w], floor_share=1 / max(layers, 1), contention=c.comm_sm_share)
+                  for w in pooled)
     return AxisTime(traffic=Traffic(total_bytes, messages), in_node=inside_all, seconds=sum(pooled.values()),
                     exposed=exposed)

@@ -10,7 +10,8 @@ across all the runs of that GPU type: the value on a 0.01 grid from 0.30 to 0.95
 absolute utilisation error. Since it is fitted, each run is also predicted with the efficiency fitted to the
 *other* runs of its GPU type (leave-one-out), and both errors are reported.
 
-Assumed, not fitted, for every cluster: a message costs 5 us on NVLink and 10 us across the network; runs
+Assumed, not fitted, for every cluster: a message costs 5 us on NVLink and 10 us across the network; an
+overlapped collective holds COLLECTIVE_SMS of the GPU's SMs (NCCL runs one thread block per channel); runs
 published before 2023 ran attention without FlashAttention (Dao et al., 2022), later ones with it.
 """
 from __future__ import annotations
@@ -31,12 +32,13 @@ from wmdist.planner.rank import Plan, plan, rank_layouts
 
 INTRA_LATENCY_S = 5e-6
 INTER_LATENCY_S = 10e-6
+COLLECTIVE_SMS = 16      # thread blocks an overlapped NCCL collective holds (one per channel), assumed, not fitted
 FLASH_FROM_YEAR = 2023
 GRID = tuple(round(0.30 + 0.01 * i, 2) for i in range(66))
 GOALS = {"median_points": 5.0, "max_points": 10.0, "layout_ratio": 1.10}
 # The efficiency of each GPU type, as `score_runs(scored_runs())` fits it (tests/test_planner_bench.py fits it
 # again and holds these to it): A100 from its 33 published runs, H100 from its 13.
-EFFICIENCY = {"a100-80gb": 0.60, "h100": 0.58}
+EFFICIENCY = {"a100-80gb": 0.60, "h100": 0.60}
 
 
 def cluster_spec(gpu: str, *, fabric: str | None = None, efficiency: float) -> ClusterSpec:
@@ -50,7 +52,8 @@ def cluster_spec(gpu: str, *, fabric: str | None = None, efficiency: float) -> C
                        hbm_bytes_per_s=g.hbm_bytes_per_s, gpus_per_node=f.gpus_per_node if f else g.gpus_per_node,
                        intra_bytes_per_s=intra,
                        inter_bytes_per_s=f.network_send_bytes_per_s if f else g.network_send_bytes_per_s,
-                       intra_latency_s=INTRA_LATENCY_S, inter_latency_s=INTER_LATENCY_S, efficiency=efficiency)
+                       intra_latency_s=INTRA_LATENCY_S, inter_latency_s=INTER_LATENCY_S, efficiency=efficiency,
+                       comm_sm_share=COLLECTIVE_SMS / g.sms)
 
 
 def run_job(run: PublishedRun, *, efficiency: float) -> TrainingJob:
