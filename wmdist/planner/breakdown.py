@@ -24,6 +24,8 @@ The terms, per GPU of the slowest pipeline stage, and what each assumes:
   parameter all-gather the forward of the first (sharded gradients, ZeRO-2 and 3, are reduce-scattered every
   microbatch, and ZeRO-3 gathers every microbatch, each behind that microbatch), except one layer's share,
   the bucket that is ready last (the first to be needed): exposed = max(T - window, T / layers on the stage).
+  ZeRO-3 runs every collective layer by layer (layers x (N - 1) ring latencies), and with full recompute the
+  recomputed forward gathers the freed weights once more (DeepSpeed's hooks release them after each forward).
 * contention (cp and dp, the overlapped axes): a collective that runs beside the matmuls holds some SMs (one
   thread block per NCCL channel), so the hidden part H still costs comm_sm_share x H: exposed + share x H.
 * bubble: costs.pipeline.bubble_over_ideal(pp, M, chunks=v) times the stage's busy time (compute, tp, cp, ep).
