@@ -122,8 +122,10 @@ def test_zero3_gathers_layer_by_layer_and_again_for_the_recomputed_forward():
     dp = step.axes["dp"]
     assert dp.traffic.bytes_sent == 4 * M * ring and dp.traffic.messages == 4 * M * 3 * 2
     one = 2 * 3 * 1e-5 + ring / 1e10
-    per_micro = step.compute / M
-    expected = max(3 * M * one - M * 2 * per_micro / 3, 3 * M * one / 2) + max(M * one - M * per_micro / 3, M * one / 2)
+    forward = (step.compute - step.recompute) / M / 3           # the forward alone: the recompute is in backward
+    backward = step.compute / M - forward
+    assert step.recompute > 0 and forward < step.compute / M / 3
+    expected = max(3 * M * one - M * backward, 3 * M * one / 2) + max(M * one - M * forward, M * one / 2)
     assert dp.exposed == pytest.approx(expected, rel=REL)
     assert bd.breakdown(JOB, replace(LAYOUT, zero=3)).axes["dp"].traffic.bytes_sent == 3 * M * ring
 
@@ -277,3 +279,17 @@ def test_contention_charges_the_share_of_sms_an_overlapped_collective_holds():
     assert step.axes["dp"].exposed > bd.breakdown(JOB, LAYOUT).axes["dp"].exposed
     with pytest.raises(ValueError, match="comm_sm_share"):
         replace(CLUSTER, comm_sm_share=1.0)
+
+
+def test_the_recomputed_forward_is_backward_window_not_forward():
+    """dp windows with full recompute: per microbatch compute C = 3F + R, forward window F = (C - R) / 3 and
+    backward C - F. With C = 2 collectives' seconds (2 one) and R = 0.5 one: F = 0.5 one, backward 1.5 one; per
+    microbatch ZeRO-3's forward gather exposes max(one - 0.5 one, one / 2) = 0.5 one, the three backward
+    collectives max(3 one - 1.5 one, 3 one / 2) = 1.5 one (the floor is half: 2 layers). Counting a third of
+    the recompute as forward (F = 2/3 one) would give 0.5 + 5/3 one instead."""
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    one = 2 * 3 * 1e-5 + (piece - piece // 4) * 2 / 1e10
+    lay = replace(LAYOUT, zero=3, recompute="full")
+    at = bd.strides({"tp": 2, "cp": 2, "ep": 1, "edp": 2, "pp": 2}, bd.RANK_ORDER)
+    dp = bd._data_parallel(JOB, lay, at, 16, per_micro=2 * one, recompute_per_micro=0.5 * one, layers=2)
+    assert dp.exposed == pytest.approx(M * (0.5 + 1.5) * one, rel=REL)

@@ -170,7 +170,9 @@ def with_data_parallel(job: TrainingJob, layout: ParallelLayout, partial: StepBr
     _, _, layers, _ = stage_work(job, layout)
     at = strides({"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep,
                   "pp": layout.pp}, RANK_ORDER)
-    dp = _data_parallel(job, layout, at, layout.gpus, per_micro=partial.compute / layout.microbatches(job),
+    micro = layout.microbatches(job)
+    dp = _data_parallel(job, layout, at, layout.gpus, per_micro=partial.compute / micro,
+                        recompute_per_micro=partial.recompute / micro,
                         layers=layers)
     main, experts = memory_configs(job, layout)
     weights = local_params(main)[layout.zero >= 1] + (local_params(experts)[layout.zero >= 1] if experts else 0)
@@ -236,7 +238,7 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
 
 
 def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int], world: int, *, per_micro: float,
-                   layers: int) -> AxisTime:
+                   layers: int, recompute_per_micro: float = 0.0) -> AxisTime:
     """The dp term: the non-routed weights over dp x cp ranks, the routed experts over dp / ep (module docstring).
 
     Phases are pooled by the compute they hide behind: the gradient's (and ZeRO-3's backward gathers) behind
@@ -248,8 +250,9 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
     c, e, z = job.cluster, job.elem_bytes, layout.zero
     dense, experts = _pieces(job.model, layout)
     micro = layout.microbatches(job)
-    windows = {"backward": (micro if z >= 2 else 1) * 2 * per_micro / 3,
-               "forward": (micro if z == 3 else 1) * per_micro / 3}
+    forward = (per_micro - recompute_per_micro) / 3         # the recomputed forward runs inside backward
+    windows = {"backward": (micro if z >= 2 else 1) * (per_micro - forward),
+               "forward": (micro if z == 3 else 1) * forward}
     pooled = {"backward": 0.0, "forward": 0.0}
     total_bytes, messages, inside_all = 0, 0, True
     groups = [(max(dense), layout.dp * layout.cp, layout.tp)]        # dp x cp ranks lie tp apart
