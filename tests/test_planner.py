@@ -107,7 +107,27 @@ def test_sharded_gradients_are_reduced_every_microbatch():
     three = bd.breakdown(JOB, replace(LAYOUT, zero=3)).axes["dp"]
     assert two.traffic.bytes_sent == (M + 1) * ring               # M reduce-scatters, one all-gather
     assert three.traffic.bytes_sent == 3 * M * ring                # and ZeRO-3 gathers twice every microbatch
-    assert three.traffic.messages == 3 * M * 3
+    assert three.traffic.messages == 3 * M * 3 * 2                 # a ring of 3 steps per layer, 2 layers
+
+
+def test_zero3_gathers_layer_by_layer_and_again_for_the_recomputed_forward():
+    """ZeRO-3: each of the stage's 2 layers runs its own 4-rank ring (3 latencies) per collective; with full
+    recompute the recomputed forward gathers once more, behind backward. Per collective and microbatch:
+    2 x 3 x 1e-5 s + ring / 1e10; forward holds one gather, backward the backward gather, the recompute
+    gather and the reduce-scatter."""
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    ring = (piece - piece // 4) * 2
+    lay = replace(LAYOUT, zero=3, recompute="full")
+    step = bd.breakdown(JOB, lay)
+    dp = step.axes["dp"]
+    assert dp.traffic.bytes_sent == 4 * M * ring and dp.traffic.messages == 4 * M * 3 * 2
+    one = 2 * 3 * 1e-5 + ring / 1e10
+    forward = (step.compute - step.recompute) / M / 3           # the forward alone: the recompute is in backward
+    backward = step.compute / M - forward
+    assert step.recompute > 0 and forward < step.compute / M / 3
+    expected = max(3 * M * one - M * backward, 3 * M * one / 2) + max(M * one - M * forward, M * one / 2)
+    assert dp.exposed == pytest.approx(expected, rel=REL)
+    assert bd.breakdown(JOB, replace(LAYOUT, zero=3)).axes["dp"].traffic.bytes_sent == 3 * M * ring
 
 
 def test_overlap_rule_keeps_the_last_bucket():
@@ -217,3 +237,59 @@ def test_planner_weights_agree_with_the_presets_count(name):
 
 def test_every_term_names_its_chapter():
     assert list(bd.TERM_CHAPTERS) == list(bd.TERMS)
+
+
+def test_padding_takes_a_block_off_the_first_and_last_stages():
+    """Llama 3's partition: 10 layers + 2 slots over pp = 4 is 3 per stage, the ends one fewer: 2, 3, 3, 2
+    (unpadded: 3, 3, 2, 2). Stage 0's activations are then 2 layers' sets in flight, not 3: 2/3 of them
+    (within one byte: the calculator rounds up once)."""
+    from wmdist.planner.memory import _stage_layers, gpu_memory
+    model = replace(MODEL, layers=10)
+    assert _stage_layers(model, 4, 2) == ((2, 0), (3, 0), (3, 0), (2, 0))
+    assert _stage_layers(model, 4) == ((3, 0), (3, 0), (2, 0), (2, 0))
+    job = replace(JOB, model=model)
+    lay = ParallelLayout(dp=2, tp=2, pp=4, micro_batch=2)
+    padded, plain = gpu_memory(job, replace(lay, padding=2)), gpu_memory(job, lay)
+    assert abs(padded["activations"] - plain["activations"] * 2 / 3) <= 1
+    assert padded["activations"] < plain["activations"]
+    assert "padding=2" in replace(lay, padding=2).describe() and "padding" not in lay.describe()
+    with pytest.raises(ValueError, match="padding=2 needs pp > 1"):
+        check_layout(job, ParallelLayout(dp=8, tp=2, padding=2))
+    with pytest.raises(ValueError, match="padding"):
+        ParallelLayout(padding=-1)
+
+
+def test_contention_charges_the_share_of_sms_an_overlapped_collective_holds():
+    """A collective hidden behind compute still takes comm_sm_share of the SMs: the step pays share x the hidden
+    seconds. 1 s beside 5 s of compute, floor 0.1: 0.1 exposed + 0.2 x 0.9 hidden = 0.28; beside 0.2 s: 0.8
+    exposed + 0.5 x 0.2 = 0.9. The dp term of the hand-worked layout at share 0.25, phase by phase."""
+    assert bd.hidden_after(1.0, 5.0, floor_share=0.1, contention=0.2) == pytest.approx(0.28, rel=REL)
+    assert bd.hidden_after(1.0, 0.2, floor_share=0.1, contention=0.5) == pytest.approx(0.9, rel=REL)
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    ring = (piece - piece // 4) * 2
+    one = 3 * 1e-5 + ring / 1e10
+    job = replace(JOB, cluster=replace(CLUSTER, comm_sm_share=0.25))
+    step = bd.breakdown(job, LAYOUT)
+    per_micro = step.compute / M
+    expected = 0.0
+    for window in (2 * per_micro / 3, per_micro / 3):
+        exposed = max(one - window, one / 2)
+        expected += exposed + 0.25 * (one - exposed)
+    assert step.axes["dp"].exposed == pytest.approx(expected, rel=REL)
+    assert step.axes["dp"].exposed > bd.breakdown(JOB, LAYOUT).axes["dp"].exposed
+    with pytest.raises(ValueError, match="comm_sm_share"):
+        replace(CLUSTER, comm_sm_share=1.0)
+
+
+def test_the_recomputed_forward_is_backward_window_not_forward():
+    """dp windows with full recompute: per microbatch compute C = 3F + R, forward window F = (C - R) / 3 and
+    backward C - F. With C = 2 collectives' seconds (2 one) and R = 0.5 one: F = 0.5 one, backward 1.5 one; per
+    microbatch ZeRO-3's forward gather exposes max(one - 0.5 one, one / 2) = 0.5 one, the three backward
+    collectives max(3 one - 1.5 one, 3 one / 2) = 1.5 one (the floor is half: 2 layers). Counting a third of
+    the recompute as forward (F = 2/3 one) would give 0.5 + 5/3 one instead."""
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    one = 2 * 3 * 1e-5 + (piece - piece // 4) * 2 / 1e10
+    lay = replace(LAYOUT, zero=3, recompute="full")
+    at = bd.strides({"tp": 2, "cp": 2, "ep": 1, "edp": 2, "pp": 2}, bd.RANK_ORDER)
+    dp = bd._data_parallel(JOB, lay, at, 16, per_micro=2 * one, recompute_per_micro=0.5 * one, layers=2)
+    assert dp.exposed == pytest.approx(M * (0.5 + 1.5) * one, rel=REL)

@@ -55,3 +55,19 @@ def test_the_bench_result_reports_the_goals(scored):
 def test_the_fit_takes_the_grid_point_of_least_absolute_error():
     curves = [[e * 0.8 for e in GRID], [e * 0.7 for e in GRID]]
     assert _fit(curves, [0.8 * 0.5, 0.7 * 0.5]) == 0.5
+
+
+def test_the_layout_goal_leaves_out_only_the_sources_baselines(scored):
+    """The runs marked as a source's baseline are Narayanan et al.'s Table 2 ZeRO-3 rows and Korthikanti et al.'s
+    full-recompute row (each saying where the paper presents it so); they stay in the MFU and memory goals, and
+    the layout goal is the worst ratio over the rest, with the baselines' worst reported beside it."""
+    _, scores = scored
+    marked = sorted(s.run.name for s in scores if s.run.baseline)
+    assert marked == sorted([s.run.name for s in scores if s.run.name.startswith("narayanan21-zero3-")]
+                            + ["korthikanti22-530b-2240gpu-full-recompute"])
+    g = goals(scores)
+    assert g["worst_layout_ratio"] == max(s.layout_ratio for s in scores if not s.run.baseline)
+    assert g["worst_layout_ratio_baselines"] == max(s.layout_ratio for s in scores if s.run.baseline)
+    assert len([s for s in scores if s.run.baseline]) < len(scores)
+    errors = [s.error_points for s in scores]
+    assert g["max_points"] == max(errors)           # baselines still count for MFU

@@ -24,6 +24,10 @@ The terms, per GPU of the slowest pipeline stage, and what each assumes:
   parameter all-gather the forward of the first (sharded gradients, ZeRO-2 and 3, are reduce-scattered every
   microbatch, and ZeRO-3 gathers every microbatch, each behind that microbatch), except one layer's share,
   the bucket that is ready last (the first to be needed): exposed = max(T - window, T / layers on the stage).
+  ZeRO-3 runs every collective layer by layer (layers x (N - 1) ring latencies), and with full recompute the
+  recomputed forward gathers the freed weights once more (DeepSpeed's hooks release them after each forward).
+* contention (cp and dp, the overlapped axes): a collective that runs beside the matmuls holds some SMs (one
+  thread block per NCCL channel), so the hidden part H still costs comm_sm_share x H: exposed + share x H.
 * bubble: costs.pipeline.bubble_over_ideal(pp, M, chunks=v) times the stage's busy time (compute, tp, cp, ep).
 
 Each axis runs on the link tier its groups get when the ranks are numbered tp fastest, then cp, ep, the
@@ -109,10 +113,13 @@ def model_flops_per_token(model: TransformerSpec, seq_len: int) -> float:
     return 6 * model.active_matmul_params + 3 * model.layers * attention
 
 
-def hidden_after(seconds: float, window: float, *, floor_share: float) -> float:
+def hidden_after(seconds: float, window: float, *, floor_share: float, contention: float = 0.0) -> float:
     """The overlap rule: time `seconds` runs beside `window` of compute; what is exposed is what exceeds it,
-    and at least `floor_share` of it (the piece ready only when the compute ends)."""
-    return max(seconds - window, seconds * floor_share)
+    and at least `floor_share` of it (the piece ready only when the compute ends). `contention`: the share of
+    the SMs a running collective takes from the matmuls (ClusterSpec.comm_sm_share), so the compute beside the
+    hidden part slows by that share and the step grows by contention x the hidden seconds."""
+    exposed = max(seconds - window, seconds * floor_share)
+    return exposed + contention * (seconds - exposed)
 
 
 def tier(cluster: ClusterSpec, size: int, stride: int, world: int) -> tuple[bool, Link]:
@@ -141,7 +148,7 @@ def stage_work(job: TrainingJob, layout: ParallelLayout) -> tuple[float, float, 
              for moe_layer in (False, True)]
     passes = HBM_PASSES + (2 if layout.recompute == "full" else 0)
     best = (0.0, 0.0, 0, 0.0)
-    stages = _stage_layers(m, layout.pp)
+    stages = _stage_layers(m, layout.pp, layout.padding)
     for i, (nd, nm) in enumerate(stages):
         fwd = nd * dense + nm * moe + (head if i == len(stages) - 1 else 0.0)
         again = {"none": 0.0, "selective": 0.0 if job.flash_attention else (nd + nm) * attn, "full": fwd}[
@@ -163,7 +170,9 @@ def with_data_parallel(job: TrainingJob, layout: ParallelLayout, partial: StepBr
     _, _, layers, _ = stage_work(job, layout)
     at = strides({"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep,
                   "pp": layout.pp}, RANK_ORDER)
-    dp = _data_parallel(job, layout, at, layout.gpus, per_micro=partial.compute / layout.microbatches(job),
+    micro = layout.microbatches(job)
+    dp = _data_parallel(job, layout, at, layout.gpus, per_micro=partial.compute / micro,
+                        recompute_per_micro=partial.recompute / micro,
                         layers=layers)
     main, experts = memory_configs(job, layout)
     weights = local_params(main)[layout.zero >= 1] + (local_params(experts)[layout.zero >= 1] if experts else 0)
@@ -183,7 +192,7 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
     sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep, "pp": layout.pp}
     at = strides(sizes, RANK_ORDER)
     world = layout.gpus
-    stages = _stage_layers(m, layout.pp)
+    stages = _stage_layers(m, layout.pp, layout.padding)
     moe_layers = max(nm for _, nm in stages)
     axes: dict[str, AxisTime] = {}
 
@@ -202,7 +211,8 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
     attn_s = 3 * attention_flops(s, m.head_dim, heads=m.heads // layout.tp, batch=b, causal=True) / layout.cp / rate
     axes["cp"] = AxisTime(traffic=Traffic(ring * layers * micro, per.messages * layers * micro), in_node=inside,
                           seconds=ring_s * layers * micro,
-                          exposed=hidden_after(ring_s, attn_s, floor_share=0.0) * layers * micro)
+                          exposed=hidden_after(ring_s, attn_s, floor_share=0.0, contention=c.comm_sm_share)
+                          * layers * micro)
 
     ep = Traffic(0, 0)
     if layout.ep > 1:
@@ -228,18 +238,21 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
 
 
 def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int], world: int, *, per_micro: float,
-                   layers: int) -> AxisTime:
+                   layers: int, recompute_per_micro: float = 0.0) -> AxisTime:
     """The dp term: the non-routed weights over dp x cp ranks, the routed experts over dp / ep (module docstring).
 
     Phases are pooled by the compute they hide behind: the gradient's (and ZeRO-3's backward gathers) behind
     backward, the parameter gathers behind forward. Sharded gradients (ZeRO-2, 3) are reduce-scattered every
-    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M.
+    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M. ZeRO-3 runs each collective layer by layer (a
+    ring of N - 1 steps per layer: layers x (N - 1) latencies), and with full recompute the recomputed forward
+    gathers the layer's weights a third time (freed after the forward), behind backward.
     """
     c, e, z = job.cluster, job.elem_bytes, layout.zero
     dense, experts = _pieces(job.model, layout)
     micro = layout.microbatches(job)
-    windows = {"backward": (micro if z >= 2 else 1) * 2 * per_micro / 3,
-               "forward": (micro if z == 3 else 1) * per_micro / 3}
+    forward = (per_micro - recompute_per_micro) / 3         # the recomputed forward runs inside backward
+    windows = {"backward": (micro if z >= 2 else 1) * (per_micro - forward),
+               "forward": (micro if z == 3 else 1) * forward}
     pooled = {"backward": 0.0, "forward": 0.0}
     total_bytes, messages, inside_all = 0, 0, True
     groups = [(max(dense), layout.dp * layout.cp, layout.tp)]        # dp x cp ranks lie tp apart
@@ -252,12 +265,17 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
         inside_all &= inside
         phases = zero_step_bytes(numel, n, 0, z, elem_size=e)
         rounds = zero_step_rounds(n, z) // len(phases)           # N - 1 per collective
+        if z == 3:
+            rounds *= max(layers, 1)         # gathered and reduced layer by layer: each layer's own ring
+            if layout.recompute == "full":   # the recomputed forward gathers the freed weights again
+                phases = {**phases, "recompute all-gather": phases["backward all-gather"]}
         for name, nbytes in phases.items():
             times = micro if (z == 3 and "all-gather" in name) or (z >= 2 and name == "gradient reduce-scatter") else 1
             when = "forward" if name in ("forward all-gather", "parameter all-gather") else "backward"
             pooled[when] += times * sum(link.terms(Traffic(nbytes, rounds)))
             total_bytes += times * nbytes
             messages += times * rounds
-    exposed = sum(hidden_after(pooled[w], windows[w], floor_share=1 / max(layers, 1)) for w in pooled)
+    exposed = sum(hidden_after(pooled[w], windows[w], floor_share=1 / max(layers, 1), contention=c.comm_sm_share)
+                  for w in pooled)
     return AxisTime(traffic=Traffic(total_bytes, messages), in_node=inside_all, seconds=sum(pooled.values()),
                     exposed=exposed)

@@ -35,6 +35,7 @@ class GpuType:
     nvlink_bytes_per_s: float       # per GPU, both directions summed, as the datasheet prints it
     gpus_per_node: int              # the HGX/DGX board: NVLink joins this many through NVSwitch
     network_bits_per_s: float       # typical inter-node bandwidth per GPU, one direction (one NIC per GPU)
+    sms: int                        # streaming multiprocessors
     source: str
 
     @property
@@ -68,15 +69,15 @@ class ClusterFabric:
 GPUS: dict[str, GpuType] = {g.name: g for g in (
     GpuType(name="a100-80gb", generation="Ampere", peak_bf16_flops=312 * TERA, hbm_bytes=80 * GB,
             hbm_bytes_per_s=2039 * GB, nvlink="NVLink 3, 12 links", nvlink_bytes_per_s=600 * GB,
-            gpus_per_node=8, network_bits_per_s=200 * GBIT,
+            gpus_per_node=8, network_bits_per_s=200 * GBIT, sms=108,
             source="NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM: BF16 312 TFLOPS dense, "
-                   "HBM2e 2,039 GB/s, NVLink 600 GB/s); network: one 200 Gb/s HDR InfiniBand port per GPU "
+                   "HBM2e 2,039 GB/s, NVLink 600 GB/s; 108 SMs: NVIDIA A100 whitepaper); network: one 200 Gb/s HDR InfiniBand port per GPU "
                    "as in the DGX A100 user guide"),
     GpuType(name="h100", generation="Hopper", peak_bf16_flops=989.4 * TERA, hbm_bytes=80 * GB,
             hbm_bytes_per_s=3350 * GB, nvlink="NVLink 4, 18 links", nvlink_bytes_per_s=900 * GB,
-            gpus_per_node=8, network_bits_per_s=400 * GBIT,
+            gpus_per_node=8, network_bits_per_s=400 * GBIT, sms=132,
             source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: BF16 1,979 TFLOPS with sparsity, "
-                   "so 989.4 dense; HBM3 3.35 TB/s; NVLink 900 GB/s); network: one 400 Gb/s "
+                   "so 989.4 dense; HBM3 3.35 TB/s; NVLink 900 GB/s; 132 SMs on the SXM5 part); network: one 400 Gb/s "
                    "ConnectX-7 (NDR InfiniBand or RoCE) per GPU as in the DGX H100 user guide"),
 )}
 

@@ -7,7 +7,8 @@ CLI's `--layout` and the enumeration refuse the same things:
   data-parallel ranks, as in Megatron-Core and DeepSeek-V3, so ep | dp and ep | experts);
 * tp divides the heads, the key-value heads and the dense FFN width (each rank a whole share; routed experts
   are not tensor-split: expert parallelism spreads them instead);
-* pp * v <= layers (stages need not hold equal numbers of layers: the slowest one sets the pace);
+* pp * v <= layers (stages need not hold equal numbers of layers: the slowest one sets the pace); padding
+  (slots for the embedding and head, first and last stages one block fewer each per two) needs pp > 1;
 * v > 1 only with pp > 1, and then M a multiple of pp (Megatron's interleaved schedule);
 * cp divides the sequence length; dp b <= the sequences of a step, and M = sequences / (dp b) microbatches
   (rounded up) go through the pipeline per step. The enumeration keeps to dp b dividing the sequences.
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
+from wmdist.costs.collectives import ring_chunk_sizes
 from wmdist.costs.validate import require_choice, require_fields, require_int
 from wmdist.planner.model import TrainingJob
 
@@ -39,9 +41,11 @@ class ParallelLayout:
     micro_batch: int = 1
     virtual: int = 1
     recompute: Recompute = "none"
+    padding: int = 0        # layer slots the embedding and head take: the first and last stages hold fewer blocks
 
     def __post_init__(self) -> None:
         require_fields(self, (*AXES, "micro_batch", "virtual"), 1)
+        require_int("padding", self.padding, 0)
         require_choice("zero", self.zero, (0, 1, 2, 3))
         require_choice("recompute", self.recompute, RECOMPUTE)
 
@@ -57,7 +61,8 @@ class ParallelLayout:
 
     def describe(self) -> str:
         """'dp=64,tp=8,pp=16,cp=1,ep=1,zero=1,micro_batch=1,virtual=4,recompute=none': what --layout reads."""
-        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                        if f.name != "padding" or self.padding)
 
 
 def parse_layout(text: str) -> ParallelLayout:
@@ -92,6 +97,11 @@ def check_layout(job: TrainingJob, layout: ParallelLayout) -> ParallelLayout:
             raise ValueError(f"tp={layout.tp} must divide {what}={size} (allowed tp: {_divisors(size)})")
     if layout.pp * layout.virtual > m.layers:
         raise ValueError(f"pp*virtual = {layout.pp * layout.virtual} is more than the {m.layers} layers")
+    sizes = ring_chunk_sizes(m.layers + layout.padding, layout.pp)
+    if layout.padding and (layout.pp == 1 or min(sizes[0] - (layout.padding + 1) // 2,
+                                                  sizes[-1] - layout.padding // 2) < 1):
+        raise ValueError(f"padding={layout.padding} needs pp > 1 and a block left on the first and last stages "
+                         f"of {m.layers} layers over pp={layout.pp}")
     if job.seq_len % layout.cp:
         raise ValueError(f"cp={layout.cp} must divide seq_len={job.seq_len}")
     if layout.ep > 1 and not m.experts:

@@ -55,10 +55,15 @@ def layer_activation_bytes(model: TransformerSpec, seq_len: int, *, elem_bytes: 
 
 
 @functools.lru_cache(maxsize=4096)
-def _stage_layers(model: TransformerSpec, pp: int) -> tuple[tuple[int, int], ...]:
-    """(dense-MLP layers, MoE layers) on each stage: layers tensor_split over pp, the dense ones first."""
+def _stage_layers(model: TransformerSpec, pp: int, padding: int = 0) -> tuple[tuple[int, int], ...]:
+    """(dense-MLP layers, MoE layers) on each stage: layers tensor_split over pp, the dense ones first. With
+    `padding` slots (ParallelLayout.padding), layers + padding are split and the first stage gives up
+    ceil(padding / 2) blocks, the last floor(padding / 2): the room the embedding and the head take."""
+    sizes = list(ring_chunk_sizes(model.layers + padding, pp))
+    sizes[0] -= padding - padding // 2
+    sizes[-1] -= padding // 2
     out, start = [], 0
-    for n in ring_chunk_sizes(model.layers, pp):
+    for n in sizes:
         dense = max(0, min(start + n, model.layers - model.moe_layers) - start)
         out.append((dense, n - dense))
         start += n
@@ -71,7 +76,7 @@ def _pieces(model: TransformerSpec, layout: ParallelLayout) -> tuple[tuple[int, 
     shared = model.shared_params
     head = math.ceil(model.vocab * h / tp)
     dense_part, expert_part = [], []
-    stages = _stage_layers(model, layout.pp)
+    stages = _stage_layers(model, layout.pp, layout.padding)
     for s, (dense, moe) in enumerate(stages):
         n = dense * (math.ceil((model.attention_params + model.dense_mlp_params) / tp) + 2 * h)
         n += moe * (math.ceil((model.attention_params + shared) / tp) + 2 * h + h * model.experts)
@@ -120,9 +125,14 @@ def gpu_memory(job: TrainingJob, layout: ParallelLayout) -> dict[str, int]:
     main, experts = memory_configs(job, layout)
     micro = layout.microbatches(job)
     best: dict[str, int] = {}
+    stages = _stage_layers(m := job.model, layout.pp, layout.padding)
     for stage in sorted({0, layout.pp - 1}):
+        # the calculator splits the layers evenly over pp; a padded partition's end stages hold fewer, so
+        # their sets in flight are scaled by (layers here / the calculator's layers on that stage)
+        even = ring_chunk_sizes(m.layers, layout.pp)[stage]
+        scale = Fraction(sum(stages[stage]), even) if even else Fraction(1)
         got = per_rank_bytes(main, rank=stage * layout.tp * layout.cp * layout.dp,
-                             in_flight=in_flight(layout, micro, stage=stage))
+                             in_flight=in_flight(layout, micro, stage=stage) * scale)
         if experts is not None:
             more = per_rank_bytes(experts, rank=stage * layout.tp * (layout.dp // layout.ep))
             got = {k: got[k] + (more[k] if k not in ("activations", "batch") else 0) for k in got}

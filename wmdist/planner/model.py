@@ -134,8 +134,11 @@ class ClusterSpec:
     intra_latency_s: float
     inter_latency_s: float
     efficiency: float
+    comm_sm_share: float = 0.0    # share of the SMs an overlapped collective takes from the matmuls beside it
 
     def __post_init__(self) -> None:
+        if not 0 <= require_real("comm_sm_share", self.comm_sm_share) < 1:
+            raise ValueError(f"comm_sm_share must be in [0, 1), got {self.comm_sm_share!r}")
         for name in ("peak_flops", "hbm_bytes_per_s", "intra_bytes_per_s", "inter_bytes_per_s"):
             require_positive(name, getattr(self, name))
         require_int("hbm_bytes", self.hbm_bytes, 1)

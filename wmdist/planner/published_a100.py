@@ -62,7 +62,8 @@ def _zero3(model: str, gpus: int, batch: int, micro: int, tflops: int) -> Publis
         name=f"narayanan21-zero3-{model.split('-')[-1]}-{gpus}gpu", model=model, gpu="a100-80gb", cluster="selene",
         gpus=gpus, layout=Layout(dp=gpus, tp=1, pp=1, zero_stage=3, micro_batch=micro, recompute="full"),
         seq_len=2048, global_batch=batch, tflops_per_gpu=tflops, flops_counted="hardware", citation=NARAYANAN_T2,
-        confidence="checked",
+        confidence="checked", baseline="section 5.2 and Table 2: ZeRO-3 without model parallelism, run to compare "
+                                       "PTD parallelism against it",
         note="ZeRO-3 through DeepSpeed with no model parallelism, batch fixed as GPUs grow. The 529.6B model did "
              "not fit 560 GPUs at micro-batch 4, so its first row uses 640 GPUs and batch 2560. Recompute is "
              "not stated for these rows; the same equation 3 (one extra forward) is assumed in the FLOPs.")
@@ -117,6 +118,7 @@ RUNS_A100: tuple[PublishedRun, ...] = (
         gpus=2240, layout=Layout(dp=8, tp=8, pp=35, virtual_stages=None, micro_batch=1, recompute="full"),
         seq_len=2048, global_batch=8 * 280, tflops_per_gpu=None, flops_counted="model", mfu=0.421,
         utilization_step=0.001, citation=KORTHIKANTI_DP, confidence="partly checked",
+        baseline="abstract: full recomputation, the baseline the paper's methods are compared against",
         note="The abstract's baseline: 42.1% MFU 'using recomputation' on 2240 GPUs for the 530B model, against "
              "54.2% with the paper's methods; that it is the same layout and batch as the 54.2% run is our "
              "reading. Whether sequence parallelism was on is not said."),

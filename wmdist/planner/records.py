@@ -106,6 +106,7 @@ class PublishedRun:
     citation: Citation
     confidence: Confidence
     note: str = ""
+    baseline: str = ""              # where the source itself presents this run as the baseline it improves on
 
     @property
     def batch_tokens(self) -> int:
