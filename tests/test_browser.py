@@ -49,7 +49,7 @@ import nbformat
 import psutil
 import pytest
 
-from conftest import free_port
+from conftest import free_port, patience
 from test_predict_sources import WHY_WORDS, answer_phrase, stated as _stated
 from wmdist.costs.units import seconds
 from wmdist.data_parallel.scaling import ScalingParams, scaling_curve
@@ -557,6 +557,34 @@ def test_every_panel_of_every_notebook(lab, name):
             page.evaluate(SHUTDOWN_JS)
         finally:
             page.close()
+
+
+KERNEL_ID_JS = "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.id"
+
+
+def test_a_second_window_on_a_kernel_leaves_the_first_one_quiet(lab):
+    """Two windows on one notebook (or a reload) share its kernel. The second page's widget manager probes the
+    kernel with a control comm; a kernel without ipywidgets' comm targets answers with a comm_close, which
+    the first page logs as "Comm not found". The course's forking kernel did, until each forked kernel
+    registered the targets itself (the zygote imports ipywidgets before any kernel exists)."""
+    browser, base = lab
+    name = "01_data_parallel.ipynb"
+    console: list[str] = []
+    first = _open(browser, base, name, console)
+    second = None
+    try:
+        second = _open(browser, base, name)
+        assert first.evaluate(KERNEL_ID_JS) == second.evaluate(KERNEL_ID_JS), "the two windows should share a kernel"
+        time.sleep(patience(5))                      # the probe's answer reaches every page on the kernel in ms
+        said = "\n".join(console)
+        assert COMM_NOT_FOUND not in said, f"the first window's console says:\n{said}"
+    finally:
+        try:
+            first.evaluate(SHUTDOWN_JS)
+        finally:
+            first.close()
+            if second is not None:
+                second.close()
 
 
 def test_latency_table(lab, capsys):
