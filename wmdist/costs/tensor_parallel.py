@@ -143,8 +143,13 @@ def block_schedule(shape: BlockShape, world_size: int, *, layout: BlockLayout) -
                 Collective("mlp.fc1", "backward", "all-reduce", full),
                 Collective("attn.qkv", "backward", "all-reduce", full)]
     rows = _seq_chunks(shape, n, h)
-    gather = lambda site, d: Collective(site, d, "all-gather", rows)
-    scatter = lambda site, d: Collective(site, d, "reduce-scatter", rows)
+
+    def gather(site: str, d: str) -> Collective:
+        return Collective(site, d, "all-gather", rows)
+
+    def scatter(site: str, d: str) -> Collective:
+        return Collective(site, d, "reduce-scatter", rows)
+
     again = layout == "sp-regather"
     out = [gather("attn.qkv", "forward"), scatter("attn.out", "forward"),
            gather("mlp.fc1", "forward"), scatter("mlp.fc2", "forward"),
