@@ -139,9 +139,8 @@ def block_schedule(shape: BlockShape, world_size: int, *, layout: BlockLayout) -
     act = shape.batch * shape.seq * h
     if layout == "tp":
         full = tuple(ring_chunk_sizes(act, n))
-        return [Collective("attn.out", "forward", "all-reduce", full), Collective("mlp.fc2", "forward", "all-reduce", full),
-                Collective("mlp.fc1", "backward", "all-reduce", full),
-                Collective("attn.qkv", "backward", "all-reduce", full)]
+        sites = (("attn.out", "forward"), ("mlp.fc2", "forward"), ("mlp.fc1", "backward"), ("attn.qkv", "backward"))
+        return [Collective(site, d, "all-reduce", full) for site, d in sites]
     rows = _seq_chunks(shape, n, h)
 
     def gather(site: str, d: str) -> Collective:
@@ -149,7 +148,6 @@ def block_schedule(shape: BlockShape, world_size: int, *, layout: BlockLayout) -
 
     def scatter(site: str, d: str) -> Collective:
         return Collective(site, d, "reduce-scatter", rows)
-
     again = layout == "sp-regather"
     out = [gather("attn.qkv", "forward"), scatter("attn.out", "forward"),
            gather("mlp.fc1", "forward"), scatter("mlp.fc2", "forward"),

@@ -37,7 +37,8 @@ from wmdist.runtime import run
 class TorchRun:
     """One rank's step under torch's schedule."""
     rank: int
-    order: tuple[str, ...]              # tokens with stage ("s1F3"), in the order torch ran them (compared as the schedule writes them)
+    # tokens with stage ("s1F3"), in the order torch ran them (compared as the schedule writes them)
+    order: tuple[str, ...]
     loss: torch.Tensor | None           # () on the last stage's rank: the sum of the microbatch losses
     grads: dict[str, torch.Tensor]      # gradient of every parameter this rank owns
 
