@@ -152,7 +152,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("WMDIST_MEASURED", os.path.join(tempfile.mkdtemp(prefix="wmdist-measured-"), "m.json"))
     if not config.pluginmanager.is_registered(nbval_drift):
         config.pluginmanager.register(nbval_drift, "wmdist-nbval-drift")
-    import nbval_load                 # the notebooks' kernels wake late from every sleep: timing in a checked output fails
+    # the notebooks' kernels wake late from every sleep: timing in a checked output fails
+    import nbval_load
     if not config.pluginmanager.is_registered(nbval_load):
         config.pluginmanager.register(nbval_load, "wmdist-nbval-load")
 

@@ -51,7 +51,8 @@ def test_interval_arithmetic():
 
 
 def test_overlap_from_spans():
-    spans = [Span(row=0, start=0, end=10, kind="compute"), Span(row=0, start=5, end=15, kind="comm"), Span(row=0, start=12, end=14, kind="launch"),
+    spans = [Span(row=0, start=0, end=10, kind="compute"), Span(row=0, start=5, end=15, kind="comm"),
+             Span(row=0, start=12, end=14, kind="launch"),
              Span(row=1, start=0, end=4, kind="compute"), Span(row=1, start=4, end=6, kind="comm")]
     o0, o1 = overlap(spans)
     assert (o0.row, o0.comm, o0.hidden, o0.exposed, o0.hidden_fraction) == (0, 10, 5, 5, 0.5)
@@ -66,7 +67,8 @@ def test_span_validation():
 
 
 def test_timeline_plot_has_one_bar_per_span():
-    spans = [Span(row=0, start=0, end=0.01, kind="compute"), Span(row=0, start=0.005, end=0.02, kind="comm"), Span(row=2, start=0, end=0.01, kind="compute")]
+    spans = [Span(row=0, start=0, end=0.01, kind="compute"), Span(row=0, start=0.005, end=0.02, kind="comm"),
+             Span(row=2, start=0, end=0.01, kind="compute")]
     fig = timeline_figure(spans, title="t")
     ax = fig.axes[0]
     assert len(ax.collections) == 3

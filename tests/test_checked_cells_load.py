@@ -60,7 +60,7 @@ def test_the_nbval_run_fails_a_checked_timing_verdict_and_passes_a_checked_count
     (10 sleeps of 20 ms "under 0.25 s", True when stored). Under the plugin the verdict cell fails (its
     sleeps take 0.4 s on average, under 0.25 s only if 10 exponential draws sum under 2.5: about 2e-4)
     and the count passes."""
-    folder, tools = tmp_path / "notebooks", tmp_path / "tools"
+    folder = tmp_path / "notebooks"
     folder.mkdir()
     (folder / "conftest.py").write_text("import sys\nsys.path.insert(0, %r)\nimport nbval_load\n\n\n"
                                         "def pytest_configure(config):\n"

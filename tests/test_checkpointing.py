@@ -22,7 +22,8 @@ def test_peak_counts_the_segment_being_recomputed():
     segment = report.measured(quantity="saved bytes", case="with checkpoints: largest segment")[0]
     assert peak == resident + segment == 99_328
     assert report.data.peak_ratio == pytest.approx(99_328 / 622_592) and report.data.memory_ratio < report.data.peak_ratio
-    short = rollout_activation_bytes(RolloutConfig(segment=10))   # 6 full segments of 10 and one of 4: the peak is at a full one
+    # 6 full segments of 10 and one of 4: the peak is at a full one
+    short = rollout_activation_bytes(RolloutConfig(segment=10))
     assert short["peak"] == 5 * 32 * 24 * 4 + short["largest segment"]
 
 

@@ -89,8 +89,8 @@ def test_ring_attention_checks_are_tight_at_their_elementwise_bound(key):
         for r in range(n):
             rows = positions(spec.seq_len, n, r, layout=layout).tolist()
             grads = tuple(moved[g][:, :, rows] for g in ("dq", "dk", "dv"))
-            ranks.append({case_name("float32", causal=True, layout=layout): RankCase(rows=rows, out=moved["out"][:, :, rows],
-                                                                                     grads=grads, sent={}, forward=None, backward=None)})
+            case = RankCase(rows=rows, out=moved["out"][:, :, rows], grads=grads, sent={}, forward=None, backward=None)
+            ranks.append({case_name("float32", causal=True, layout=layout): case})
         assert 5 in ranks[1][case_name("float32", causal=True, layout=layout)].rows
         checks = {c.name.rsplit(": ", 1)[1]: c for c in _checks(spec, n, ranks, "float32", True, layout)}
         assert checks[f"{key} == SDPA"].passed is passes

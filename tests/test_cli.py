@@ -86,7 +86,8 @@ def test_verify_json_is_a_list_of_report_dicts(capsys):
 
 
 def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
-    failing = Report(name="broken", world_size=2, checks=[Check(name="deliberately wrong", error=1.0, tolerance=0.0, reason="test")])
+    wrong = Check(name="deliberately wrong", error=1.0, tolerance=0.0, reason="test")
+    failing = Report(name="broken", world_size=2, checks=[wrong])
     monkeypatch.setattr("wmdist.registry.demos.verify",
                         lambda names=None, *, world_size=None, progress=None, prepared=None: [failing])
     assert main(["verify"]) == 1
@@ -109,8 +110,9 @@ def test_a_demo_that_breaks_while_running_is_a_fail_row_and_verify_goes_on(monke
     def toy(name, compare):
         return Experiment(name=name, title=name, chapter="99", world_sizes=(2,), spec=Sized,
                           ranks=lambda ctx, spec: ctx.rank, compare=compare)
-    demos = {"breaks": toy("breaks", breaks),
-             "fine": toy("fine", lambda spec, results: Verdict(checks=[Check(name="x", error=0.0, tolerance=1.0, reason="r")]))}
+    def fine(spec, results):
+        return Verdict(checks=[Check(name="x", error=0.0, tolerance=1.0, reason="r")])
+    demos = {"breaks": toy("breaks", breaks), "fine": toy("fine", fine)}
     monkeypatch.setattr("wmdist.registry.demos.registry", lambda: demos)
     assert main(["verify"]) == 1
     captured = capsys.readouterr()
@@ -181,7 +183,8 @@ def test_verify_refuses_a_named_demo_outside_its_sizes_before_anything_runs(no_p
 
     with pytest.raises(ValueError, match="latent-seeds: seeds_demo needs world_size >= 2"):
         verify(["latent-seeds"], world_size=1)
-    with pytest.raises(ValueError, match=r"activation-checkpointing: world_size must be 1 \(the demo runs in this process"):
+    with pytest.raises(ValueError,
+                       match=r"activation-checkpointing: world_size must be 1 \(the demo runs in this process"):
         verify(["activation-checkpointing"], world_size=2)
     with pytest.raises(ValueError, match="at most 32"):
         verify(["ring-allreduce"], world_size=64)
@@ -192,7 +195,8 @@ def test_verify_at_one_size_leaves_out_the_demos_that_cannot_run_there():
 
     from wmdist.registry.demos import plan
     runs, left_out = plan(None, world_size=np.int64(2))
-    assert ("activation-checkpointing", 2) not in runs and "runs in this process" in left_out["activation-checkpointing"]
+    assert ("activation-checkpointing", 2) not in runs
+    assert "runs in this process" in left_out["activation-checkpointing"]
     assert ("ring-allreduce", 2) in runs and all(n == 2 for _, n in runs)
     assert "latent-seeds" in plan(None, world_size=1)[1]
 

@@ -37,7 +37,8 @@ def test_ledger_select_by_phase_prefix():
         with counted(ctx, "exchange", phase, sent=n, kind="p2p"):
             pass
     assert ctx.ledger.totals(phase="step ", prefix=True)["bytes_sent"] == 12
-    assert ctx.ledger.totals(phase="step 0/grads")["bytes_sent"] == 4 and ctx.ledger.totals(kind="collective")["rounds"] == 0
+    assert ctx.ledger.totals(phase="step 0/grads")["bytes_sent"] == 4
+    assert ctx.ledger.totals(kind="collective")["rounds"] == 0
 
 
 # --- on ranks ---------------------------------------------------------------------------
@@ -115,7 +116,8 @@ def test_counted_collectives_compute_and_record_their_payload():
     for r, (vals, phases) in enumerate(res):
         s, g, rs, b, a, asy = vals
         assert s == [3.0, 3.0] and g == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
-        assert rs == [2 * r * n + sum(range(n)) + k * n for k in (0, 1)][:2] or rs == [n * (2 * r) + 3, n * (2 * r + 1) + 3]
+        assert (rs == [2 * r * n + sum(range(n)) + k * n for k in (0, 1)][:2]
+                or rs == [n * (2 * r) + 3, n * (2 * r + 1) + 3])
         assert b == [2.0] * 3 and a == [float(r + 10 * j) for j in range(n)] and asy == [3.0] * 4
         assert phases["ar"] == {"bytes_sent": 8, "bytes_recv": 8, "messages": 1, "rounds": 1}
         assert phases["ag"]["bytes_sent"] == 8 and phases["ag"]["bytes_recv"] == 16

@@ -51,7 +51,8 @@ def test_deadlock_is_caught_with_a_hint():
     that the 4 s timeout comes first, the timeout does); either way the hint follows."""
     verdict = check(RING_PASS, blocking_sends, world_sizes=(2,), timeout=4)
     assert not verdict.passed
-    assert any("(a deadlock)" in d or "did not finish within the timeout" in d for d in verdict.details), verdict.details
+    assert any("(a deadlock)" in d or "did not finish within the timeout" in d
+               for d in verdict.details), verdict.details
     assert any(d.startswith("hint: if every rank calls a blocking send first") for d in verdict.details)
 
 
@@ -185,7 +186,8 @@ def test_every_checker_passes_its_solution_and_fails_a_wrong_answer(name):
     verdict = check(exercise, _wrong_answers()[name])
     assert not verdict.passed and verdict.status == "wrong"
     if exercise.make_inputs is not None:                      # a rank exercise names the rank and the element
-        assert re.match(r"rank \d+, (element \[\d+(, \d+)*\]|the value): expected ", verdict.details[0]), verdict.details
+        expected = r"rank \d+, (element \[\d+(, \d+)*\]|the value): expected "
+        assert re.match(expected, verdict.details[0]), verdict.details
     else:
         assert verdict.details[0].startswith("fn(") and "expected" in verdict.details[0]
 

@@ -95,7 +95,8 @@ def test_verify_tells_a_refused_size_from_a_demo_that_breaks(monkeypatch, one_th
         registry_module.verify(["toy-pairs"], world_size=3)            # a usage error, before any process
     runs, left_out = registry_module.plan(None, world_size=3)
     assert runs == [("toy-odd", 3)] and set(left_out) == {"toy-pairs", "toy-broken", "toy-nan"}
-    reports = registry_module.verify(None, world_size=2)                          # each breaks in its own row; verify goes on
+    # each breaks in its own row; verify goes on
+    reports = registry_module.verify(None, world_size=2)
     by_name = {r.name: r for r in reports}
     assert [r.name for r in reports] == list(demos) and by_name["toy-pairs"].passed and by_name["toy-odd"].passed
     assert not by_name["toy-broken"].passed and "a bug after the spec accepted" in by_name["toy-broken"].error

@@ -8,7 +8,6 @@ on the data they plot.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import replace
 
 import pytest

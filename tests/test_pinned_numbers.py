@@ -204,7 +204,6 @@ def test_the_yours_parameter_tolerance_is_its_formula_written_out(no_processes):
     """One plain SGD step moves every entry by lr * (its gradient bound) under the probe, whatever the signs:
     tolerance = lr * max_j bound_j + 1 * u * max|theta|, up to float32's rounding of theta (a 100x looser one
     is outside)."""
-    import torch
 
     from test_yours_small_batch import mlp_work
     from wmdist.yours.reference import one_process, workload_param_tolerance
@@ -222,7 +221,6 @@ def test_the_yours_parameter_tolerance_is_its_formula_written_out(no_processes):
 def test_the_yours_checks_are_tight_at_their_tolerances(no_processes, factor, passes):
     """An entry moved by 0.95 of its bound (of the parameter tolerance) passes, by 1.05 fails: each check
     compares with the very tolerance pinned above, at an entry whose float32 spacing is far below 5% of it."""
-    import torch
 
     from test_yours import _dp_results
     from test_yours_small_batch import mlp_work

@@ -217,7 +217,8 @@ def test_kv_bytes_flops_and_memory_by_hand():
     # S = 8 tokens on N = 4 ranks: blocks of 2 tokens; d_KV = 6, batch 2, bf16 -> 2*6*2*2 = 48 bytes a block.
     assert costs.kv_block_bytes(8, 4, 6, batch=2, elem_size=2) == 48
     assert costs.ring_kv_bytes_per_rank(8, 4, 6, batch=2, elem_size=2) == 3 * 48                       # N-1 sends
-    assert costs.ring_kv_bytes_per_rank(8, 4, 6, batch=2, final_exchange=True, elem_size=2) == 4 * 48  # the paper's loop
+    # the paper's loop
+    assert costs.ring_kv_bytes_per_rank(8, 4, 6, batch=2, final_exchange=True, elem_size=2) == 4 * 48
     assert costs.ring_kv_bytes_per_rank(8, 1, 6, elem_size=2) == 0 and costs.ring_kv_sends(1, final_exchange=True) == 1
     assert costs.ring_kv_storage_bytes(8, 4, 6, batch=2, elem_size=2) == 96
     # Doubling S doubles the bytes sent (linear) but quadruples the FLOPs (quadratic).
@@ -241,7 +242,8 @@ def test_overlap_condition_block_size():
     hides = [costs.block_pair_flops(x, 64) / f >= costs.kv_step_bytes(x, 64, elem_size=2) / b for x in (c - 1, c)]
     assert hides == [False, True]
     assert costs.min_overlap_seq_len(f, b, world_size=8, elem_size=2) == 8 * 334
-    assert costs.min_overlap_block_size(1e6, 1e9, elem_size=2) == 1                            # a block has a token at least
+    # a block has a token at least
+    assert costs.min_overlap_block_size(1e6, 1e9, elem_size=2) == 1
 
 
 def test_temporary_score_memory_depends_on_block_size_not_sequence_length():

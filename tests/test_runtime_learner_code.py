@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from conftest import alive, alive_after
 from wmdist import runtime

@@ -104,7 +104,6 @@ def test_a_peer_lost_error_waits_longer_for_the_dead_peer_to_show():
 def test_an_own_error_waits_only_the_short_grace():
     pool, ranks = _pool({1: None, 2: None})
     ranks[2].later(1.5, ranks[2].die)
-    start = time.monotonic()
     assert Pool._root_cause(pool, OWN_ERROR, {2}) is OWN_ERROR    # gave up before the death at 1.5 s
     assert ROOT_CAUSE_GRACE_S < 1.5 < PEER_LOST_GRACE_S           # the short grace, not the peer-lost one
 

@@ -38,7 +38,8 @@ def test_ring_bytes_of_uneven_chunks():
     col = C.Collective("x", "forward", "reduce-scatter", (3, 2, 2))
     assert [col.bytes_sent(r, elem_size=1) for r in range(3)] == [4, 5, 5] and col.rounds == 2
     gather = C.Collective("x", "forward", "all-gather", (3, 2, 2))
-    assert [gather.bytes_sent(r, elem_size=1) for r in range(3)] == [5, 5, 4]       # all but the right neighbour's chunk
+    # all but the right neighbour's chunk
+    assert [gather.bytes_sent(r, elem_size=1) for r in range(3)] == [5, 5, 4]
     assert C.Collective("x", "forward", "all-reduce", (1,)).bytes_sent(0) == 0
     with pytest.raises(ValueError, match="op must be one of"):
         C.Collective("x", "forward", "broadcast", (1, 1))
@@ -47,7 +48,8 @@ def test_ring_bytes_of_uneven_chunks():
 def test_needless_gather_costs_two_all_gathers_of_the_hidden_activation():
     for n in (2, 3, 8):
         good, gathered = (C.mlp_schedule(SHAPE, n, layout=lay) for lay in C.MLP_LAYOUTS[:2])
-        assert C.op_counts(good) == {"all-reduce": 2}                      # the row layer reads fc1's shards as they are
+        # the row layer reads fc1's shards as they are
+        assert C.op_counts(good) == {"all-reduce": 2}
         hidden = [SHAPE.batch * SHAPE.seq * f for f in C.shard_sizes(SHAPE.hidden, n)]
         extra = [C.schedule_bytes(gathered, r) - C.schedule_bytes(good, r) for r in range(n)]
         assert extra == [2 * 4 * (sum(hidden) - hidden[(r + 1) % n]) for r in range(n)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
 
 TIME_DIGITS = 4          # seconds printed to 4 significant digits
 RATIO_DIGITS = 3         # ratios printed to 0.001

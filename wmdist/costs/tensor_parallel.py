@@ -139,12 +139,15 @@ def block_schedule(shape: BlockShape, world_size: int, *, layout: BlockLayout) -
     act = shape.batch * shape.seq * h
     if layout == "tp":
         full = tuple(ring_chunk_sizes(act, n))
-        return [Collective("attn.out", "forward", "all-reduce", full), Collective("mlp.fc2", "forward", "all-reduce", full),
-                Collective("mlp.fc1", "backward", "all-reduce", full),
-                Collective("attn.qkv", "backward", "all-reduce", full)]
+        sites = (("attn.out", "forward"), ("mlp.fc2", "forward"), ("mlp.fc1", "backward"), ("attn.qkv", "backward"))
+        return [Collective(site, d, "all-reduce", full) for site, d in sites]
     rows = _seq_chunks(shape, n, h)
-    gather = lambda site, d: Collective(site, d, "all-gather", rows)
-    scatter = lambda site, d: Collective(site, d, "reduce-scatter", rows)
+
+    def gather(site: str, d: str) -> Collective:
+        return Collective(site, d, "all-gather", rows)
+
+    def scatter(site: str, d: str) -> Collective:
+        return Collective(site, d, "reduce-scatter", rows)
     again = layout == "sp-regather"
     out = [gather("attn.qkv", "forward"), scatter("attn.out", "forward"),
            gather("mlp.fc1", "forward"), scatter("mlp.fc2", "forward"),

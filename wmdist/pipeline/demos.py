@@ -164,7 +164,8 @@ def compare_train(plans: Plans, results: list[StageRuns]) -> Verdict:
     checks: list[Check] = []
     exact: list[Count] = []
     data = []
-    references: dict[int, PipelineReference] = {}            # one per M: the schedules differ only in accumulation order
+    # one per M: the schedules differ only in accumulation order
+    references: dict[int, PipelineReference] = {}
     for (schedule, work), runs in zip(plans.cases, by_case(results), strict=True):
         name, m = schedule.name, schedule.microbatches
         if m not in references:

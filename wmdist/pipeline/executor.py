@@ -121,7 +121,8 @@ def microbatch_loss(pred: torch.Tensor, target: torch.Tensor, batch_size: int) -
 class StageRun:
     """What one rank did in a pipeline run, measured."""
     rank: int
-    order: tuple[str, ...]                    # the actions it ran, in order, as its schedule writes them ("F3"; "s1F3" when v > 1)
+    # the actions it ran, in order, as its schedule writes them ("F3"; "s1F3" when v > 1)
+    order: tuple[str, ...]
     spans: tuple[tuple[Span, ...], ...]       # per timed step: one Span per action (time.monotonic() seconds)
     loss: torch.Tensor | None                 # () the last stage's rank: sum of microbatch losses; else None
     outputs: torch.Tensor | None              # (B, T, O) forward only, on the last stage's rank; else None

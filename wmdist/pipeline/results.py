@@ -14,7 +14,8 @@ class MeasuredBubble:
     """Timed steps of one schedule on P ranks: every step's spans, idle fractions, and the ideal-time prediction."""
     schedule: Schedule
     work: PipeWork
-    timelines: tuple[tuple[Span, ...], ...]     # timelines[k]: all ranks' action spans of step k, seconds from its start
+    # timelines[k]: all ranks' action spans of step k, seconds from its start
+    timelines: tuple[tuple[Span, ...], ...]
     idle: tuple[float, ...]                     # idle[k]: 1 - busy / (P * makespan) of step k
     ideal: tuple[Span, ...]                     # the ideal-time timeline for the same stage times (seconds)
     predicted: float                            # its idle fraction

@@ -37,7 +37,8 @@ from wmdist.runtime import run
 class TorchRun:
     """One rank's step under torch's schedule."""
     rank: int
-    order: tuple[str, ...]              # tokens with stage ("s1F3"), in the order torch ran them (compared as the schedule writes them)
+    # tokens with stage ("s1F3"), in the order torch ran them (compared as the schedule writes them)
+    order: tuple[str, ...]
     loss: torch.Tensor | None           # () on the last stage's rank: the sum of the microbatch losses
     grads: dict[str, torch.Tensor]      # gradient of every parameter this rank owns
 
@@ -48,14 +49,14 @@ def torch_pipeline_rank(ctx: Context, schedule: Schedule, work: PipeWork) -> Tor
 
     P, n, M = schedule.stages, schedule.virtual_stages, schedule.microbatches
     model, batch = model_for(work), batch_for(work)
-    b, T, H, O = work.batch_size // M, work.seq_len, model.cfg.width, model.cfg.obs_dim
+    b, T, H, D_out = work.batch_size // M, work.seq_len, model.cfg.width, model.cfg.obs_dim
     order: list[str] = []
     stages = []
     for s in range(ctx.rank, n, P):
         module = StageModule(model, s, n)
         hidden = torch.zeros(b, T, H)                                                  # one microbatch's boundary
         inputs = (batch["obs"][:b], batch["actions"][:b]) if s == 0 else hidden.clone().requires_grad_(True)
-        output = torch.zeros(b, T, O) if module.last else hidden
+        output = torch.zeros(b, T, D_out) if module.last else hidden
         stage = PipelineStage(module, s, n, torch.device("cpu"), input_args=inputs,
                               output_args=output.clone().requires_grad_(True))
         _record(stage, s, order)

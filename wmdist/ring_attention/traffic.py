@@ -139,8 +139,13 @@ def traffic_model(c: TrafficConfig) -> TrafficResult:
     f, link = c.device_figures
     half = 2 if c.causal else 1
     s_grid = tuple(s for s in POW2 if s % (2 * n) == 0) or (c.seq_len,)
-    fwd = lambda s, final=False: ra.ring_kv_bytes_per_rank(s, n, 2 * h, batch=b, elem_size=e, final_exchange=final)
-    flops = lambda s: ra.attention_flops(s, c.head_dim, heads=c.heads, batch=b, causal=c.causal)
+
+    def fwd(s: int, final: bool = False) -> float:
+        return ra.ring_kv_bytes_per_rank(s, n, 2 * h, batch=b, elem_size=e, final_exchange=final)
+
+    def flops(s: int) -> float:
+        return ra.attention_flops(s, c.head_dim, heads=c.heads, batch=b, causal=c.causal)
+
     widths = tuple(sorted({c.head_dim * k for k in (1, 2, 4, 8, 16, 32, 64, 128)} | {h}))
     by_s = [parallel_bytes(c, s, h) for s in s_grid]
     by_w = [parallel_bytes(c, c.seq_len, w) for w in widths]

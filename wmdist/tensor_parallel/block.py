@@ -92,7 +92,8 @@ class BlockShard(nn.Module):
                   regather: bool) -> torch.Tensor:             # (B, T or T_r, H) -> (B, T or T_r, H)
         """Attention over this rank's heads: QKV column-parallel by head, output projection row-parallel."""
         qkv = column_linear(x, self.p("attn.qkv.weight"), self.p("attn.qkv.bias"), tp,
-                            ColumnSpec(site="attn.qkv", tokens=tokens, regather=regather))   # (B, T, 3 h_r D): nothing gathered
+                            # (B, T, 3 h_r D): nothing gathered
+                            ColumnSpec(site="attn.qkv", tokens=tokens, regather=regather))
         b, t, _ = qkv.shape
         q, k, v = qkv.view(b, t, 3, self.heads, self.cfg.head_dim).permute(2, 0, 3, 1, 4)   # (B, h_r, T, D)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)                         # (B, h_r, T, D)

@@ -40,7 +40,7 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
         t = t.to_local()
     if hasattr(t, "wait"):
         t = t.wait()
-    return torch.Tensor(t).detach().clone() if not type(t) is torch.Tensor else t.detach().clone()
+    return torch.Tensor(t).detach().clone() if type(t) is not torch.Tensor else t.detach().clone()
 
 
 def dtensor_pair(ctx: Context, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
