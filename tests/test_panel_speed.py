@@ -26,7 +26,7 @@ from wmdist.bench.panels import panel_factories, time_panel
 from wmdist.base.knobs import knob
 from wmdist.ui.panel import Panel, View
 from wmdist.ui.fasttext import fast_figure
-from wmdist.ui.prefetch import Prefetcher, Superseded, steps
+from wmdist.ui.prefetch import Prefetcher, steps
 from wmdist.ui.render import axes_grid, canvas_figure, to_png
 
 WAIT_S = 10.0         # generous bound on an Event wait: only a broken worker takes it

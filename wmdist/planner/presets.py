@@ -79,7 +79,8 @@ def _norm(m: Architecture) -> int:
 def layer_params(m: Architecture, *, moe_layer: bool, active: bool = False) -> int:
     """One block: attention, two norms, and a dense MLP, or (moe_layer) the experts a token can reach or
     (active) the top-k it does reach, the shared experts and the router."""
-    mlp = lambda w: _mlp(m.hidden, w, gated=m.gated_mlp, biases=m.biases)
+    def mlp(width: int) -> int:
+        return _mlp(m.hidden, width, gated=m.gated_mlp, biases=m.biases)
     if moe_layer:
         routed = m.top_k if active else m.experts
         ffn = routed * mlp(m.expert_ffn) + m.shared_experts * mlp(m.shared_ffn) + m.hidden * m.experts

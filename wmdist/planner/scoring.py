@@ -67,7 +67,8 @@ def run_job(run: PublishedRun, *, efficiency: float) -> TrainingJob:
 def completions(job: TrainingJob, run: PublishedRun) -> list[ParallelLayout]:
     """Every layout the job accepts that agrees with what the source prints (its None fields left open)."""
     lay = run.layout
-    open_or = lambda value, choices: (value,) if value is not None else choices
+    def open_or(value, choices):                       # the printed value, or every choice where none is printed
+        return (value,) if value is not None else choices
     out = []
     for b, v, z, r in product(open_or(lay.micro_batch, (1, 2, 4, 8)), open_or(lay.virtual_stages, range(1, 9)),
                               open_or(lay.zero_stage, (0, 1, 2, 3)), open_or(lay.recompute, RECOMPUTE)):
