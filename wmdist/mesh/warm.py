@@ -59,7 +59,11 @@ def time_mesh_steps(ctx: Context, spec: MeshSpec, repeats: int) -> list[StepPart
 
 
 def measure_mesh_steps(spec: MeshSpec, *, repeats: int = 5) -> list[list[StepParts]]:
-    """Per rank, `repeats` warm steps of `spec`'s mesh (time_mesh_steps); a step's time is its slowest rank's."""
+    """Per rank, `repeats` warm steps of `spec`'s mesh (time_mesh_steps); a step's time is its slowest rank's.
+
+    A helper for chapter 11's notebook (the small end's measured step): it calls `runtime.run` itself, since a
+    timing is shown, never checked, and so is no demo's Experiment.
+    """
     require_int("repeats", repeats, 1)
     return run(time_mesh_steps, spec.world_size, spec, repeats)
 
