@@ -42,6 +42,34 @@ def test_zero_loads_no_other_chapters_formulas(module):
     assert foreign == [], f"import {module} loads other chapters' formulas: {foreign}"
 
 
+# Cost topics every chapter may reach: the ring layouts and collectives, the mesh record, validators, units and
+# the rounding bound. Each chapter's own topics beside them; the capstones (mesh, planner) reach every chapter's.
+SHARED_TOPICS = {"collectives", "layout", "validate", "units", "rounding"}
+OWN_TOPICS = {"data_parallel": {"allreduce", "compression", "scaling"}, "diffusion": {"diffusion"},
+              "experts": {"experts"}, "latents": set(), "memory": {"zero"}, "pipeline": {"pipeline", "pipeline_stages"},
+              "ring_attention": {"ring_attention"}, "scan": {"scan"}, "tensor_parallel": {"tensor_parallel"}}
+CAPSTONES = {"mesh", "planner"}
+
+
+def _algorithm_modules() -> list[tuple[str, str]]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_algorithm_files import CHAPTERS, algorithm_files
+    return [(chapter, ".".join(p.relative_to(ROOT).with_suffix("").parts))
+            for chapter in CHAPTERS for p in algorithm_files(chapter)]
+
+
+def test_every_chapter_is_placed():
+    assert {c for c, _ in _algorithm_modules()} == set(OWN_TOPICS) | CAPSTONES
+
+
+@pytest.mark.parametrize("chapter, module", [cm for cm in _algorithm_modules() if cm[0] not in CAPSTONES])
+def test_a_chapters_algorithm_files_reach_only_its_own_and_the_shared_formulas(chapter, module):
+    """Issue 32 §3: following a chapter's algorithm leads a reader to its own costs topic and the shared ones."""
+    topics = {m.removeprefix("wmdist.costs.") for m in closure(module) if m.startswith("wmdist.costs.")}
+    foreign = topics - SHARED_TOPICS - OWN_TOPICS[chapter]
+    assert not foreign, f"import {module} loads other chapters' formulas: {sorted(foreign)}"
+
+
 def test_the_face_alone_loads_no_topic():
     assert [m for m in closure("wmdist.costs") if m.startswith("wmdist.costs.")] == []
 

@@ -21,6 +21,26 @@ def ring_chunk_sizes(numel: int, world_size: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(world_size)]
 
 
+def nonempty_split(total: int, parts: int, *, total_name: str, parts_name: str, what: str,
+                   refusal: str | None = None) -> list[int]:
+    """Sizes of `parts` consecutive parts of `total` items, none empty; the first total % parts get one more.
+
+    torch.tensor_split's layout (costs.ring_chunk_sizes), for a split whose
+    every part must hold at least one `what`: parts > total is refused, naming
+    both arguments (`refusal`, formatted with total= and parts=, says it in the
+    caller's words). Time chunks (costs/scan.py) and the pipeline's stages and
+    microbatches (pipeline/plan.py) are all cut this way.
+    """
+    total = require_int(total_name, total, 1)
+    parts = require_int(parts_name, parts, 1)
+    if parts > total and refusal is not None:
+        raise ValueError(refusal.format(total=total, parts=parts))
+    if parts > total:
+        raise ValueError(f"{parts_name} must be <= {total_name} (every part needs at least one {what}), "
+                         f"got {parts_name}={parts}, {total_name}={total}")
+    return ring_chunk_sizes(total, parts)
+
+
 def ring_chunk_size(numel: int, world_size: int, index: int) -> int:
     """Element count of chunk `index` alone: ring_chunk_sizes(numel, world_size)[index] in closed form.
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from wmdist.costs.collectives import ring_all_gather_bytes, ring_chunk_sizes
+from wmdist.costs.collectives import nonempty_split, ring_all_gather_bytes
 from wmdist.costs.validate import require_bool, require_choice, require_fields, require_int, require_real
 
 Combine = Literal["gathered", "handoff"]   # how a rank learns the state entering its chunk (affine_ranks)
@@ -33,26 +33,6 @@ class OpCount:
 
     def __post_init__(self) -> None:
         require_fields(self, ("composes", "applies", "depth"), 0)
-
-
-def nonempty_split(total: int, parts: int, *, total_name: str, parts_name: str, what: str,
-                   refusal: str | None = None) -> list[int]:
-    """Sizes of `parts` consecutive parts of `total` items, none empty; the first total % parts get one more.
-
-    torch.tensor_split's layout (costs.ring_chunk_sizes), for a split whose
-    every part must hold at least one `what`: parts > total is refused, naming
-    both arguments (`refusal`, formatted with total= and parts=, says it in the
-    caller's words). Time chunks (here) and the pipeline's stages and
-    microbatches (pipeline/plan.py) are all cut this way.
-    """
-    total = require_int(total_name, total, 1)
-    parts = require_int(parts_name, parts, 1)
-    if parts > total and refusal is not None:
-        raise ValueError(refusal.format(total=total, parts=parts))
-    if parts > total:
-        raise ValueError(f"{parts_name} must be <= {total_name} (every part needs at least one {what}), "
-                         f"got {parts_name}={parts}, {total_name}={total}")
-    return ring_chunk_sizes(total, parts)
 
 
 def time_chunk_sizes(steps: int, chunks: int) -> list[int]:

@@ -21,7 +21,7 @@ from itertools import accumulate
 from typing import NamedTuple
 
 from wmdist.costs.pipeline import SCHEDULES, ScheduleName
-from wmdist.costs.scan import nonempty_split
+from wmdist.costs.collectives import nonempty_split
 from wmdist.costs.validate import require_bool, require_choice, require_int, require_positive, require_real
 from wmdist.pipeline.schedules import BACKWARD, FORWARD, Schedule
 
