@@ -42,16 +42,31 @@ def step() -> bd.StepBreakdown:
 
 
 def test_compute_is_the_last_stage_flops_at_the_stated_efficiency(step):
-    work = 3 * (2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2          # two layers and the head, split over tp = 2
+    """Two layers and the head, split over tp = 2: forward, backward twice the forward, and FlashAttention's
+    backward recomputing Q K^T (half of each layer's attention forward) on top, counted as recompute."""
+    again = 2 * 0.5 * ATTN_FWD_PER_TOKEN * TOKENS / 2
+    work = 3 * (2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2 + again
     assert step.compute == pytest.approx(work / RATE, rel=REL)
-    assert step.recompute == 0.0
+    assert step.recompute == pytest.approx(again / RATE, rel=REL)
+
+
+def test_flash_attention_backward_recomputes_the_scores():
+    """FlashAttention keeps no s x s scores, so its backward recomputes S = Q K^T: five s^2 d products to the
+    forward's two (2.5 x the forward, flash-attention's benchmark count), half an attention forward per layer
+    more than the unfused kernel's backward. Without FlashAttention (and no recompute) nothing is recomputed."""
+    unfused = bd.breakdown(replace(JOB, flash_attention=False), LAYOUT)
+    assert unfused.recompute == 0.0
+    assert bd.breakdown(JOB, LAYOUT).compute - unfused.compute == \
+        pytest.approx(2 * 0.5 * ATTN_FWD_PER_TOKEN * TOKENS / 2 / RATE, rel=1e-9)
 
 
 def test_full_recompute_adds_one_forward():
     full = bd.breakdown(JOB, replace(LAYOUT, recompute="full"))
-    assert full.recompute == pytest.approx((2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2 / RATE, rel=REL)
-    assert full.compute == pytest.approx(4 / 3 * bd.breakdown(JOB, LAYOUT).compute, rel=REL)
-    assert full.hfu == pytest.approx(full.mfu * 4 / 3, rel=REL)
+    forward = (2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2 / RATE
+    flash = 2 * 0.5 * ATTN_FWD_PER_TOKEN * TOKENS / 2 / RATE     # FlashAttention's Q K^T, recomputed either way
+    assert full.recompute == pytest.approx(forward + flash, rel=REL)
+    assert full.compute == pytest.approx(bd.breakdown(JOB, LAYOUT).compute + forward, rel=REL)
+    assert full.hfu == pytest.approx(full.mfu * (4 * forward + flash) / (3 * forward), rel=REL)
     assert full.axes["tp"].traffic.messages == 12 * 1 * 2 * M             # the forward's 4 collectives again
 
 
@@ -71,7 +86,7 @@ def test_tp_is_eight_collectives_per_layer_and_microbatch_on_the_fast_link(step)
 def test_cp_ring_is_exposed_only_beyond_the_attention_it_hides_under(step):
     block = 512 * (2 * 4 * 128) * B * 2                         # the rank's K, V: s/cp tokens, its 4 heads
     ring = 3e-6 + 3 * block / 1e11                              # 3 sends: K, V fwd and bwd, dK, dV
-    attention = 3 * 4 * 128 * 4 * B * (S * (S + 1) // 2) / 2 / RATE
+    attention = 3.5 * 4 * 128 * 4 * B * (S * (S + 1) // 2) / 2 / RATE    # forward, backward, FlashAttention's QK^T
     cp = step.axes["cp"]
     assert cp.in_node and cp.exposed == pytest.approx((ring - attention) * 2 * M, rel=REL)
     assert cp.seconds == pytest.approx(ring * 2 * M, rel=REL)

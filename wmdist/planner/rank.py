@@ -18,10 +18,11 @@ from dataclasses import dataclass, replace
 from wmdist.costs.pipeline import bubble_over_ideal
 from wmdist.costs.units import seconds, si
 from wmdist.memory.footprint import KINDS, format_bytes
-from wmdist.planner.breakdown import TERMS, StepBreakdown, breakdown, partial_breakdown, stage_work, with_data_parallel
+from wmdist.planner.breakdown import TERMS, StepBreakdown, breakdown, partial_breakdown, with_data_parallel
 from wmdist.planner.layout import ParallelLayout, candidate_layouts, check_layout
 from wmdist.planner.memory import gpu_memory
 from wmdist.planner.model import TrainingJob
+from wmdist.planner.stage import stage_work
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +59,7 @@ def plan(job: TrainingJob, layout: ParallelLayout) -> Plan:
 
 def compute_seconds(job: TrainingJob, layout: ParallelLayout) -> float:
     """The breakdown's compute term alone (it depends on tp, pp, cp, dp and recompute only)."""
-    return stage_work(job, layout)[0] / (job.cluster.efficiency * job.cluster.peak_flops)
+    return stage_work(job, layout).flops / (job.cluster.efficiency * job.cluster.peak_flops)
 
 
 def lower_bound(job: TrainingJob, layout: ParallelLayout) -> float:
