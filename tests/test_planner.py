@@ -71,8 +71,39 @@ def test_full_recompute_adds_one_forward():
 
 
 def test_elementwise_moves_each_saved_activation_four_times_through_hbm(step):
+    """The last stage (two layers and the head): each layer's saved activations four times, and the loss,
+    Megatron's vocab-parallel cross-entropy, 52 bytes per logit of the tp rank's V / 2 = 500 logits per token."""
     saved = (6 * H + 2 * H) * 2 + 2 * 4096 * 2                  # bytes per token and layer, bf16, no scores
-    assert step.elementwise == pytest.approx(4 * 2 * saved * TOKENS / 2 / 1e12, rel=REL)
+    assert step.elementwise == pytest.approx((4 * 2 * saved + 52 * 1000) * TOKENS / 2 / 1e12, rel=REL)
+    wider = bd.breakdown(replace(JOB, model=replace(MODEL, vocab=3000)), LAYOUT)
+    assert wider.elementwise - step.elementwise == pytest.approx(52 * 2000 * TOKENS / 2 / 1e12, rel=1e-9)
+
+
+def test_the_slowest_stage_is_the_one_with_the_most_seconds_not_flops():
+    """Five layers over pp = 2 are 3 and 2; with a vocabulary of 5000 on slow HBM (1e9 B/s) the last stage (two
+    layers, the head, 52 B per logit of the loss) takes longer than the first (three layers) though it has
+    fewer FLOPs: its compute and elementwise are the step's."""
+    model = replace(MODEL, layers=5, vocab=5000)
+    job = replace(JOB, model=model, cluster=replace(CLUSTER, hbm_bytes_per_s=1e9))
+    step = bd.breakdown(job, LAYOUT)
+    saved = (6 * H + 2 * H) * 2 + 2 * 4096 * 2
+    flash = 0.5 * ATTN_FWD_PER_TOKEN
+    first = (3 * 3 * LAYER_FWD + 3 * flash, 3 * 4 * saved)                  # per token: FLOPs, HBM bytes
+    last = (3 * (2 * LAYER_FWD + 2 * 5000 * H) + 2 * flash, 2 * 4 * saved + 52 * 5000)
+    assert first[0] > last[0] and first[0] / RATE + first[1] / 1e9 < last[0] / RATE + last[1] / 1e9
+    assert step.compute == pytest.approx(last[0] * TOKENS / 2 / RATE, rel=REL)
+    assert step.elementwise == pytest.approx(last[1] * TOKENS / 2 / 1e9, rel=REL)
+
+
+def test_selective_recompute_moves_the_scores_again():
+    """Without FlashAttention the s x s scores are saved (2 a s bytes per token and layer, no dropout: 2 x 8 x
+    1024); selective recompute re-runs the attention core, writing and reading them once more: 2 passes more of
+    those bytes per layer, 2 layers, the tp rank's half. The recomputed attention forward is in compute."""
+    job = replace(JOB, flash_attention=False)
+    plain, selective = (bd.breakdown(job, replace(LAYOUT, recompute=r)) for r in ("none", "selective"))
+    scores = 2 * 8 * 1024
+    assert selective.elementwise - plain.elementwise == pytest.approx(2 * 2 * scores * TOKENS / 2 / 1e12, rel=1e-9)
+    assert selective.recompute == pytest.approx(2 * ATTN_FWD_PER_TOKEN * TOKENS / 2 / RATE, rel=REL)
 
 
 def test_tp_is_eight_collectives_per_layer_and_microbatch_on_the_fast_link(step):

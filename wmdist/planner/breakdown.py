@@ -1,15 +1,17 @@
 """One training step of a layout, predicted as a sum of terms: compute, each axis's exposed communication, the bubble.
 
-The terms, per GPU of the slowest pipeline stage, and what each assumes:
+The terms, per GPU of the slowest pipeline stage (stage.stage_work), and what each assumes:
 
 * compute: the stage's FLOPs (stage.stage_work: forward 2 x active weights per token, attention 4 s (a d) per
   token halved by the causal mask, costs.ring_attention.attention_flops; backward twice the forward; recompute
   adds a forward (full) or the attention core's forward (selective, without FlashAttention); FlashAttention's
   backward recomputes Q K^T, half the attention forward again) at `cluster.efficiency` x peak, the one
   efficiency of the GPU type.
-* elementwise: norms, activations, softmax, residual adds run at HBM bandwidth, not on the tensor cores: each
-  saved activation (memory.layer_activation_bytes) moved HBM_PASSES times (more with full recompute), in
-  series with the matmuls (stage.stage_work). It is what makes small models slower per FLOP than large ones.
+* elementwise: norms, activations, softmax, residual adds and the loss run at HBM bandwidth, not on the tensor
+  cores: each saved activation (memory.layer_activation_bytes) moved HBM_PASSES times (more with full
+  recompute; the s x s scores more with selective recompute, which re-runs the attention core), and on the last
+  stage LOSS_BYTES per logit for the cross-entropy (stage.stage_work), in series with the matmuls. It is what
+  makes small models slower per FLOP than large ones.
 * optimizer: the Adam step reads and writes OPTIMIZER_BYTES per local weight at HBM bandwidth, after the step.
 * tp: Megatron with sequence parallelism, 4 reduce-scatters + 4 all-gathers of b (s/cp) h per layer and
   microbatch (costs.tensor_parallel.megatron_layer_bytes), 4 more with full recompute. Not overlapped.

@@ -1,5 +1,6 @@
 """What one pipeline stage of a layout computes and moves per step (pure): the work behind the compute and
-elementwise terms of the breakdown, per GPU of the stage with the most FLOPs.
+elementwise terms of the breakdown, per GPU of the slowest stage (compute at the GPU type's efficiency plus the
+elementwise work at HBM bandwidth).
 
 * FLOPs: forward 2 x the active weights per token, attention 4 s (a d) per token halved by the causal mask
   (costs.ring_attention.attention_flops); backward twice the forward. Recomputed on top: a whole forward
@@ -7,10 +8,12 @@ elementwise terms of the breakdown, per GPU of the stage with the most FLOPs.
   FLASH_RECOMPUTE of the attention forward in every backward (the kernel recomputes S = Q K^T from Q and K
   instead of keeping it: its backward runs five s x s products to the forward's two, 2.5 x the forward, Dao et
   al. 2022 section 3.1; flash-attention's benchmarks/benchmark_flash_attention.py counts it so).
-* HBM bytes of the elementwise work (norms, activations, softmax, dropout, residuals): each layer's saved
-  activations (memory.layer_activation_bytes, the s x s scores included when FlashAttention does not fuse them
-  away) moved HBM_PASSES times, twice more when full recompute runs the forward again; with sequence
-  parallelism every tp rank moves 1 / tp of them.
+* HBM bytes of the elementwise work (norms, activations, softmax, dropout, residuals, the loss): each layer's
+  saved activations (memory.layer_activation_bytes) moved HBM_PASSES times, twice more when full recompute runs
+  the forward again; selective recompute re-runs the attention core, so the s x s scores it saves (kept when
+  FlashAttention does not fuse them away) move twice more. The last stage adds the loss: Megatron's
+  vocab-parallel cross-entropy moves LOSS_BYTES per logit (V / tp logits per token and tp rank). With sequence
+  parallelism every tp rank moves 1 / tp of the rest.
 """
 from __future__ import annotations
 
@@ -23,10 +26,14 @@ from wmdist.planner.model import TrainingJob
 
 HBM_PASSES = 4           # a saved activation: written and read in forward, read and its gradient written in backward
 FLASH_RECOMPUTE = 0.5    # FlashAttention's backward recomputes Q K^T: half the attention forward's FLOPs again
+# Megatron's vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py), bytes per logit,
+# kernel by kernel: forward .float() 2 + 4, max 4, subtract 4 + 4, exp 4 + 4, sum 4, divide 4 + 4 (the softmax
+# kept for backward); backward multiply by the incoming gradient 4 + 4, the cast back to bf16 4 + 2.
+LOSS_BYTES = 52
 
 
 class StageWork(NamedTuple):
-    """Per GPU per step, on the stage with the most FLOPs: FLOPs, of which recomputed, layers, HBM bytes."""
+    """Per GPU per step, on the slowest stage: FLOPs, of which recomputed, layers, HBM bytes."""
     flops: float
     recomputed: float
     layers: int
@@ -34,8 +41,8 @@ class StageWork(NamedTuple):
 
 
 def stage_work(job: TrainingJob, layout: ParallelLayout) -> StageWork:
-    """The work of `layout`'s stages (module docstring), reported for the one with the most FLOPs."""
-    m, s = job.model, job.seq_len
+    """The work of `layout`'s stages (module docstring), reported for the one whose seconds are the most."""
+    m, s, c = job.model, job.seq_len, job.cluster
     tokens = -(-job.sequences // layout.dp) * s / layout.cp    # tokens a GPU's stage sees per step (tp shares them)
     attn = attention_flops(s, m.head_dim, heads=m.heads, causal=True) / s     # forward, per token and layer
     dense = 2 * (m.attention_params + m.dense_mlp_params) + attn
@@ -44,16 +51,20 @@ def stage_work(job: TrainingJob, layout: ParallelLayout) -> StageWork:
     scores = not job.flash_attention
     moved = [layer_activation_bytes(m, s, elem_bytes=job.elem_bytes, scores=scores, moe=moe_layer)[0]
              for moe_layer in (False, True)]
+    quadratic = moved[0] - layer_activation_bytes(m, s, elem_bytes=job.elem_bytes, scores=False, moe=False)[0]
     passes = HBM_PASSES + (2 if layout.recompute == "full" else 0)
+    scores_again = 2 * quadratic if layout.recompute == "selective" else 0.0
     flash_again = FLASH_RECOMPUTE * attn if job.flash_attention else 0.0
     per_gpu = tokens / layout.tp
-    best = StageWork(0.0, 0.0, 0, 0.0)
+    rows = []
     stages = _stage_layers(m, layout.pp, layout.padding)
     for i, (nd, nm) in enumerate(stages):
-        fwd = nd * dense + nm * moe + (head if i == len(stages) - 1 else 0.0)
+        last = i == len(stages) - 1
+        fwd = nd * dense + nm * moe + (head if last else 0.0)
         again = {"none": 0.0, "selective": 0.0 if job.flash_attention else (nd + nm) * attn, "full": fwd}[
             layout.recompute] + (nd + nm) * flash_again
-        work = (3 * fwd + again) * per_gpu
-        if work > best.flops:
-            best = StageWork(work, again * per_gpu, nd + nm, passes * (nd * moved[0] + nm * moved[1]) * per_gpu)
-    return best
+        moved_here = passes * (nd * moved[0] + nm * moved[1]) + (nd + nm) * scores_again \
+            + (LOSS_BYTES * m.vocab if last else 0.0)
+        rows.append(StageWork((3 * fwd + again) * per_gpu, again * per_gpu, nd + nm, moved_here * per_gpu))
+    rate, hbm = c.efficiency * c.peak_flops, c.hbm_bytes_per_s
+    return max(rows, key=lambda w: w.flops / rate + w.hbm_bytes / hbm)
