@@ -15,11 +15,14 @@ from dataclasses import replace
 import pytest
 
 from wmdist.costs.pipeline import bubble_over_ideal
+from wmdist.pipeline.schedules import one_f_one_b
+from wmdist.pipeline.simulate import simulate
 from wmdist.planner import breakdown as bd
 from wmdist.planner.layout import ParallelLayout, candidate_layouts, check_layout, parse_layout
 from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec, from_architecture
 from wmdist.planner.presets import PRESETS, param_count
 from wmdist.planner.rank import fitting_layouts, judge, plan, rank_layouts
+from wmdist.planner.stage import StageWork, bubble_ratio
 
 REL = 1e-12
 MODEL = TransformerSpec(name="hand", layers=4, hidden=1024, ffn=4096, heads=8, kv_heads=8, vocab=1000, gated=False)
@@ -182,13 +185,41 @@ def test_overlap_rule_keeps_the_last_bucket():
     assert bd.hidden_after(1.0, 5.0, floor_share=0.0) == 0.0
 
 
-def test_bubble_is_the_schedule_ratio_of_the_busy_time(step):
+def test_bubble_is_the_fill_and_drain_of_the_other_stages(step):
+    """Two stages: the last (two layers, the head, the loss) paces the steady state; the first fills and drains
+    at its own pace, t0 against t1: bubble = busy x t0 / (M t1), Megatron's (P - 1) / M scaled by t0 / t1, and
+    half that with two virtual stages (twice the sends, too)."""
+    saved = (6 * H + 2 * H) * 2 + 2 * 4096 * 2
+    flash = 2 * 0.5 * ATTN_FWD_PER_TOKEN
+    t0 = (3 * 2 * LAYER_FWD + flash) * TOKENS / 2 / RATE + 4 * 2 * saved * TOKENS / 2 / 1e12
+    t1 = (3 * (2 * LAYER_FWD + HEAD_FWD) + flash) * TOKENS / 2 / RATE + (4 * 2 * saved + 52 * 1000) * TOKENS / 2 / 1e12
     busy = step.compute + step.elementwise + step.axes["tp"].exposed + step.axes["cp"].exposed
-    assert step.bubble == pytest.approx((2 - 1) / M * busy, rel=REL)
+    assert step.compute + step.elementwise == pytest.approx(t1, rel=REL)
+    assert step.bubble == pytest.approx(busy * t0 / (M * t1), rel=1e-9)
     inter = bd.breakdown(JOB, replace(LAYOUT, virtual=2))
     busy2 = inter.compute + inter.elementwise + inter.axes["tp"].exposed + inter.axes["cp"].exposed
-    assert inter.bubble == pytest.approx(bubble_over_ideal(2, M, chunks=2) * busy2, rel=REL)
+    assert inter.bubble == pytest.approx(busy2 * t0 / (2 * M * t1), rel=1e-9)
     assert inter.axes["pp"].traffic.messages == 2 * 2 * M     # twice the sends with two chunks
+
+
+def test_equal_stages_give_megatrons_bubble():
+    """With every stage as slow as the slowest, fill_drain_time's ratio is (P - 1) / M, over v chunks:
+    costs.pipeline.bubble_over_ideal; one stage has none."""
+    even = StageWork(1.0, 0.0, 3, 0.0, stage_seconds=(2.0,) * 4)
+    assert bubble_ratio(even, 8, 2) == pytest.approx(bubble_over_ideal(4, 8, chunks=2), rel=REL)
+    assert bubble_ratio(even, 8, 2) == pytest.approx(3 / 16, rel=REL)
+    assert bubble_ratio(StageWork(1.0, 0.0, 3, 0.0, stage_seconds=(2.0,)), 8, 1) == 0.0
+
+
+def test_the_fill_and_drain_is_chapter_05s_simulated_1f1b():
+    """Chapter 05's simulator runs 1F1B on unequal stages: with the slowest stage last (the head's), the step is
+    M x the slowest plus the planner's bubble exactly; with it in the middle the planner's bubble bounds it."""
+    for forward, backward, exact in (([1, 1, 1, 2], [2, 2, 2, 4], True), ([1, 2, 2, 1], [2, 4, 4, 2], False)):
+        times = tuple(f + b for f, b in zip(forward, backward))
+        for m in (4, 8, 16):
+            makespan = simulate(one_f_one_b(4, m), forward=forward, backward=backward).makespan
+            planner = m * max(times) * (1 + bubble_ratio(StageWork(1.0, 0.0, 1, 0.0, stage_seconds=times), m, 1))
+            assert makespan == pytest.approx(planner, rel=REL) if exact else makespan < planner
 
 
 def test_optimizer_reads_and_writes_30_bytes_per_local_weight(step):

@@ -31,7 +31,10 @@ The terms, per GPU of the slowest pipeline stage (stage.stage_work), and what ea
   recomputed forward gathers the freed weights once more (DeepSpeed's hooks release them after each forward).
 * contention (cp and dp, the overlapped axes): a collective that runs beside the matmuls holds some SMs (one
   thread block per NCCL channel), so the hidden part H still costs comm_sm_share x H: exposed + share x H.
-* bubble: costs.pipeline.bubble_over_ideal(pp, M, chunks=v) times the stage's busy time (compute, tp, cp, ep).
+* bubble: the fill and drain over the ideal step, times the slowest stage's busy time (compute, elementwise,
+  tp, cp, ep): stage.bubble_ratio, costs.pipeline.fill_drain_time of every stage's seconds over M x the
+  slowest's, less one, over v (Megatron's (P - 1) / (v M) when the stages are equal; a stage holding the head
+  or fewer layers fills and drains faster than it paces the steady state).
 
 Each axis runs on the link tier its groups get when the ranks are numbered tp fastest, then cp, ep, the
 rest of dp, pp (costs.mesh.strides / axis_in_node): inside a node the fast link, else the network per GPU.
@@ -46,7 +49,6 @@ from dataclasses import dataclass, replace
 
 from wmdist.costs import experts as ecosts
 from wmdist.costs.mesh import Link, Traffic, axis_in_node, strides
-from wmdist.costs.pipeline import bubble_over_ideal
 from wmdist.costs.ring_attention import attention_flops, ring_backward_bytes_per_rank, ring_kv_bytes_per_rank
 from wmdist.costs.tensor_parallel import megatron_layer_bytes
 from wmdist.costs.zero import zero_step_bytes, zero_step_rounds
@@ -54,7 +56,7 @@ from wmdist.memory.footprint import local_params
 from wmdist.planner.layout import ParallelLayout, check_layout
 from wmdist.planner.memory import _pieces, _stage_layers, memory_configs
 from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec
-from wmdist.planner.stage import FLASH_RECOMPUTE, stage_work
+from wmdist.planner.stage import FLASH_RECOMPUTE, bubble_ratio, stage_work
 
 TERMS = ("compute", "elementwise", "optimizer", "bubble", "tp", "cp", "ep", "pp", "dp")   # the stacked bar
 # The chapter whose demo checked each term's formula on real ranks (the notebook labels the bar with them).
@@ -208,7 +210,7 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
 
     axes["dp"] = AxisTime(traffic=Traffic(0, 0), in_node=True, seconds=0.0, exposed=0.0)
     busy = compute + elementwise + sum(axes[a].exposed for a in ("tp", "cp", "ep"))
-    bubble = bubble_over_ideal(layout.pp, micro, chunks=v) * busy
+    bubble = bubble_ratio(work, micro, v) * busy
     return StepBreakdown(compute=compute, recompute=work.recomputed / rate, elementwise=elementwise, optimizer=0.0,
                          bubble=bubble, axes=axes,
                          model_flops=job.batch_tokens * model_flops_per_token(m, s), gpus=world,
