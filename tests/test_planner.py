@@ -179,6 +179,23 @@ def test_zero3_gathers_layer_by_layer_and_again_for_the_recomputed_forward():
     assert bd.breakdown(JOB, replace(LAYOUT, zero=3)).axes["dp"].traffic.bytes_sent == 3 * M * ring
 
 
+def test_only_the_steps_last_microbatch_leaves_its_last_bucket_exposed():
+    """ZeRO-2 reduce-scatters the gradients every microbatch (M = 16) and ZeRO-3 also gathers the weights every
+    microbatch; behind ample compute what stays exposed is one layer's share (2 layers) of one collective of
+    each kind, the step's last: every earlier microbatch's last bucket runs beside the next one's compute.
+    ZeRO-2: half a reduce-scatter and half the parameter all-gather, 1 x one (not (M + 1) / 2 x one); ZeRO-3
+    (each collective layer by layer: 2 x 3 latencies): half of the 2 backward collectives and half a forward
+    gather, 1.5 x one (not 1.5 M x one)."""
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    ring = (piece - piece // 4) * 2
+    at = bd.strides({"tp": 2, "cp": 2, "ep": 1, "edp": 2, "pp": 2}, bd.RANK_ORDER)
+    two = bd._data_parallel(JOB, replace(LAYOUT, zero=2), at, 16, per_micro=1e3, layers=2)
+    assert two.exposed == pytest.approx(2 * (3 * 1e-5 + ring / 1e10) / 2, rel=REL)
+    three = bd._data_parallel(JOB, replace(LAYOUT, zero=3), at, 16, per_micro=1e3, layers=2)
+    assert three.exposed == pytest.approx(1.5 * (2 * 3 * 1e-5 + ring / 1e10), rel=REL)
+    assert three.seconds == pytest.approx(3 * M * (2 * 3 * 1e-5 + ring / 1e10), rel=REL)
+
+
 def test_overlap_rule_keeps_the_last_bucket():
     assert bd.hidden_after(1.0, 0.2, floor_share=0.1) == pytest.approx(0.8)
     assert bd.hidden_after(1.0, 5.0, floor_share=0.1) == pytest.approx(0.1)

@@ -25,8 +25,10 @@ The terms, per GPU of the slowest pipeline stage (stage.stage_work), and what ea
 * dp: costs.zero.zero_step_bytes over the dp x cp ranks (context-parallel ranks hold the same weights); the
   routed experts' over dp / ep. The gradient reduction overlaps the backward of the last microbatch and the
   parameter all-gather the forward of the first (sharded gradients, ZeRO-2 and 3, are reduce-scattered every
-  microbatch, and ZeRO-3 gathers every microbatch, each behind that microbatch), except one layer's share,
-  the bucket that is ready last (the first to be needed): exposed = max(T - window, T / layers on the stage).
+  microbatch, and ZeRO-3 gathers every microbatch, each behind that microbatch), except one layer's share of
+  one collective, the bucket that is ready last (the first to be needed) in the step's last microbatch (every
+  earlier microbatch's last bucket runs beside the next one's compute): exposed = max(T - window, T / (layers
+  on the stage x the collectives of that kind in the step)).
   ZeRO-3 runs every collective layer by layer (layers x (N - 1) ring latencies), and with full recompute the
   recomputed forward gathers the freed weights once more (DeepSpeed's hooks release them after each forward).
 * contention (cp and dp, the overlapped axes): a collective that runs beside the matmuls holds some SMs (one
@@ -223,7 +225,9 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
 
     Phases are pooled by the compute they hide behind: the gradient's (and ZeRO-3's backward gathers) behind
     backward, the parameter gathers behind forward. Sharded gradients (ZeRO-2, 3) are reduce-scattered every
-    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M. ZeRO-3 runs each collective layer by layer (a
+    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M.
+    Of those, only the step's last one leaves its last bucket exposed (the floor): every other microbatch's
+    runs beside the next microbatch's compute. ZeRO-3 runs each collective layer by layer (a
     ring of N - 1 steps per layer: layers x (N - 1) latencies), and with full recompute the recomputed forward
     gathers the layer's weights a third time (freed after the forward), behind backward.
     """
@@ -255,7 +259,8 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
             pooled[when] += times * sum(link.terms(Traffic(nbytes, rounds)))
             total_bytes += times * nbytes
             messages += times * rounds
-    exposed = sum(hidden_after(pooled[w], windows[w], floor_share=1 / max(layers, 1), contention=c.comm_sm_share)
-                  for w in pooled)
+    reps = {"backward": micro if z >= 2 else 1, "forward": micro if z == 3 else 1}   # collectives per window
+    exposed = sum(hidden_after(pooled[w], windows[w], floor_share=1 / (max(layers, 1) * reps[w]),
+                               contention=c.comm_sm_share) for w in pooled)
     return AxisTime(traffic=Traffic(total_bytes, messages), in_node=inside_all, seconds=sum(pooled.values()),
                     exposed=exposed)
