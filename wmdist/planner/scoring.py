@@ -17,7 +17,9 @@ authors passed over); the ratio to the best with nothing held is reported beside
 
 Assumed, not fitted, for every cluster: a message costs 5 us on NVLink and 10 us across the network; an
 overlapped collective holds COLLECTIVE_SMS of the GPU's SMs (NCCL runs one thread block per channel); runs
-published before 2023 ran attention without FlashAttention (Dao et al., 2022), later ones with it.
+published before 2023 ran attention without FlashAttention (Dao et al., 2022), later ones with it, whose
+backward recomputes Q K^T; a saved activation crosses HBM HBM_PASSES times and the loss LOSS_BYTES per logit,
+Megatron's cross-entropy kernel by kernel (stage.py states each with its source).
 """
 from __future__ import annotations
 
