@@ -53,7 +53,7 @@ def explain(run: PublishedRun, plan: Plan, points: float) -> str:
                 "that waits instead of overlapping")
     if not over and plan.layout.pp > 1 and plan.layout.virtual == 1 and lay.virtual_stages is None:
         return ("by the planner's memory count only the plain pipeline schedule fits this layout, so its bubble is "
-                "(P-1)/M; the source leaves the schedule open, and an interleaved one would cut the bubble v-fold "
+                "(P-1)/M at most; the source leaves the schedule open, and an interleaved one would cut it v-fold "
                 "if the run kept less activation memory than the calculator counts")
     if not over and run.flops_counted is None and plan.step.recompute > 0:
         return (f"the source does not say what its figure counts, and the run recomputes ({plan.layout.recompute}): "
