@@ -15,11 +15,14 @@ from dataclasses import replace
 import pytest
 
 from wmdist.costs.pipeline import bubble_over_ideal
+from wmdist.pipeline.schedules import one_f_one_b
+from wmdist.pipeline.simulate import simulate
 from wmdist.planner import breakdown as bd
 from wmdist.planner.layout import ParallelLayout, candidate_layouts, check_layout, parse_layout
 from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec, from_architecture
 from wmdist.planner.presets import PRESETS, param_count
 from wmdist.planner.rank import fitting_layouts, judge, plan, rank_layouts
+from wmdist.planner.stage import StageWork, bubble_ratio
 
 REL = 1e-12
 MODEL = TransformerSpec(name="hand", layers=4, hidden=1024, ffn=4096, heads=8, kv_heads=8, vocab=1000, gated=False)
@@ -42,22 +45,68 @@ def step() -> bd.StepBreakdown:
 
 
 def test_compute_is_the_last_stage_flops_at_the_stated_efficiency(step):
-    work = 3 * (2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2          # two layers and the head, split over tp = 2
+    """Two layers and the head, split over tp = 2: forward, backward twice the forward, and FlashAttention's
+    backward recomputing Q K^T (half of each layer's attention forward) on top, counted as recompute."""
+    again = 2 * 0.5 * ATTN_FWD_PER_TOKEN * TOKENS / 2
+    work = 3 * (2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2 + again
     assert step.compute == pytest.approx(work / RATE, rel=REL)
-    assert step.recompute == 0.0
+    assert step.recompute == pytest.approx(again / RATE, rel=REL)
+
+
+def test_flash_attention_backward_recomputes_the_scores():
+    """FlashAttention keeps no s x s scores, so its backward recomputes S = Q K^T: five s^2 d products to the
+    forward's two (2.5 x the forward, flash-attention's benchmark count), half an attention forward per layer
+    more than the unfused kernel's backward. Without FlashAttention (and no recompute) nothing is recomputed."""
+    unfused = bd.breakdown(replace(JOB, flash_attention=False), LAYOUT)
+    assert unfused.recompute == 0.0
+    assert bd.breakdown(JOB, LAYOUT).compute - unfused.compute == \
+        pytest.approx(2 * 0.5 * ATTN_FWD_PER_TOKEN * TOKENS / 2 / RATE, rel=1e-9)
 
 
 def test_full_recompute_adds_one_forward():
     full = bd.breakdown(JOB, replace(LAYOUT, recompute="full"))
-    assert full.recompute == pytest.approx((2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2 / RATE, rel=REL)
-    assert full.compute == pytest.approx(4 / 3 * bd.breakdown(JOB, LAYOUT).compute, rel=REL)
-    assert full.hfu == pytest.approx(full.mfu * 4 / 3, rel=REL)
+    forward = (2 * LAYER_FWD + HEAD_FWD) * TOKENS / 2 / RATE
+    flash = 2 * 0.5 * ATTN_FWD_PER_TOKEN * TOKENS / 2 / RATE     # FlashAttention's Q K^T, recomputed either way
+    assert full.recompute == pytest.approx(forward + flash, rel=REL)
+    assert full.compute == pytest.approx(bd.breakdown(JOB, LAYOUT).compute + forward, rel=REL)
+    assert full.hfu == pytest.approx(full.mfu * (4 * forward + flash) / (3 * forward), rel=REL)
     assert full.axes["tp"].traffic.messages == 12 * 1 * 2 * M             # the forward's 4 collectives again
 
 
 def test_elementwise_moves_each_saved_activation_four_times_through_hbm(step):
+    """The last stage (two layers and the head): each layer's saved activations four times, and the loss,
+    Megatron's vocab-parallel cross-entropy, 52 bytes per logit of the tp rank's V / 2 = 500 logits per token."""
     saved = (6 * H + 2 * H) * 2 + 2 * 4096 * 2                  # bytes per token and layer, bf16, no scores
-    assert step.elementwise == pytest.approx(4 * 2 * saved * TOKENS / 2 / 1e12, rel=REL)
+    assert step.elementwise == pytest.approx((4 * 2 * saved + 52 * 1000) * TOKENS / 2 / 1e12, rel=REL)
+    wider = bd.breakdown(replace(JOB, model=replace(MODEL, vocab=3000)), LAYOUT)
+    assert wider.elementwise - step.elementwise == pytest.approx(52 * 2000 * TOKENS / 2 / 1e12, rel=1e-9)
+
+
+def test_the_slowest_stage_is_the_one_with_the_most_seconds_not_flops():
+    """Five layers over pp = 2 are 3 and 2; with a vocabulary of 5000 on slow HBM (1e9 B/s) the last stage (two
+    layers, the head, 52 B per logit of the loss) takes longer than the first (three layers) though it has
+    fewer FLOPs: its compute and elementwise are the step's."""
+    model = replace(MODEL, layers=5, vocab=5000)
+    job = replace(JOB, model=model, cluster=replace(CLUSTER, hbm_bytes_per_s=1e9))
+    step = bd.breakdown(job, LAYOUT)
+    saved = (6 * H + 2 * H) * 2 + 2 * 4096 * 2
+    flash = 0.5 * ATTN_FWD_PER_TOKEN
+    first = (3 * 3 * LAYER_FWD + 3 * flash, 3 * 4 * saved)                  # per token: FLOPs, HBM bytes
+    last = (3 * (2 * LAYER_FWD + 2 * 5000 * H) + 2 * flash, 2 * 4 * saved + 52 * 5000)
+    assert first[0] > last[0] and first[0] / RATE + first[1] / 1e9 < last[0] / RATE + last[1] / 1e9
+    assert step.compute == pytest.approx(last[0] * TOKENS / 2 / RATE, rel=REL)
+    assert step.elementwise == pytest.approx(last[1] * TOKENS / 2 / 1e9, rel=REL)
+
+
+def test_selective_recompute_moves_the_scores_again():
+    """Without FlashAttention the s x s scores are saved (2 a s bytes per token and layer, no dropout: 2 x 8 x
+    1024); selective recompute re-runs the attention core, writing and reading them once more: 2 passes more of
+    those bytes per layer, 2 layers, the tp rank's half. The recomputed attention forward is in compute."""
+    job = replace(JOB, flash_attention=False)
+    plain, selective = (bd.breakdown(job, replace(LAYOUT, recompute=r)) for r in ("none", "selective"))
+    scores = 2 * 8 * 1024
+    assert selective.elementwise - plain.elementwise == pytest.approx(2 * 2 * scores * TOKENS / 2 / 1e12, rel=1e-9)
+    assert selective.recompute == pytest.approx(2 * ATTN_FWD_PER_TOKEN * TOKENS / 2 / RATE, rel=REL)
 
 
 def test_tp_is_eight_collectives_per_layer_and_microbatch_on_the_fast_link(step):
@@ -71,7 +120,7 @@ def test_tp_is_eight_collectives_per_layer_and_microbatch_on_the_fast_link(step)
 def test_cp_ring_is_exposed_only_beyond_the_attention_it_hides_under(step):
     block = 512 * (2 * 4 * 128) * B * 2                         # the rank's K, V: s/cp tokens, its 4 heads
     ring = 3e-6 + 3 * block / 1e11                              # 3 sends: K, V fwd and bwd, dK, dV
-    attention = 3 * 4 * 128 * 4 * B * (S * (S + 1) // 2) / 2 / RATE
+    attention = 3.5 * 4 * 128 * 4 * B * (S * (S + 1) // 2) / 2 / RATE    # forward, backward, FlashAttention's QK^T
     cp = step.axes["cp"]
     assert cp.in_node and cp.exposed == pytest.approx((ring - attention) * 2 * M, rel=REL)
     assert cp.seconds == pytest.approx(ring * 2 * M, rel=REL)
@@ -130,19 +179,64 @@ def test_zero3_gathers_layer_by_layer_and_again_for_the_recomputed_forward():
     assert bd.breakdown(JOB, replace(LAYOUT, zero=3)).axes["dp"].traffic.bytes_sent == 3 * M * ring
 
 
+def test_only_the_steps_last_microbatch_leaves_its_last_bucket_exposed():
+    """ZeRO-2 reduce-scatters the gradients every microbatch (M = 16) and ZeRO-3 also gathers the weights every
+    microbatch; behind ample compute what stays exposed is one layer's share (2 layers) of one collective of
+    each kind, the step's last: every earlier microbatch's last bucket runs beside the next one's compute.
+    ZeRO-2: half a reduce-scatter and half the parameter all-gather, 1 x one (not (M + 1) / 2 x one); ZeRO-3
+    (each collective layer by layer: 2 x 3 latencies): half of the 2 backward collectives and half a forward
+    gather, 1.5 x one (not 1.5 M x one)."""
+    piece = 2 * (12 * H * H // 2 + 2 * H) + 1000 * H // 2 + H
+    ring = (piece - piece // 4) * 2
+    at = bd.strides({"tp": 2, "cp": 2, "ep": 1, "edp": 2, "pp": 2}, bd.RANK_ORDER)
+    two = bd._data_parallel(JOB, replace(LAYOUT, zero=2), at, 16, per_micro=1e3, layers=2)
+    assert two.exposed == pytest.approx(2 * (3 * 1e-5 + ring / 1e10) / 2, rel=REL)
+    three = bd._data_parallel(JOB, replace(LAYOUT, zero=3), at, 16, per_micro=1e3, layers=2)
+    assert three.exposed == pytest.approx(1.5 * (2 * 3 * 1e-5 + ring / 1e10), rel=REL)
+    assert three.seconds == pytest.approx(3 * M * (2 * 3 * 1e-5 + ring / 1e10), rel=REL)
+
+
 def test_overlap_rule_keeps_the_last_bucket():
     assert bd.hidden_after(1.0, 0.2, floor_share=0.1) == pytest.approx(0.8)
     assert bd.hidden_after(1.0, 5.0, floor_share=0.1) == pytest.approx(0.1)
     assert bd.hidden_after(1.0, 5.0, floor_share=0.0) == 0.0
 
 
-def test_bubble_is_the_schedule_ratio_of_the_busy_time(step):
+def test_bubble_is_the_fill_and_drain_of_the_other_stages(step):
+    """Two stages: the last (two layers, the head, the loss) paces the steady state; the first fills and drains
+    at its own pace, t0 against t1: bubble = busy x t0 / (M t1), Megatron's (P - 1) / M scaled by t0 / t1, and
+    half that with two virtual stages (twice the sends, too)."""
+    saved = (6 * H + 2 * H) * 2 + 2 * 4096 * 2
+    flash = 2 * 0.5 * ATTN_FWD_PER_TOKEN
+    t0 = (3 * 2 * LAYER_FWD + flash) * TOKENS / 2 / RATE + 4 * 2 * saved * TOKENS / 2 / 1e12
+    t1 = (3 * (2 * LAYER_FWD + HEAD_FWD) + flash) * TOKENS / 2 / RATE + (4 * 2 * saved + 52 * 1000) * TOKENS / 2 / 1e12
     busy = step.compute + step.elementwise + step.axes["tp"].exposed + step.axes["cp"].exposed
-    assert step.bubble == pytest.approx((2 - 1) / M * busy, rel=REL)
+    assert step.compute + step.elementwise == pytest.approx(t1, rel=REL)
+    assert step.bubble == pytest.approx(busy * t0 / (M * t1), rel=1e-9)
     inter = bd.breakdown(JOB, replace(LAYOUT, virtual=2))
     busy2 = inter.compute + inter.elementwise + inter.axes["tp"].exposed + inter.axes["cp"].exposed
-    assert inter.bubble == pytest.approx(bubble_over_ideal(2, M, chunks=2) * busy2, rel=REL)
+    assert inter.bubble == pytest.approx(busy2 * t0 / (2 * M * t1), rel=1e-9)
     assert inter.axes["pp"].traffic.messages == 2 * 2 * M     # twice the sends with two chunks
+
+
+def test_equal_stages_give_megatrons_bubble():
+    """With every stage as slow as the slowest, fill_drain_time's ratio is (P - 1) / M, over v chunks:
+    costs.pipeline.bubble_over_ideal; one stage has none."""
+    even = StageWork(1.0, 0.0, 3, 0.0, stage_seconds=(2.0,) * 4)
+    assert bubble_ratio(even, 8, 2) == pytest.approx(bubble_over_ideal(4, 8, chunks=2), rel=REL)
+    assert bubble_ratio(even, 8, 2) == pytest.approx(3 / 16, rel=REL)
+    assert bubble_ratio(StageWork(1.0, 0.0, 3, 0.0, stage_seconds=(2.0,)), 8, 1) == 0.0
+
+
+def test_the_fill_and_drain_is_chapter_05s_simulated_1f1b():
+    """Chapter 05's simulator runs 1F1B on unequal stages: with the slowest stage last (the head's), the step is
+    M x the slowest plus the planner's bubble exactly; with it in the middle the planner's bubble bounds it."""
+    for forward, backward, exact in (([1, 1, 1, 2], [2, 2, 2, 4], True), ([1, 2, 2, 1], [2, 4, 4, 2], False)):
+        times = tuple(f + b for f, b in zip(forward, backward))
+        for m in (4, 8, 16):
+            makespan = simulate(one_f_one_b(4, m), forward=forward, backward=backward).makespan
+            planner = m * max(times) * (1 + bubble_ratio(StageWork(1.0, 0.0, 1, 0.0, stage_seconds=times), m, 1))
+            assert makespan == pytest.approx(planner, rel=REL) if exact else makespan < planner
 
 
 def test_optimizer_reads_and_writes_30_bytes_per_local_weight(step):

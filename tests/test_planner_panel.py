@@ -22,6 +22,7 @@ from wmdist.planner.panel import PlannerPanel
 from wmdist.planner.published import RUNS
 from wmdist.planner.panel_search import panel_search
 from wmdist.planner.scoring import EFFICIENCY, published_plan, run_job, scored_runs
+from wmdist.planner.stage import stage_work
 from wmdist.ui.render import canvas_figure
 from wmdist.ui.static import strip_tags
 
@@ -56,6 +57,7 @@ def test_the_panel_shows_the_planners_ranking_and_its_numbers(panel):
 
 
 def test_show_layout_picks_the_row_without_searching_again(panel):
+    panel.prefetch.idle()        # the look-ahead of earlier moves fills the cache on its own thread: let it finish
     searches, plans = len(panel.cache), panel.result.plans
     assert searches >= 1
     panel.controls["pick"].value = 3
@@ -117,7 +119,9 @@ def test_the_views_stack_the_terms_and_the_memory_of_each_layout():
 
 
 def test_the_exercise_is_the_planners_bubble_on_real_layouts():
-    """The reference equals the breakdown's bubble for published layouts with a pipeline (interleaved or not)."""
+    """The reference is the breakdown's bubble for equal stages; on published layouts (interleaved or not, padded
+    or not, the head on the last stage) the planner fills and drains the other stages at their own pace
+    (stage.bubble_ratio), the reference's rule on the busy time scaled by their mean over the slowest's."""
     checked = 0
     for name in ("llama3-405b-8k-16384gpu", "narayanan21-145.6b", "bloom-176b"):
         run = next(r for r in RUNS if r.name == name)
@@ -125,9 +129,11 @@ def test_the_exercise_is_the_planners_bubble_on_real_layouts():
         plan = published_plan(job, run)
         t = plan.step.terms
         busy = t["compute"] + t["elementwise"] + t["tp"] + t["cp"] + t["ep"]
-        assert plan.layout.pp > 1
-        assert bubble_solution(plan.layout.pp, plan.layout.microbatches(job), plan.layout.virtual, busy) == \
-            round(t["bubble"], 9)
+        times = stage_work(job, plan.layout).stage_seconds
+        others = (sum(times) - max(times)) / (len(times) - 1) / max(times)
+        assert plan.layout.pp > 1 and others < 1
+        assert bubble_solution(plan.layout.pp, plan.layout.microbatches(job), plan.layout.virtual,
+                               busy * others) == pytest.approx(t["bubble"], rel=1e-12, abs=1e-9)
         checked += 1
     assert checked == 3 and any(c[2] > 1 for c in bubble_cases()) and any(c[0] == 1 for c in bubble_cases())
     assert BUBBLE.cases is bubble_cases

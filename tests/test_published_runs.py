@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -83,8 +84,11 @@ def test_sequences_times_length_is_the_printed_token_count(r):
 
 
 def test_a_printed_token_count_stands_in_only_where_no_sequence_count_is_published():
+    """OPT's sequence count is its launcher's (8 per rank over 124 ranks, 2.03M tokens, which prints as 2M); were
+    it absent, the printed 2M would stand in, read as 2 x 2^20 tokens."""
     opt = run("opt-175b")
-    assert opt.global_batch is None and opt.batch_tokens == 2 * 2 ** 20
+    assert opt.global_batch == 8 * 124 and opt.batch_tokens == 992 * 2048
+    assert replace(opt, global_batch=None, batch_per_dp=None).batch_tokens == 2 * 2 ** 20
     assert run("bloom-176b").batch_tokens == 2048 * 2048
 
 

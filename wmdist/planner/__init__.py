@@ -5,8 +5,9 @@ ranks, read from wmdist.costs and the memory calculator, never restated.
 
 The algorithm is in breakdown.py (one step of a layout as a sum of terms: compute at the GPU type's one
 efficiency, each axis's exposed communication on the link tier its place in the mesh gives it, the pipeline
-bubble, what overlaps and what does not) and rank.py (each layout's step and memory together, the layouts
-that fit ranked exactly by a bounded search, one layout judged); neither imports the harness.
+bubble, what overlaps and what does not), stage.py (what a pipeline stage computes and moves) and rank.py
+(each layout's step and memory together, the layouts that fit ranked exactly by a bounded search, one layout
+judged); none imports the harness.
 The rest checks it:
 
     model.py, presets.py, hardware.py   the inputs: a transformer, a cluster, a job; published shapes and GPUs

@@ -1,20 +1,23 @@
 """One training step of a layout, predicted as a sum of terms: compute, each axis's exposed communication, the bubble.
 
-The terms, per GPU of the slowest pipeline stage, and what each assumes:
+The terms, per GPU of the slowest pipeline stage (stage.stage_work), and what each assumes:
 
-* compute: the stage's FLOPs (forward 2 x active weights per token, attention 4 s (a d) per token halved by
-  the causal mask, costs.ring_attention.attention_flops; backward twice the forward; recompute adds a
-  forward (full) or the attention core's forward (selective, when no FlashAttention already recomputes it))
-  at `cluster.efficiency` x peak, the one efficiency of the GPU type.
-* elementwise: norms, activations, softmax, residual adds run at HBM bandwidth, not on the tensor cores: each
-  saved activation (memory.layer_activation_bytes) moved HBM_PASSES times (more with full recompute), in
-  series with the matmuls. It is what makes small models slower per FLOP than large ones.
+* compute: the stage's FLOPs (stage.stage_work: forward 2 x active weights per token, attention 4 s (a d) per
+  token halved by the causal mask, costs.ring_attention.attention_flops; backward twice the forward; recompute
+  adds a forward (full) or the attention core's forward (selective, without FlashAttention); FlashAttention's
+  backward recomputes Q K^T, half the attention forward again) at `cluster.efficiency` x peak, the one
+  efficiency of the GPU type.
+* elementwise: norms, activations, softmax, residual adds and the loss run at HBM bandwidth, not on the tensor
+  cores: each saved activation (memory.layer_activation_bytes) moved HBM_PASSES times (more with full
+  recompute; the s x s scores more with selective recompute, which re-runs the attention core), and on the last
+  stage LOSS_BYTES per logit for the cross-entropy (stage.stage_work), in series with the matmuls. It is what
+  makes small models slower per FLOP than large ones.
 * optimizer: the Adam step reads and writes OPTIMIZER_BYTES per local weight at HBM bandwidth, after the step.
 * tp: Megatron with sequence parallelism, 4 reduce-scatters + 4 all-gathers of b (s/cp) h per layer and
   microbatch (costs.tensor_parallel.megatron_layer_bytes), 4 more with full recompute. Not overlapped.
 * cp: the ring of costs.ring_attention (K, V forward and backward, dK, dV back: 3 (cp - 1) sends of the
-  rank's key-value block per layer and microbatch). Overlapped with that layer's attention compute: only
-  what exceeds it is exposed.
+  rank's key-value block per layer and microbatch). Overlapped with that layer's attention compute (forward,
+  backward and FlashAttention's recomputed Q K^T): only what exceeds it is exposed.
 * ep: per MoE layer and microbatch the counts exchange and 4 all-to-alls (dispatch, combine, both backward) of
   the rank's b s / (cp tp) tokens, uniform routing (costs.experts). Not overlapped.
 * pp: a middle stage's sends, one activation forward and one gradient back per microbatch and virtual stage,
@@ -22,19 +25,25 @@ The terms, per GPU of the slowest pipeline stage, and what each assumes:
 * dp: costs.zero.zero_step_bytes over the dp x cp ranks (context-parallel ranks hold the same weights); the
   routed experts' over dp / ep. The gradient reduction overlaps the backward of the last microbatch and the
   parameter all-gather the forward of the first (sharded gradients, ZeRO-2 and 3, are reduce-scattered every
-  microbatch, and ZeRO-3 gathers every microbatch, each behind that microbatch), except one layer's share,
-  the bucket that is ready last (the first to be needed): exposed = max(T - window, T / layers on the stage).
+  microbatch, and ZeRO-3 gathers every microbatch, each behind that microbatch), except one layer's share of
+  one collective, the bucket that is ready last (the first to be needed) in the step's last microbatch (every
+  earlier microbatch's last bucket runs beside the next one's compute): exposed = max(T - window, T / (layers
+  on the stage x the collectives of that kind in the step)).
   ZeRO-3 runs every collective layer by layer (layers x (N - 1) ring latencies), and with full recompute the
   recomputed forward gathers the freed weights once more (DeepSpeed's hooks release them after each forward).
 * contention (cp and dp, the overlapped axes): a collective that runs beside the matmuls holds some SMs (one
   thread block per NCCL channel), so the hidden part H still costs comm_sm_share x H: exposed + share x H.
-* bubble: costs.pipeline.bubble_over_ideal(pp, M, chunks=v) times the stage's busy time (compute, tp, cp, ep).
+* bubble: the fill and drain over the ideal step, times the slowest stage's busy time (compute, elementwise,
+  tp, cp, ep): stage.bubble_ratio, costs.pipeline.fill_drain_time of every stage's seconds over M x the
+  slowest's, less one, over v (Megatron's (P - 1) / (v M) when the stages are equal; a stage holding the head
+  or fewer layers fills and drains faster than it paces the steady state).
 
 Each axis runs on the link tier its groups get when the ranks are numbered tp fastest, then cp, ep, the
 rest of dp, pp (costs.mesh.strides / axis_in_node): inside a node the fast link, else the network per GPU.
 Axes are assumed not to contend for a link. MFU = model FLOPs / (step time x GPUs x peak), with model FLOPs
-per token 6 N_active + 12 L s (a d) (PaLM's count, Chowdhery et al. 2022 appendix B; for a GPT block it is
-Megatron's 72 B s L h^2 (1 + s/6h + V/12Lh) per step, Narayanan et al. 2021): no recompute, no causal halving.
+per token 6 N_active + 6 L (s + 1) (a d) (model_flops_per_token: no recompute, only the query-key pairs the
+causal mask keeps; PaLM's 12 L s (a d), Chowdhery et al. 2022 appendix B, and Megatron's 72 B s L h^2 (1 + s/6h
++ V/12Lh) per step, Narayanan et al. 2021, count every pair).
 """
 from __future__ import annotations
 
@@ -42,14 +51,14 @@ from dataclasses import dataclass, replace
 
 from wmdist.costs import experts as ecosts
 from wmdist.costs.mesh import Link, Traffic, axis_in_node, strides
-from wmdist.costs.pipeline import bubble_over_ideal
 from wmdist.costs.ring_attention import attention_flops, ring_backward_bytes_per_rank, ring_kv_bytes_per_rank
 from wmdist.costs.tensor_parallel import megatron_layer_bytes
 from wmdist.costs.zero import zero_step_bytes, zero_step_rounds
 from wmdist.memory.footprint import local_params
 from wmdist.planner.layout import ParallelLayout, check_layout
-from wmdist.planner.memory import _pieces, _stage_layers, layer_activation_bytes, memory_configs
+from wmdist.planner.memory import _pieces, _stage_layers, memory_configs
 from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec
+from wmdist.planner.stage import FLASH_RECOMPUTE, bubble_ratio, stage_work
 
 TERMS = ("compute", "elementwise", "optimizer", "bubble", "tp", "cp", "ep", "pp", "dp")   # the stacked bar
 # The chapter whose demo checked each term's formula on real ranks (the notebook labels the bar with them).
@@ -57,7 +66,6 @@ TERM_CHAPTERS = {"compute": "01 (matmul FLOP/s, measured)", "elementwise": "00 (
                  "optimizer": "03 (ZeRO: what each rank updates)", "bubble": "05 (pipeline schedules)",
                  "tp": "04 (tensor and sequence parallelism)", "cp": "06 (ring attention)", "ep": "10 (experts)",
                  "pp": "05 (boundary transfers)", "dp": "01 and 03 (buckets, ZeRO collectives)"}
-HBM_PASSES = 4           # a saved activation: written and read in forward, read and its gradient written in backward
 OPTIMIZER_BYTES = 30     # Adam per local parameter: read grad, master, m, v (4 each), write master, m, v, bf16 weight
 RANK_ORDER = ("tp", "cp", "ep", "edp", "pp")                    # fastest-varying first; dp = ep x edp
 
@@ -132,34 +140,6 @@ def _on(traffic: Traffic, placed: tuple[bool, Link]) -> tuple[Traffic, bool, flo
     return traffic, placed[0], sum(placed[1].terms(traffic)) if traffic.messages else 0.0
 
 
-def stage_work(job: TrainingJob, layout: ParallelLayout) -> tuple[float, float, int, float]:
-    """(FLOPs, of which recomputed, layers, HBM bytes of the elementwise work) per GPU per step, on the stage
-    with the most FLOPs. The HBM bytes: each layer's saved activations (memory.layer_activation_bytes, the
-    s x s scores included when FlashAttention does not fuse them away) moved HBM_PASSES times, twice more when
-    full recompute runs the forward again; with sequence parallelism every tp rank moves 1/tp of them."""
-    m, s = job.model, job.seq_len
-    tokens = -(-job.sequences // layout.dp) * s / layout.cp    # tokens a GPU's stage sees per step (tp shares them)
-    attn = attention_flops(s, m.head_dim, heads=m.heads, causal=True) / s     # forward, per token and layer
-    dense = 2 * (m.attention_params + m.dense_mlp_params) + attn
-    moe = 2 * (m.attention_params + m.top_k * m.expert_params + m.shared_params + m.hidden * m.experts) + attn
-    head = 2 * m.vocab * m.hidden
-    scores = not job.flash_attention
-    moved = [layer_activation_bytes(m, s, elem_bytes=job.elem_bytes, scores=scores, moe=moe_layer)[0]
-             for moe_layer in (False, True)]
-    passes = HBM_PASSES + (2 if layout.recompute == "full" else 0)
-    best = (0.0, 0.0, 0, 0.0)
-    stages = _stage_layers(m, layout.pp, layout.padding)
-    for i, (nd, nm) in enumerate(stages):
-        fwd = nd * dense + nm * moe + (head if i == len(stages) - 1 else 0.0)
-        again = {"none": 0.0, "selective": 0.0 if job.flash_attention else (nd + nm) * attn, "full": fwd}[
-            layout.recompute]
-        work = (3 * fwd + again) * tokens / layout.tp
-        if work > best[0]:
-            best = (work, again * tokens / layout.tp, nd + nm,
-                    passes * (nd * moved[0] + nm * moved[1]) * tokens / layout.tp)
-    return best
-
-
 def breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown:
     """The predicted step of `layout` (checked against the job first), term by term (module docstring)."""
     return with_data_parallel(job, layout, partial_breakdown(job, check_layout(job, layout)))
@@ -167,7 +147,7 @@ def breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown:
 
 def with_data_parallel(job: TrainingJob, layout: ParallelLayout, partial: StepBreakdown) -> StepBreakdown:
     """`partial` (partial_breakdown of `layout` with any ZeRO stage) completed with `layout`'s dp term."""
-    _, _, layers, _ = stage_work(job, layout)
+    layers = stage_work(job, layout).layers
     at = strides({"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep,
                   "pp": layout.pp}, RANK_ORDER)
     micro = layout.microbatches(job)
@@ -186,9 +166,9 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
     m, c, e = job.model, job.cluster, job.elem_bytes
     b, s, micro, v = layout.micro_batch, job.seq_len, layout.microbatches(job), layout.virtual
     rate = c.efficiency * c.peak_flops
-    work, again, layers, moved = stage_work(job, layout)
-    compute = work / rate
-    elementwise = moved / c.hbm_bytes_per_s
+    work = stage_work(job, layout)
+    compute, layers = work.flops / rate, work.layers
+    elementwise = work.hbm_bytes / c.hbm_bytes_per_s
     sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "edp": layout.dp // layout.ep, "pp": layout.pp}
     at = strides(sizes, RANK_ORDER)
     world = layout.gpus
@@ -208,7 +188,9 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
     per = Traffic(ring, 3 * (layout.cp - 1))
     inside, link = tier(c, layout.cp, at["cp"], world)
     ring_s = sum(link.terms(per)) if per.messages else 0.0
-    attn_s = 3 * attention_flops(s, m.head_dim, heads=m.heads // layout.tp, batch=b, causal=True) / layout.cp / rate
+    passes = 3 + (FLASH_RECOMPUTE if job.flash_attention else 0.0)    # forward, backward twice, FlashAttention's QK^T
+    attn_s = passes * attention_flops(s, m.head_dim, heads=m.heads // layout.tp, batch=b, causal=True) \
+        / layout.cp / rate
     axes["cp"] = AxisTime(traffic=Traffic(ring * layers * micro, per.messages * layers * micro), in_node=inside,
                           seconds=ring_s * layers * micro,
                           exposed=hidden_after(ring_s, attn_s, floor_share=0.0, contention=c.comm_sm_share)
@@ -230,8 +212,8 @@ def partial_breakdown(job: TrainingJob, layout: ParallelLayout) -> StepBreakdown
 
     axes["dp"] = AxisTime(traffic=Traffic(0, 0), in_node=True, seconds=0.0, exposed=0.0)
     busy = compute + elementwise + sum(axes[a].exposed for a in ("tp", "cp", "ep"))
-    bubble = bubble_over_ideal(layout.pp, micro, chunks=v) * busy
-    return StepBreakdown(compute=compute, recompute=again / rate, elementwise=elementwise, optimizer=0.0,
+    bubble = bubble_ratio(work, micro, v) * busy
+    return StepBreakdown(compute=compute, recompute=work.recomputed / rate, elementwise=elementwise, optimizer=0.0,
                          bubble=bubble, axes=axes,
                          model_flops=job.batch_tokens * model_flops_per_token(m, s), gpus=world,
                          peak_flops=c.peak_flops)
@@ -243,7 +225,9 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
 
     Phases are pooled by the compute they hide behind: the gradient's (and ZeRO-3's backward gathers) behind
     backward, the parameter gathers behind forward. Sharded gradients (ZeRO-2, 3) are reduce-scattered every
-    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M. ZeRO-3 runs each collective layer by layer (a
+    microbatch, and ZeRO-3 gathers the weights every microbatch, each behind its own microbatch: windows of M.
+    Of those, only the step's last one leaves its last bucket exposed (the floor): every other microbatch's
+    runs beside the next microbatch's compute. ZeRO-3 runs each collective layer by layer (a
     ring of N - 1 steps per layer: layers x (N - 1) latencies), and with full recompute the recomputed forward
     gathers the layer's weights a third time (freed after the forward), behind backward.
     """
@@ -275,7 +259,8 @@ def _data_parallel(job: TrainingJob, layout: ParallelLayout, at: dict[str, int],
             pooled[when] += times * sum(link.terms(Traffic(nbytes, rounds)))
             total_bytes += times * nbytes
             messages += times * rounds
-    exposed = sum(hidden_after(pooled[w], windows[w], floor_share=1 / max(layers, 1), contention=c.comm_sm_share)
-                  for w in pooled)
+    reps = {"backward": micro if z >= 2 else 1, "forward": micro if z == 3 else 1}   # collectives per window
+    exposed = sum(hidden_after(pooled[w], windows[w], floor_share=1 / (max(layers, 1) * reps[w]),
+                               contention=c.comm_sm_share) for w in pooled)
     return AxisTime(traffic=Traffic(total_bytes, messages), in_node=inside_all, seconds=sum(pooled.values()),
                     exposed=exposed)

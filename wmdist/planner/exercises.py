@@ -2,9 +2,11 @@
 
 The learner gets what the breakdown knows about a layout's slowest stage (pipeline stages P, microbatches M
 per step, virtual stages v per rank, and the stage's busy seconds: compute, elementwise work and the exposed
-tp, cp and ep time) and returns the bubble in seconds. The reference is breakdown.partial_breakdown's rule,
-costs.pipeline.bubble_over_ideal times the busy time (chapter 05 measured that ratio on ranks), rounded to
-the nanosecond so that any order of the same arithmetic agrees. The cases include real layouts' numbers.
+tp, cp and ep time) and returns the bubble in seconds. The reference is breakdown.partial_breakdown's rule for
+equal stages, costs.pipeline.bubble_over_ideal times the busy time (chapter 05 measured that ratio on ranks),
+rounded to the nanosecond so that any order of the same arithmetic agrees; where the other stages are lighter
+(the head on the last one, a padded partition) the planner fills and drains them at their own pace
+(stage.bubble_ratio): the same rule on their share of the busy time. The cases include real layouts' numbers.
 """
 from __future__ import annotations
 

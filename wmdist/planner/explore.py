@@ -28,9 +28,9 @@ from wmdist.planner.scoring import EFFICIENCY, cluster_spec
 CHECKED_IN: dict[str, str] = {t: text.split(" (")[0].replace(" and ", ", ") for t, text in TERM_CHAPTERS.items()}
 CHECKED_WHAT: dict[str, str] = {      # what each term computes, for the notebook's table beside its chapter
     "compute": "the 6N FLOPs per token and attention at one efficiency per GPU type",
-    "elementwise": "the saved activations of the memory calculator, moved through HBM a few times",
+    "elementwise": "the memory calculator's saved activations and the loss, moved through HBM a few times",
     "optimizer": "the Adam update of the weights a GPU holds after ZeRO's split",
-    "bubble": "(P-1)/(vM) of the stage's busy time",
+    "bubble": "each other stage's fill and drain: (P-1)/(vM) of the busy time when stages are equal",
     "tp": "4 reduce-scatters and 4 all-gathers per layer with sequence parallelism",
     "cp": "ring attention's K, V passes, hidden behind the attention they feed",
     "ep": "the dispatch and combine all-to-alls, forward and backward",

@@ -94,8 +94,11 @@ CLUSTERS: dict[str, ClusterFabric] = {c.name: c for c in (
     ClusterFabric(name="meta-opt", gpu="a100-80gb", gpus_per_node=8, network_bits_per_s=200 * GBIT,
                   network_published=False,
                   fabric="992 A100 80GB (124 nodes of 8); the paper does not describe the network, "
-                         "so the DGX A100 typical 200 Gb/s per GPU stands in",
-                  source="Zhang et al. 2022, OPT (arXiv 2205.01068), section 2.4 (GPU count only)"),
+                         "so the DGX A100 typical 200 Gb/s per GPU stands in. metaseq's launcher keeps the OPT "
+                         "data on Azure (opt_job_constants.DATA_LOCATIONS), whose NDm A100 v4 VMs of 8 A100 80GB "
+                         "have eight 200 Gb/s HDR InfiniBand links: the same 200 Gb/s per GPU",
+                  source="Zhang et al. 2022, OPT (arXiv 2205.01068), section 2.4 (GPU count only); metaseq "
+                         "launcher; Azure NDm A100 v4 series documentation"),
     ClusterFabric(name="meta-llama3-roce", gpu="h100", gpus_per_node=8, network_bits_per_s=400 * GBIT,
                   fabric="Meta 24K-GPU RoCE cluster: Grand Teton servers of 8 H100 (80GB HBM3, 700 W) on NVLink; "
                          "400 Gb/s per GPU through a three-layer Clos, pods of 3,072 GPUs at full bisection, "

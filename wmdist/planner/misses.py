@@ -38,6 +38,7 @@ def explain(run: PublishedRun, plan: Plan, points: float) -> str:
     """Why the planner misses `run` by `points` (predicted - published), from what the model leaves out; "" when
     no rule applies. The rules, first match: ZeRO-3 with no model parallelism, over-predicted; context
     parallelism, over-predicted; a pipeline the planner could only fit without interleaving, under-predicted;
+    under-predicted where the source does not say what it counts and the run recomputes (its HFU stated);
     under-predicted with a tenth of the step or more in exposed dp traffic;
     a wide layer, under-predicted, or a narrow one, over-predicted; over-predicted on LARGE GPUs or more."""
     lay, hidden = run.layout, _hidden(run)
@@ -52,8 +53,12 @@ def explain(run: PublishedRun, plan: Plan, points: float) -> str:
                 "that waits instead of overlapping")
     if not over and plan.layout.pp > 1 and plan.layout.virtual == 1 and lay.virtual_stages is None:
         return ("by the planner's memory count only the plain pipeline schedule fits this layout, so its bubble is "
-                "(P-1)/M; the source leaves the schedule open, and an interleaved one would cut the bubble v-fold "
+                "(P-1)/M at most; the source leaves the schedule open, and an interleaved one would cut it v-fold "
                 "if the run kept less activation memory than the calculator counts")
+    if not over and run.flops_counted is None and plan.step.recompute > 0:
+        return (f"the source does not say what its figure counts, and the run recomputes ({plan.layout.recompute}): "
+                f"counting the recomputed FLOPs too, the planner's figure is {100 * plan.step.hfu:.1f}% (its HFU), "
+                "not its MFU")
     dp = plan.step.axes["dp"].exposed
     if not over and dp >= EXPOSED_SHARE * plan.step.total:
         fabric = CLUSTERS[run.cluster].fabric if run.cluster in CLUSTERS else ""

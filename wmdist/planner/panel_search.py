@@ -1,7 +1,7 @@
 """The planner panel's own search: the planner's physics (breakdown, gpu_memory) on a narrowed, bounded space of
 layouts, so that a move of the panel costs tens of milliseconds; the CLI (`wmdist plan`) searches the full space
-and may find a faster layout (measured: 0-1% faster on 405B and GPT-3 jobs of 1,024-16,384 GPUs; 8% on 7.1B on 64
-GPUs, with 4 sequences per microbatch).
+and may find a faster layout (measured: 0-2.7% faster on 405B and GPT-3 jobs of 1,024-16,384 GPUs; 5.4% on 7.1B on
+64 GPUs, with 2 sequences per microbatch).
 
 The rule, stated on the page: every mesh shape dp x tp x pp x cp (tp within a node) is a candidate, with one
 sequence per microbatch, the largest interleaving v <= MAX_VIRTUAL the schedule allows (the bubble (P-1)/(vM)

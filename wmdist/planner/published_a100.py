@@ -9,7 +9,9 @@ from wmdist.planner.records import Citation, Layout, PublishedRun
 
 NARAYANAN = Citation(authors="Narayanan, Shoeybi, Casper, LeGresley, Patwary, Korthikanti et al.", year=2021,
                      title="Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
-                     arxiv="2104.04473", where="section 5.1, Table 1 (weak scaling)")
+                     arxiv="2104.04473", where="section 5.1, Table 1 (weak scaling); micro-batch and interleaving from "
+                                               "NVIDIA's examples/sc21/run_table_1.sh (Megatron-LM, 2021-08)",
+                     url="https://github.com/NVIDIA/Megatron-LM/blob/main/examples/sc21/run_table_1.sh")
 NARAYANAN_T2 = Citation(authors=NARAYANAN.authors, year=2021, title=NARAYANAN.title, arxiv="2104.04473",
                         where="section 5.2, Table 2 (PTD parallelism against ZeRO-3)")
 KORTHIKANTI = Citation(authors="Korthikanti, Casper, Lym, McAfee, Andersch, Shoeybi, Catanzaro", year=2022,
@@ -24,7 +26,9 @@ BLOOM = Citation(authors="BigScience Workshop (Le Scao et al.)", year=2022,
                  url="https://github.com/bigscience-workshop/bigscience/tree/master/train/tr11-176B-ml")
 OPT = Citation(authors="Zhang, Roller, Goyal, Artetxe et al.", year=2022,
                title="OPT: Open Pre-trained Transformer Language Models", arxiv="2205.01068",
-               where="section 2.4 (Training Efficiency); Table 1 (batch 2M tokens)")
+               where="section 2.4 (Training Efficiency); Table 1 (batch 2M tokens); the layout flags from metaseq's "
+                     "launcher, metaseq/launcher/opt_baselines.py and opt_job_constants.py (released with the paper)",
+               url="https://github.com/facebookresearch/metaseq/blob/main/metaseq/launcher/opt_baselines.py")
 MTNLG = Citation(authors="Smith, Patwary, Norick, LeGresley, Rajbhandari et al.", year=2022,
                  title="Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B", arxiv="2201.11990",
                  where="section 2.4 (system performance: batch, nodes, iteration time, TFLOP/s)")
@@ -33,15 +37,19 @@ _FULL = ("FLOPs are the paper's equation 3, which counts the recomputed forward 
          "is a hardware utilization.")
 
 
-def _narayanan(size: str, model: str, tp: int, pp: int, gpus: int, batch: int, tflops: int, pct: int) -> PublishedRun:
+def _narayanan(size: str, model: str, tp: int, pp: int, gpus: int, batch: int, tflops: int, pct: int, micro: int,
+               virtual: int | None) -> PublishedRun:
     return PublishedRun(
         name=f"narayanan21-{size.lower()}", model=model, gpu="a100-80gb", cluster="selene",
-        gpus=gpus, layout=Layout(dp=gpus // (tp * pp), tp=tp, pp=pp, virtual_stages=None, recompute="full"),
+        gpus=gpus, layout=Layout(dp=gpus // (tp * pp), tp=tp, pp=pp, virtual_stages=virtual, micro_batch=micro,
+                                 recompute="full"),
         seq_len=2048, global_batch=batch, tflops_per_gpu=tflops, flops_counted="hardware", hfu=pct / 100,
         citation=NARAYANAN, confidence="checked",
         note="Table 1 read in the paper's text and in the Megatron-LM README's image of it (cases_april2021.png). "
-             "Section 5.1: the interleaved schedule with scatter/gather, chunk count not given; micro-batch not "
-             "given. " + _FULL)
+             "Section 5.1: the interleaved schedule with scatter/gather, chunk count not given. The micro-batch "
+             "(MBS) and chunk count (--num-layers-per-virtual-pipeline-stage, layers per stage over it) are those "
+             "of run_table_1.sh, the script NVIDIA published to reproduce Table 1; it sets no chunk count for "
+             "39B and 1T, which the paper's text calls interleaved too, so those two stay open. " + _FULL)
 
 
 def _ptd(model: str, tp: int, pp: int, gpus: int, batch: int, tflops: int) -> PublishedRun:
@@ -84,13 +92,16 @@ def _korthikanti(model: str, pp: int, gpus: int, batch: int, micro: int, iterati
 
 RUNS_A100: tuple[PublishedRun, ...] = (
     *(_narayanan(*row) for row in (
-        ("1.7B", "megatron-1.7b", 1, 1, 32, 512, 137, 44), ("3.6B", "megatron-3.6b", 2, 1, 64, 512, 138, 44),
-        ("7.5B", "megatron-7.5b", 4, 1, 128, 512, 142, 46), ("18.4B", "megatron-18.4b", 8, 1, 256, 1024, 135, 43),
-        ("39.1B", "megatron-39.1b", 8, 2, 512, 1536, 138, 44), ("76.1B", "megatron-76.1b", 8, 4, 1024, 1792, 140, 45),
-        ("145.6B", "megatron-145.6b", 8, 8, 1536, 2304, 148, 47),
-        ("310.1B", "megatron-310.1b", 8, 16, 1920, 2160, 155, 50),
-        ("529.6B", "megatron-530b", 8, 35, 2520, 2520, 163, 52),
-        ("1008.0B", "megatron-1t", 8, 64, 3072, 3072, 163, 52))),
+        ("1.7B", "megatron-1.7b", 1, 1, 32, 512, 137, 44, 16, 1),
+        ("3.6B", "megatron-3.6b", 2, 1, 64, 512, 138, 44, 16, 1),
+        ("7.5B", "megatron-7.5b", 4, 1, 128, 512, 142, 46, 16, 1),
+        ("18.4B", "megatron-18.4b", 8, 1, 256, 1024, 135, 43, 8, 1),
+        ("39.1B", "megatron-39.1b", 8, 2, 512, 1536, 138, 44, 4, None),
+        ("76.1B", "megatron-76.1b", 8, 4, 1024, 1792, 140, 45, 2, 3),
+        ("145.6B", "megatron-145.6b", 8, 8, 1536, 2304, 148, 47, 2, 2),
+        ("310.1B", "megatron-310.1b", 8, 16, 1920, 2160, 155, 50, 1, 2),
+        ("529.6B", "megatron-530b", 8, 35, 2520, 2520, 163, 52, 1, 3),
+        ("1008.0B", "megatron-1t", 8, 64, 3072, 3072, 163, 52, 1, None))),
     *(_ptd(*row) for row in (
         ("gpt3-175b", 8, 12, 384, 1536, 153), ("gpt3-175b", 8, 12, 768, 1536, 149),
         ("gpt3-175b", 8, 12, 1536, 1536, 141), ("megatron-530b", 8, 35, 560, 2240, 171),
@@ -133,13 +144,17 @@ RUNS_A100: tuple[PublishedRun, ...] = (
              "model card; the Megatron-DeepSpeed log it comes from counts the recomputed forward (eq. 3)."),
     PublishedRun(
         name="opt-175b", model="opt-175b", gpu="a100-80gb", cluster="meta-opt", gpus=992,
-        layout=Layout(dp=124, tp=8, pp=1, zero_stage=3), seq_len=2048, global_batch=None,
+        layout=Layout(dp=124, tp=8, pp=1, zero_stage=2, micro_batch=8, recompute="full"), seq_len=2048,
+        global_batch=992, batch_per_dp=8,
         printed_batch_tokens="2M", tflops_per_gpu=147, flops_counted=None, citation=OPT,
         confidence="partly checked",
         note="'Up to 147 TFLOP/s per GPU' with FSDP and Megatron-LM tensor parallelism: a peak, not an average. "
-             "Tensor-parallel degree 8 is the metaseq launcher's model_parallel for 175b (opt_job_constants.py), "
-             "not the paper; 2M tokens is not a whole number of 2048-token sequences per data-parallel rank, so "
-             "the sequence count is left out. What the TFLOP/s counts (recompute or not) is not said."),
+             "The layout is the metaseq launcher's, not the paper's: tensor-parallel degree 8 (model_parallel for "
+             "175b, opt_job_constants.py); FSDP with --no-reshard-after-forward (the launcher names it 'zero2': "
+             "weights gathered once per step and kept to backward, gradients and Adam state sharded), "
+             "--checkpoint-activations (full recompute) and --update-freq 1 (no accumulation: one micro-batch "
+             "of --batch-size = (2M tokens // 124 ranks) // 2048 = 8 sequences per rank), so 992 sequences, "
+             "2.03M tokens, per step (opt_baselines.py). What the TFLOP/s counts (recompute or not) is not said."),
     *(PublishedRun(
         name=f"mt-nlg-530b-{gpus}gpu", model="mt-nlg-530b", gpu="a100-80gb", cluster="selene", gpus=gpus,
         layout=Layout(dp=gpus // 280, tp=8, pp=35, zero_stage=None, recompute="full"), seq_len=2048,

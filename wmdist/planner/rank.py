@@ -15,13 +15,13 @@ import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from wmdist.costs.pipeline import bubble_over_ideal
 from wmdist.costs.units import seconds, si
 from wmdist.memory.footprint import KINDS, format_bytes
-from wmdist.planner.breakdown import TERMS, StepBreakdown, breakdown, partial_breakdown, stage_work, with_data_parallel
+from wmdist.planner.breakdown import TERMS, StepBreakdown, breakdown, partial_breakdown, with_data_parallel
 from wmdist.planner.layout import ParallelLayout, candidate_layouts, check_layout
 from wmdist.planner.memory import gpu_memory
 from wmdist.planner.model import TrainingJob
+from wmdist.planner.stage import StageWork, bubble_ratio, stage_work
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,13 +58,18 @@ def plan(job: TrainingJob, layout: ParallelLayout) -> Plan:
 
 def compute_seconds(job: TrainingJob, layout: ParallelLayout) -> float:
     """The breakdown's compute term alone (it depends on tp, pp, cp, dp and recompute only)."""
-    return stage_work(job, layout)[0] / (job.cluster.efficiency * job.cluster.peak_flops)
+    return stage_work(job, layout).flops / (job.cluster.efficiency * job.cluster.peak_flops)
 
 
 def lower_bound(job: TrainingJob, layout: ParallelLayout) -> float:
     """Seconds no breakdown of `layout` can beat: the stage's compute and the bubble on that compute alone."""
-    return compute_seconds(job, layout) * (1 + bubble_over_ideal(layout.pp, layout.microbatches(job),
-                                                                 chunks=layout.virtual))
+    return _bound(job, layout, stage_work(job, layout))
+
+
+def _bound(job: TrainingJob, layout: ParallelLayout, work: StageWork) -> float:
+    """lower_bound from the layout's stage work: the bubble's ratio applies to a busy time of compute or more."""
+    compute = work.flops / (job.cluster.efficiency * job.cluster.peak_flops)
+    return compute * (1 + bubble_ratio(work, layout.microbatches(job), layout.virtual))
 
 
 def fitting_layouts(job: TrainingJob, **bounds: object) -> Iterator[Plan]:
@@ -90,13 +95,13 @@ def rank_layouts(job: TrainingJob, *, top: int = 10, **bounds: object) -> list[P
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ValueError(f"top must be an integer >= 1, got {top!r}")
     options = {**search_space(job), **bounds}
-    compute: dict[tuple, float] = {}        # compute_seconds depends on these five fields only
+    works: dict[tuple, StageWork] = {}        # stage_work depends on these five fields only
 
     def bound(lay: ParallelLayout) -> float:
         key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.recompute)
-        if key not in compute:
-            compute[key] = compute_seconds(job, lay)
-        return compute[key] * (1 + bubble_over_ideal(lay.pp, lay.microbatches(job), chunks=lay.virtual))
+        if key not in works:
+            works[key] = stage_work(job, lay)
+        return _bound(job, lay, works[key])
     queue = sorted(((bound(lay), i, lay) for i, lay in enumerate(candidate_layouts(job, **options))),
                    key=lambda t: t[:2])   # type: ignore[arg-type]
     best: list[tuple[float, int, Plan]] = []
