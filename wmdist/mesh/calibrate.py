@@ -29,6 +29,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import wmdist.tensor_parallel.layers as tp_layers
 from wmdist.comm import Context, Ledger, barrier, ring_all_reduce
@@ -36,7 +37,7 @@ from wmdist.costs.mesh import TRAFFIC_AXES, microbatch_rows
 from wmdist.costs.ring_attention import attention_flops
 from wmdist.costs.validate import require_int
 from wmdist.mesh.spec import MeshSpec
-from wmdist.mesh.stage import MeshStage, full_model
+from wmdist.mesh.stage import MeshStage, full_model, model_config
 from wmdist.mesh.step import Momentum, loss_share, rank_microbatches
 from wmdist.models.transformer import Block, TransformerConfig
 from wmdist.planner.small import CalibrationPoint
@@ -50,7 +51,7 @@ CASES: tuple[tuple[int, int, int], ...] = ((1, 16, 0), (2, 16, 0), (1, 128, 0), 
 CALIBRATION_HEADS = 4
 
 
-class OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+class OpCounter(TorchDispatchMode):
     """While active (`with OpCounter() as c:`), counts every aten operator torch's dispatcher runs, by name."""
 
     def __init__(self) -> None:
@@ -80,7 +81,7 @@ def count_stage_ops(spec: MeshSpec) -> list[Counter[str]]:
         raise ValueError(f"count_stage_ops counts a mesh without cp; got cp {spec.cp} (ring attention's blocks "
                          "compute between its messages, which a one-rank count cannot follow)")
     tp, solo = _solo()
-    scale = spec.batch * spec.seq_len * full_model(spec).cfg.obs_dim
+    scale = spec.batch * spec.seq_len * model_config(spec).obs_dim                  # B T O, as run_schedule
     out = []
     with mock.patch.object(tp_layers, "tp_all_reduce", _unsent):
         for p in range(spec.pp):

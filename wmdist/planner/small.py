@@ -23,13 +23,18 @@ Two bounds; the step is the larger (`mesh_step_prediction`):
   one stage alone has ranks / pp >= cores ranks to keep them busy (assumed, and true of chapter 09's mesh:
   8 ranks, 2 stages, 2 cores). Where that fails the bound is optimistic.
 
-Assumptions and what is left out: an operator costs the same at every size up to its FLOPs term (views and
-elementwise ops pay op_s like matmuls, so `elementwise` is 0: it is inside the count); an optimizer step is
-its counted operators; a pp message (a send and, on the same rank, a receive) costs what a ring message does
-(a send and a receive per round); the cores are all ours (another program's load lengthens the step and not
-the prediction); the cores idle when fewer ranks than cores can run (wake-ups; measured a few percent here),
-and the gradient buckets' flatten and copy back (2 ops per parameter tensor) are not counted. The notebook runs
-the step and shows this beside it; a timing is never a checked output.
+Assumptions, and what is left out:
+* an operator costs op_s whatever it is, plus its FLOPs at the rate: views and elementwise ops pay op_s like
+  matmuls (so `elementwise` is 0: it is inside the count), and an operator of the mesh's stage costs what one
+  of the calibration's plain blocks does (the stage's tp layers are autograd Functions written in Python:
+  alone in one process, measured about 5 us per operator against a plain block's 4);
+* a message costs message_s whatever its axis: a pp message (a send and, on the same rank, a receive) what a
+  ring round does (a send and a receive), dp's gradient buckets what tp's activations do beyond beta's bytes;
+* an optimizer step is its counted operators;
+* the cores are all ours: another program's load lengthens the step and not the prediction;
+* left out: the moments fewer ranks than cores can run (wake-ups; 1.8-1.9 of 2 cores busy, measured), the
+  gradient buckets' flatten and copy back (2 ops per parameter tensor), the schedule's own Python.
+The notebook runs the step and shows this beside it; a timing is never a checked output.
 """
 from __future__ import annotations
 
@@ -157,7 +162,8 @@ def _breakdown(shape: StepShape, costs: LocalCosts, terms: dict[str, float],
 
 def shared_cores_step(shape: StepShape, costs: LocalCosts, *, stage_ops: Sequence[int],
                       optimizer_ops: Sequence[int]) -> StepBreakdown:
-    """Every rank's CPU seconds (rank_cpu), each term summed over the ranks and divided by the cores; no bubble."""
+    """Every rank's CPU seconds (rank_cpu), each term summed over the ranks and divided by the cores; no bubble.
+    An axis's `traffic` is the first rank's, for reference; its seconds are the whole machine's."""
     work = [rank_cpu(shape, costs, c, stage_ops=stage_ops, optimizer_ops=optimizer_ops) for c in _every_rank(shape)]
     share = {term: sum(w[term] for w in work) / costs.cores for term in work[0]}
     first = axis_traffic(shape, {"dp": 0, "tp": 0, "pp": 0, "cp": 0})
