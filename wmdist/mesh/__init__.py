@@ -17,6 +17,8 @@ The rest checks it:
                   two-level machine (pure)
     tables.py, figures.py, panel.py   the notebook's tables, figures and widget
     exercises.py  which ranks share my group along an axis (pure)
+    warm.py, calibrate.py   chapter 11's small end: warm steps timed in parts; operators per stage counted
+                  and what an operator and a message cost these ranks, measured apart from the step
 
 The per-axis formulas and the exact parameter layout live in wmdist.costs.mesh.
 """

@@ -71,6 +71,11 @@ def rank_microbatches(spec: MeshSpec, coords: dict[str, int]) -> list[dict[str, 
     return split_microbatches(tokens, spec.microbatches)
 
 
+def loss_share(out: torch.Tensor, next_obs: torch.Tensor, scale: int) -> torch.Tensor:
+    """The last stage's share of the single device's mean loss: its squared errors / scale (B T O)."""
+    return (out - next_obs).pow(2).sum() / scale
+
+
 def run_schedule(pp: Context, spec: MeshSpec, stage: MeshStage, micro: list[dict[str, torch.Tensor]], tp: TPGroup,
                  cp: Context) -> float | None:
     """Forward and backward every microbatch in the schedule's order for this stage; the loss shares' sum, or None.
@@ -89,7 +94,7 @@ def run_schedule(pp: Context, spec: MeshSpec, stage: MeshStage, micro: list[dict
             x = None if stage.first else mailbox.take(pp.rank - 1, Message(FORWARD, a.stage - 1, m)).requires_grad_(True)
             out = stage((mb["obs"], mb["actions"]) if stage.first else (x,), tp, cp)
             if stage.last:
-                out = (out - mb["next_obs"]).pow(2).sum() / scale
+                out = loss_share(out, mb["next_obs"], scale)
                 loss += float(out.detach())
             else:
                 sends.append(isend(pp, out.detach(), pp.rank + 1, phase=PHASE[FORWARD]))

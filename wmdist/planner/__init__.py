@@ -16,7 +16,8 @@ The rest checks it:
     records.py, published.py, published_a100.py   published training runs as data, each with its citation
     scoring.py      the planner against those runs: MFU, memory and layout goals (`wmdist bench plan`)
     misses.py       chapter 11's table of predicted against published, the misses explained
-    small.py        the small end: chapter 09's 8-rank step on this machine, from chapter 01's measurements
+    small.py        the small end: chapter 09's 8-rank step on this machine, from counted operators and
+                    messages and their costs measured here (mesh/calibrate.py; alpha, beta from chapter 01)
     explore.py, panel_search.py, panel.py, figures.py   the planner panel (its model, its search, its view)
     predictions.py, exercises.py, chapter.py, cli.py   the prompt's answer, the exercise, registration, `wmdist plan`
 """
