@@ -3,14 +3,13 @@ the two phases overlap, and a segment can travel as pieces.
 
 A ring phase has N-1 rounds; in round s a rank sends one segment (G/N) right and receives one from
 the left. Receives are posted before the left neighbour can send (gloo's TCP transport sends a
-message only once its receive is posted; a late receive costs a round trip and two wake-ups): in
-the all-gather every round's at once, straight into the output (at most AllGather.AHEAD_PIECES
-pieces: every op in flight costs the runtime's message audit a little on each later post and
-wait); in the reduce-scatter two rounds ahead, into two halves of the rank's reusable receive
-buffer (ctx.scratch), so the next round's segment arrives while this one is added. Every
-all-gather receive at once measured a little faster than two rounds ahead (issue 35 §4, 16 MiB
-on 4 ranks, pooled paired ratios to gloo: 0.96x against 0.80x, 0.92x against 0.93x, 0.99x
-against 0.93x).
+message only once its receive is posted; a late receive costs a round trip and two wake-ups), two
+rounds ahead in both phases: in the all-gather straight into the output, in the reduce-scatter into
+two halves of the rank's reusable receive buffer (ctx.scratch), so the next round's segment arrives
+while this one is added. On a quiet 2-core machine (16 MiB on 4 ranks, paired ratios to gloo,
+medians of 41 pairs, seven runs each) two rounds ahead gave 0.92-1.00x (median 0.955x) where
+posting every all-gather receive at once gave 0.87-0.97x (median 0.90x); the earlier choice of all
+at once had been measured at load 15-23, where it came out ahead.
 
 With `chunk_elems` a segment is also cut into C pieces (`costs.ring_pieces`, torch.tensor_split's
 layout, the same on the sender and the receiver): piece c is added while piece c+1 is still
@@ -90,15 +89,14 @@ class AllGather:
     are built, and `send_own` lets the reduce-scatter send each piece of this rank's finished
     segment as soon as it is summed (round 0's sends).
     """
-    AHEAD_PIECES = 32   # receives posted ahead: every round's, unless that makes more pieces than this
-
+    AHEAD_ROUNDS = 2    # rounds whose receives wait posted (the module docstring's measurement)
 
     def __init__(self, ctx: Context, segments: list[torch.Tensor], rank: int, n: int, phase: str,
                  group: dist.ProcessGroup | None, chunk_elems: int | None):
         self.segments, self.rank, self.n = segments, rank, n
         self.ring = _Ring(ctx, rank, n, phase, group, ALL_GATHER_TAG)
         self.parts = [pieces(seg, chunk_elems) for seg in segments]
-        self.ahead = max(2, self.AHEAD_PIECES // max(len(p) for p in self.parts))     # rounds
+        self.ahead = self.AHEAD_ROUNDS
         self.pending = {s: self._post(s) for s in range(min(self.ahead, n - 1))}
 
     def _got(self, s: int) -> int:
