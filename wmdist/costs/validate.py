@@ -13,7 +13,9 @@ from typing import Any, Iterable
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # A plain int first: the planner's search checks hundreds of thousands of sizes, and the abstract-class
+    # test below costs ten times as much (a bool's type is bool, never int, so it still falls through).
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
 def require_int(name: str, value: int, low: int, *, high: int | None = None) -> int:
@@ -39,7 +41,8 @@ def require_heads(width: int, heads: int) -> int:
 
 def require_real(name: str, value: float, *, low: float = 0.0, high: float | None = None) -> float:
     """Return `value` as a float if it is a finite number in [low, high], else a ValueError naming `name`."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = (type(value) in (float, int) or (isinstance(value, numbers.Real) and not isinstance(value, bool))) \
+        and math.isfinite(value)
     if not ok or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"from {low} to {high}"
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")

@@ -55,6 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from typing import Literal
 
 from wmdist.costs.collectives import ring_chunk_size
@@ -131,9 +132,9 @@ class MemoryConfig:
             for i, n in enumerate(self.param_pieces):
                 require_int(f"param_pieces[{i}]", n, 0)
 
-    @property
+    @cached_property
     def mesh(self) -> Mesh:
-        """The rank layout these degrees describe."""
+        """The rank layout these degrees describe (made once: the planner asks it thousands of times a search)."""
         return Mesh(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp)
 
     @property
