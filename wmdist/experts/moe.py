@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wmdist.models.transformer import SelfAttention, TransformerConfig
+from wmdist.models import seeded
 
 
 class ExpertMLP(nn.Module):
@@ -174,6 +175,4 @@ class MoEWorldModel(nn.Module):
 
 def make_moe_model(cfg: MoEConfig, *, seed: int = 0) -> MoEWorldModel:
     """A MoEWorldModel whose initial weights depend only on `seed` (the same on every rank)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return MoEWorldModel(cfg)
+    return seeded(lambda: MoEWorldModel(cfg), seed)

@@ -22,6 +22,7 @@ from wmdist.costs import experts as ecosts
 from wmdist.costs.validate import require_choice, require_fields, require_int, require_real
 from wmdist.course.experiment import RankSpec
 from wmdist.experts.moe import MoEMLP
+from wmdist.models import seeded
 
 RouterName = Literal["random", "skewed", "one expert", "local"]
 ROUTERS: tuple[str, ...] = get_args(RouterName)
@@ -82,9 +83,7 @@ class LayerSpec(RankSpec):
 
     def layer(self, case: LayerCase) -> MoEMLP:
         """The layer every rank and the reference build: seeded weights, then the case's forced router."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            moe = MoEMLP(width=self.width, hidden=self.hidden, experts=self.experts, k=case.k)
+        moe = seeded(lambda: MoEMLP(width=self.width, hidden=self.hidden, experts=self.experts, k=case.k), self.seed)
         with torch.no_grad():
             w = moe.router.weight                                  # (E, d)
             if case.router == "skewed":

@@ -19,6 +19,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from wmdist.comm import Context, ring_all_reduce
 from wmdist.latents.estimators import SeedMode, rank_generator
 from wmdist.models.world import WorldModelConfig, flat_params, make_batch, shard_batch
+from wmdist.models import seeded
 
 
 class StochasticLatentModel(nn.Module):
@@ -41,9 +42,7 @@ class StochasticLatentModel(nn.Module):
 
 def _setup(seed: int, rows: int):
     cfg = WorldModelConfig()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = StochasticLatentModel(cfg)
+    model = seeded(lambda: StochasticLatentModel(cfg), seed)
     return model, make_batch(rows, seq_len=4, seed=seed, cfg=cfg)
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wmdist.costs.validate import require_fields, require_heads
+from wmdist.models import seeded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +127,4 @@ class TransformerWorldModel(nn.Module):
 
 def make_transformer(*, seed: int = 0, cfg: TransformerConfig | None = None) -> TransformerWorldModel:
     """A TransformerWorldModel whose initial weights depend only on `seed` (the same on every rank)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return TransformerWorldModel(cfg)
+    return seeded(lambda: TransformerWorldModel(cfg), seed)

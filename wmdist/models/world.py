@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from wmdist.costs.validate import require_fields
+from wmdist.models import seeded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,9 +91,7 @@ class TinyWorldModel(nn.Module):
 
 def make_model(*, seed: int = 0, cfg: WorldModelConfig | None = None) -> TinyWorldModel:
     """A TinyWorldModel whose initial weights depend only on `seed` (same on every rank)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return TinyWorldModel(cfg)
+    return seeded(lambda: TinyWorldModel(cfg), seed)
 
 
 def make_batch(batch_size: int, *, seq_len: int = 6, seed: int = 0,

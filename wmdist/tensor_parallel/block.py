@@ -26,6 +26,7 @@ from wmdist.costs.tensor_parallel import BLOCK_LAYOUTS, BlockLayout, BlockShape,
 from wmdist.costs.validate import require_choice
 from wmdist.tensor_parallel.layers import ColumnSpec, RowSpec, TPGroup, tp_all_reduce, column_linear, offset, row_linear
 from wmdist.models.transformer import Block, TransformerConfig
+from wmdist.models import seeded
 
 # The Block's parameters, in its own order.
 NAMES = ("ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.out.weight", "attn.out.bias",
@@ -141,11 +142,11 @@ def reduce_sequence_parallel_grads(shard: BlockShard, tp: TPGroup) -> None:
 
 def make_block(cfg: TransformerConfig, *, seed: int = 0) -> Block:
     """A Block whose weights depend only on `seed` (the same on every rank and in the reference)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    def build() -> Block:
         block = Block(cfg)
         with torch.no_grad():       # LayerNorms start at 1 and 0: move them, so their gradients are not special
             for ln in (block.ln1, block.ln2):
                 ln.weight.add_(0.1 * torch.randn(cfg.width))
                 ln.bias.add_(0.1 * torch.randn(cfg.width))
-    return block
+        return block
+    return seeded(build, seed)

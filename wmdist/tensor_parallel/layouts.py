@@ -35,6 +35,7 @@ from wmdist.tensor_parallel.layers import (
     tp_group,
 )
 from wmdist.models.transformer import MLP, TransformerConfig
+from wmdist.models import seeded
 
 MLP_NAMES = ("mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias")
 R = TypeVar("R")
@@ -88,9 +89,7 @@ def mlp_forward(params: dict[str, torch.Tensor], x: torch.Tensor, tp: TPGroup, c
 
 def make_mlp(cfg: TransformerConfig, *, seed: int = 0) -> MLP:
     """The block's MLP with weights that depend only on `seed`."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return MLP(cfg)
+    return seeded(lambda: MLP(cfg), seed)
 
 
 def mlp_inputs(cfg: TransformerConfig, batch: int, seq: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,6 +42,7 @@ from torch import nn
 
 from wmdist import costs
 from wmdist.yours import refusals
+from wmdist.models import seeded
 
 Optimizer = Literal["sgd", "adam"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
@@ -77,9 +78,7 @@ class Workload:
 
 def build_model(work: Workload) -> nn.Module:
     """work.model() after torch.manual_seed(work.seed); the caller's random state is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(work.seed)
-        return work.model()
+    return seeded(work.model, work.seed)
 
 
 def tensors_of(batch: Any, *, where: str) -> list[torch.Tensor]:
