@@ -53,6 +53,8 @@ DEMOS: tuple[Demo, ...] = (
          "One MLP, four layouts: the collectives follow the layout; a needless gather's bytes"),
     Demo("tp-vs-dtensor", "04", (2, 4), "Our column/row MLP vs torch's DTensor ColwiseParallel/RowwiseParallel"),
     Demo("sp-vs-cp", "04", (2, 3, 4), "Sequence parallelism (two ways) vs context parallelism: traffic and bytes kept"),
+    Demo("tp-overlap", "04", (2, 4),
+         "TP MLP: all-reduce overlapped with the next microbatch's matmuls vs blocking; same bytes, same output"),
     Demo("pp-forward", "05", (1, 2, 4), "Forward pipeline (GPipe's forwards): output == one process, M(P-1) transfers"),
     Demo("pp-train", "05", (1, 2, 4),
          "Pipeline training (GPipe, 1F1B, interleaved): loss and gradients == one process"),

@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from wmdist.tensor_parallel import demos, exercises
+from wmdist.tensor_parallel import demos, exercises, overlap
 
-DEMOS = list(demos.DEMOS)
+DEMOS = [*demos.DEMOS, overlap.TP_OVERLAP]
 EXERCISES = list(exercises.EXERCISES)
