@@ -417,7 +417,8 @@ def _predictions_ask_first(page, name: str, page_after_run_all: str) -> None:
             check.click()
             expect(answer).to_contain_text(said, timeout=MS)
             assert answer.locator(".wmdist-reveal").count() == 0, f"{name} prediction {k}: {typed!r} was compared"
-        box.fill("")
+        box.fill("")                                       # re-judged when it arrives: wait for that before Show
+        expect(answer).to_contain_text("no guess entered", timeout=MS)
         show.click()
         expect(answer.locator(".wmdist-reveal")).to_be_visible(timeout=RUN_ALL_S * 1000)
         rows = _reveal_rows(answer)

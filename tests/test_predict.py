@@ -150,6 +150,25 @@ def test_a_click_that_overtakes_the_typed_value_is_judged_again_when_the_value_a
     assert "exactly right" in _answer_area(guess) and measure.calls == 1
 
 
+def test_a_rejudge_of_the_box_leaves_the_buttons_enabled():
+    """A re-judge measures nothing, so it must not disable the buttons: a browser that shows them disabled for
+    that instant drops a Show me the answer clicked in it (seen: the reveal never came). A press that measures
+    still disables both while it works."""
+    guess, measure = Prediction(QUESTION, unit="B", low=0), Measure()
+    guess.answer_with(measure)
+    flips: list[bool] = []
+    for button in (guess.check_button, guess.show_button):
+        button.observe(lambda change: flips.append(change["new"]), "disabled")
+    guess._press(guess.check)                            # a refusal: nothing measured, but a button press
+    flips.clear()
+    guess.value = "abc"                                  # re-judged: still refused
+    guess.value = ""
+    assert "no guess entered" in _answer_area(guess) and flips == [] and measure.calls == 0
+    assert "measuring" not in _answer_area(guess)
+    guess._press(guess.show)
+    assert flips == [True, True, False, False] and measure.calls == 1
+
+
 def test_a_fraction_prompt_refuses_12000():
     guess = Prediction("What fraction of the step is idle?", low=0, high=1)
     guess.answer_with(lambda: Answer(measured=0.28, formula=3 / 11))

@@ -285,10 +285,11 @@ class Pool:
                 for proc in procs:
                     proc.join(timeout=max(0.0, deadline - time.monotonic()))
             finally:
-                for proc in procs:
-                    if proc.is_alive():
-                        proc.kill()
-                        proc.join(timeout=5.0)
+                alive = [proc for proc in procs if proc.is_alive()]
+                for proc in alive:       # all at once: a rank left alive while its peer is reaped sees the
+                    proc.kill()          # peer's sockets close and logs torch's C++ error (gloo's connect)
+                for proc in alive:
+                    proc.join(timeout=5.0)
                 kill(started)
                 codes = [proc.exitcode for proc in procs]
                 for handle in conns + procs:

@@ -113,7 +113,7 @@ class Prediction:
         if not self._refused:
             return
         if self._answer is not None or self.guess is None:
-            self._press(self.check)
+            self._press(self.check, lock=False)       # nothing to measure: the buttons stay as they are
         else:
             self.note = (f"your guess: {self._echo(self.guess)}; press Check my guess to "
                          "compare it")
@@ -163,16 +163,19 @@ class Prediction:
         self.note = ""
         return self.reveal(self._measured(), unused=SHOWN)
 
-    def _press(self, action: Callable[[], Reveal | None]) -> None:
+    def _press(self, action: Callable[[], Reveal | None], *, lock: bool = True) -> None:
         """A button's work: measure (once) and show the reveal, or say why not, in the answer area.
 
         Written to the Output widget's `outputs` directly (not `with out:`), so it also works
-        where no kernel captures output, as in the tests.
+        where no kernel captures output, as in the tests. `lock` disables both buttons while it works
+        (a measurement takes seconds); a re-judge of the box that measures nothing leaves them alone,
+        since a button the browser shows disabled for that instant swallows a click made in it.
         """
-        self.check_button.disabled = self.show_button.disabled = True
+        if lock:
+            self.check_button.disabled = self.show_button.disabled = True
         self._refused = False
         try:
-            if self._answer is None:
+            if lock and self._answer is None:
                 self.out.outputs = ({"output_type": "stream", "name": "stdout", "text": "measuring...\n"},)
             try:
                 result = action()
@@ -186,7 +189,8 @@ class Prediction:
                 self.out.outputs = ({"output_type": "display_data", "metadata": {},
                                      "data": result._repr_mimebundle_()},)
         finally:
-            self.check_button.disabled = self.show_button.disabled = False
+            if lock:
+                self.check_button.disabled = self.show_button.disabled = False
 
     def __repr__(self) -> str:
         return f"Predict: {self.question} ({self._expects()}) [{self.box.value or '...'}] {self.box_unit}".rstrip()
