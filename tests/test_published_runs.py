@@ -16,7 +16,7 @@ import pytest
 
 from wmdist.planner.hardware import CLUSTERS, GPUS
 from wmdist.planner.presets import PRESETS, Architecture, layer_params, nominal_params, param_count, printed_size
-from wmdist.planner.published import RUNS, Layout, gpt_step_flops, known_keys_ok, peak_flops, published_share, run
+from wmdist.planner.published import RUNS, Layout, gpt_step_flops, known_keys_ok, peak_flops, published_share, published_run
 from wmdist.planner.records import MEGA
 
 IDS = [r.name for r in RUNS]
@@ -86,10 +86,10 @@ def test_sequences_times_length_is_the_printed_token_count(r):
 def test_a_printed_token_count_stands_in_only_where_no_sequence_count_is_published():
     """OPT's sequence count is its launcher's (8 per rank over 124 ranks, 2.03M tokens, which prints as 2M); were
     it absent, the printed 2M would stand in, read as 2 x 2^20 tokens."""
-    opt = run("opt-175b")
+    opt = published_run("opt-175b")
     assert opt.global_batch == 8 * 124 and opt.batch_tokens == 992 * 2048
     assert replace(opt, global_batch=None, batch_per_dp=None).batch_tokens == 2 * 2 ** 20
-    assert run("bloom-176b").batch_tokens == 2048 * 2048
+    assert published_run("bloom-176b").batch_tokens == 2048 * 2048
 
 
 @pytest.mark.parametrize("r", [r for r in RUNS if r.tflops_per_gpu and (r.mfu or r.hfu)], ids=lambda r: r.name)
@@ -213,7 +213,7 @@ def test_hardware_records_read_as_their_datasheets():
 
 def test_bad_records_and_names_are_refused_with_the_value():
     with pytest.raises(ValueError, match="published run must be one of .*got 'gpt-9'"):
-        run("gpt-9")
+        published_run("gpt-9")
     with pytest.raises(ValueError, match="tp must be an integer >= 1, got 0"):
         Layout(dp=1, tp=0, pp=1)
     with pytest.raises(ValueError, match="zero_stage must be an integer from 0 to 3, got 4"):
@@ -225,11 +225,11 @@ def test_bad_records_and_names_are_refused_with_the_value():
 
 def test_published_share_compares_like_with_like():
     """MFU where printed, else HFU, else TFLOP/s over peak, each with what it counts."""
-    assert published_share(run("korthikanti22-1t")) == (0.563, "model")
-    assert published_share(run("narayanan21-1008.0b")) == (0.52, "hardware")
-    share, counted = published_share(run("mcore24-mixtral-8x7b"))
+    assert published_share(published_run("korthikanti22-1t")) == (0.563, "model")
+    assert published_share(published_run("narayanan21-1008.0b")) == (0.52, "hardware")
+    share, counted = published_share(published_run("mcore24-mixtral-8x7b"))
     assert counted == "model" and math.isclose(share, 438 / 989.4)
-    assert published_share(run("opt-175b"))[1] is None            # the paper does not say what it counts
-    assert run("llama3-405b-128k-16384gpu").layout.overlapped == ("dp", "pp")   # CP's all-gather is exposed
+    assert published_share(published_run("opt-175b"))[1] is None            # the paper does not say what it counts
+    assert published_run("llama3-405b-128k-16384gpu").layout.overlapped == ("dp", "pp")   # CP's all-gather is exposed
     with pytest.raises(ValueError, match="overlapped must name axes"):
         Layout(dp=1, tp=1, pp=1, overlapped=("nvlink",))

@@ -17,7 +17,7 @@ from wmdist.planner.published import PublishedRun
 from wmdist.planner.rank import Plan
 from wmdist.planner.scoring import (
     EFFICIENCY,
-    counted,
+    counted_as,
     predicted_utilisation,
     published_plan,
     published_utilisation,
@@ -123,6 +123,6 @@ def comparison_table(rows: list[RunComparison]) -> str:
     lines = [head]
     for c in rows:
         cite = f"{c.run.citation.authors.split()[0].rstrip(',')} {c.run.citation.year}"
-        lines.append(f"{c.run.name:27s} {cite[:16]:16s} {c.run.gpus:6,d} {counted(c.run):8s} "
+        lines.append(f"{c.run.name:27s} {cite[:16]:16s} {c.run.gpus:6,d} {counted_as(c.run):8s} "
                      f"{100 * c.published:6.1f}% {100 * c.predicted:6.1f}% {c.points:+6.1f}" + ("  miss" if c.miss else ""))
     return "\n".join(lines)

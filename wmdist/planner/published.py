@@ -14,7 +14,7 @@ from wmdist.planner.published_a100 import RUNS_A100
 from wmdist.planner.records import Citation, FlopsCounted, Layout, PublishedRun, gpt_step_flops
 
 __all__ = ["RUNS", "RUNS_BY_NAME", "Citation", "Layout", "PublishedRun", "gpt_step_flops", "known_keys_ok",
-           "peak_flops", "published_share", "run"]
+           "peak_flops", "published_share", "published_run"]
 
 MCORE = Citation(authors="NVIDIA (Megatron-LM team)", year=2024, title="Megatron-LM README: Performance Benchmarking",
                  arxiv=None, where="model table (images/model_table.png, added in commit f2e5db402c, 2024-07-15)",
@@ -92,7 +92,7 @@ def published_share(r: PublishedRun) -> tuple[float, FlopsCounted | None] | None
     return None
 
 
-def run(name: str) -> PublishedRun:
+def published_run(name: str) -> PublishedRun:
     """The published run called `name`; a ValueError lists the names."""
     if name not in RUNS_BY_NAME:
         raise ValueError(f"published run must be one of {', '.join(RUNS_BY_NAME)}, got {name!r}")

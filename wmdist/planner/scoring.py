@@ -109,7 +109,7 @@ def published_plan(job: TrainingJob, run: PublishedRun) -> Plan:
     return min(plans, key=lambda p: p.step.total)
 
 
-def counted(run: PublishedRun) -> str:
+def counted_as(run: PublishedRun) -> str:
     """What the run's published figure counts (published.published_share): "model" where the source is silent."""
     share = published_share(run)
     return (share[1] if share else None) or "model"
@@ -125,7 +125,7 @@ def published_utilisation(run: PublishedRun) -> float:
 
 def predicted_utilisation(p: Plan, run: PublishedRun) -> float:
     """The planner's MFU, or its HFU where the source counts hardware FLOPs."""
-    return p.step.mfu if counted(run) == "model" else p.step.hfu
+    return p.step.mfu if counted_as(run) == "model" else p.step.hfu
 
 
 def scored_runs() -> tuple[PublishedRun, ...]:
@@ -168,7 +168,7 @@ def _curve(run: PublishedRun, layout: ParallelLayout) -> list[float]:
     out = []
     for e in GRID:
         step = breakdown(run_job(run, efficiency=e), layout)
-        out.append(step.mfu if counted(run) == "model" else step.hfu)
+        out.append(step.mfu if counted_as(run) == "model" else step.hfu)
     return out
 
 
@@ -247,7 +247,7 @@ def score_table(scores: list[RunScore]) -> str:
     lines = [(f"{'run':32s} {'counted':8s} {'published':>9s} {'predicted':>9s} {'held-out':>8s} {'memory GB':>9s} "
              f"{'fits':>4s} {'vs best':>7s} {'any':>6s}  completed layout (* a source's baseline)")]
     for s in scores:
-        lines.append(f"{s.run.name:32s} {counted(s.run):8s} {100 * s.published:8.1f}% {100 * s.predicted:8.1f}% "
+        lines.append(f"{s.run.name:32s} {counted_as(s.run):8s} {100 * s.published:8.1f}% {100 * s.predicted:8.1f}% "
                      f"{100 * s.held_out:7.1f}% {s.plan.memory['total'] / 1e9:9.1f} "
                      f"{'yes' if s.plan.fits else 'NO':>4s} "
                      f"{s.layout_ratio:7.3f} {'-' if s.layout_ratio_any is None else f'{s.layout_ratio_any:.3f}':>6s}  "
