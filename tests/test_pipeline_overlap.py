@@ -78,6 +78,17 @@ def test_latency_makespan_adds_only_the_hops_on_the_critical_path():
     assert hops == sorted(hops) and hops[-1] > 2 * 3 and hops[-1] <= pcosts.boundary_transfers(4, 8) * 2
 
 
+def test_the_wait_allowance_leaves_a_wrong_drain_outside_it():
+    """The stage-waits tolerance is HOP_ALLOWANCE per critical-path message; the wrong drain (P-1-s) t_B misses an
+    end stage by (P-1) t_B = 2 (P-1) WAIT_SLOT. That miss stays >= 1.6 times the tolerance for every P <= 8 and both
+    schedules (as WAIT_WHY says), so a looser allowance or a shorter slot that would let it pass fails here."""
+    for P in range(2, 9):
+        for name in ("gpipe", "1f1b"):
+            allowance = overlap.HOP_ALLOWANCE * overlap.critical_hops(make_schedule(name, P, P))
+            assert (P - 1) * 2 * overlap.WAIT_SLOT >= 1.6 * allowance, (name, P)
+    assert "1.6 times this allowance for P <= 8" in overlap.WAIT_WHY
+
+
 def wrong_drain(schedule, stages, microbatches, stage, *, t_forward, t_backward):
     """The forward pipeline's drain carried over to training: (P-1-s) t_B (wrong)."""
     right = stage_waits(schedule, stages, microbatches, stage, t_forward=t_forward, t_backward=t_backward)
