@@ -21,8 +21,8 @@ from wmdist.planner import breakdown as bd
 from wmdist.planner.layout import ParallelLayout, candidate_layouts, check_layout, parse_layout
 from wmdist.planner.model import ClusterSpec, TrainingJob, TransformerSpec, from_architecture
 from wmdist.planner.presets import PRESETS, param_count
-from wmdist.planner.rank import fitting_layouts, judge, plan, rank_layouts
-from wmdist.planner.stage import StageWork, bubble_ratio
+from wmdist.planner.rank import fitting_layouts, judge, lower_bound, plan, rank_layouts
+from wmdist.planner.stage import StageWork, bubble_ratio, stage_work
 
 REL = 1e-12
 MODEL = TransformerSpec(name="hand", layers=4, hidden=1024, ffn=4096, heads=8, kv_heads=8, vocab=1000, gated=False)
@@ -310,6 +310,26 @@ def test_rank_layouts_is_the_exact_top_of_every_fitting_layout():
     top = rank_layouts(job, top=5, zero_stages=(0, 1, 2, 3), recompute=("none", "selective", "full"), **options)
     assert [p.step.total for p in top] == pytest.approx([p.step.total for p in every[:5]], rel=REL)
     assert all(p.fits for p in top)
+
+
+def test_the_search_bound_is_never_above_the_step_it_bounds():
+    """rank_layouts stops at the first bound no faster than its top plans: a bound above a layout's step (a bubble
+    ratio applied to more than the compute, a stage picked by FLOPs not seconds) would skip that layout."""
+    for job in (replace(JOB, gpus=8, batch_tokens=16 * 1024), replace(JOB, gpus=64, batch_tokens=64 * 1024)):
+        layouts = list(candidate_layouts(job, max_virtual=2, max_micro_batch=2))
+        assert len(layouts) > 50
+        for lay in layouts:
+            step = bd.breakdown(job, lay)
+            assert math.isfinite(step.total)
+            assert lower_bound(job, lay, stage_work(job, lay)) <= step.total * (1 + REL), lay.describe()
+    # With links and HBM all but free, the step is its compute and the bubble on it: the bound meets it, so a
+    # bound set a little too high (or low) shows here.
+    free = replace(CLUSTER, hbm_bytes_per_s=1e30, intra_bytes_per_s=1e30, inter_bytes_per_s=1e30, intra_latency_s=0.0,
+                   inter_latency_s=0.0)
+    job = replace(JOB, cluster=free, gpus=8, batch_tokens=16 * 1024)
+    for lay in candidate_layouts(job, max_virtual=2, max_micro_batch=2, zero_stages=(0,), recompute=("none",)):
+        total = bd.breakdown(job, lay).total
+        assert lower_bound(job, lay, stage_work(job, lay)) == pytest.approx(total, rel=1e-9), lay.describe()
 
 
 def test_judge_names_the_tensors_that_take_the_memory():

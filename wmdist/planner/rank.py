@@ -56,18 +56,10 @@ def plan(job: TrainingJob, layout: ParallelLayout) -> Plan:
                 hbm_bytes=job.cluster.hbm_bytes)
 
 
-def compute_seconds(job: TrainingJob, layout: ParallelLayout) -> float:
-    """The breakdown's compute term alone (it depends on tp, pp, cp, dp and recompute only)."""
-    return stage_work(job, layout).flops / (job.cluster.efficiency * job.cluster.peak_flops)
-
-
-def lower_bound(job: TrainingJob, layout: ParallelLayout) -> float:
-    """Seconds no breakdown of `layout` can beat: the stage's compute and the bubble on that compute alone."""
-    return _bound(job, layout, stage_work(job, layout))
-
-
-def _bound(job: TrainingJob, layout: ParallelLayout, work: StageWork) -> float:
-    """lower_bound from the layout's stage work: the bubble's ratio applies to a busy time of compute or more."""
+def lower_bound(job: TrainingJob, layout: ParallelLayout, work: StageWork) -> float:
+    """Seconds no breakdown of `layout` can beat, from its stage work (stage.stage_work): the slowest stage's
+    compute and the bubble on that compute alone (the breakdown applies the bubble's ratio to a busy time of
+    compute or more, and only adds terms)."""
     compute = work.flops / (job.cluster.efficiency * job.cluster.peak_flops)
     return compute * (1 + bubble_ratio(work, layout.microbatches(job), layout.virtual))
 
@@ -101,7 +93,7 @@ def rank_layouts(job: TrainingJob, *, top: int = 10, **bounds: object) -> list[P
         key = (lay.tp, lay.pp, lay.cp, lay.dp, lay.recompute)
         if key not in works:
             works[key] = stage_work(job, lay)
-        return _bound(job, lay, works[key])
+        return lower_bound(job, lay, works[key])
     queue = sorted(((bound(lay), i, lay) for i, lay in enumerate(candidate_layouts(job, **options))),
                    key=lambda t: t[:2])   # type: ignore[arg-type]
     best: list[tuple[float, int, Plan]] = []
