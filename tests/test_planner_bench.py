@@ -92,3 +92,18 @@ def test_the_layout_goal_holds_the_printed_recompute_kind_and_zero_stage(scored)
     assert score.best_seconds == held.step.total and held.layout.zero == 0
     free = rank_layouts(job, top=1, recompute=("full",))[0]
     assert free.layout.zero > 0 and free.step.total < held.step.total
+
+
+def test_the_readme_states_the_figures_the_bench_measures(scored):
+    """README.md's planner paragraph: its median, held-out median, largest miss, layout ratio and efficiencies are
+    what score_runs gives now (rounded as printed), so a change to the planner cannot leave them behind."""
+    from pathlib import Path
+    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    fitted, scores = scored
+    g = goals(scores)
+    for stated in (f"median miss in utilisation is {g['median_points']:.2f} points",
+                   f"({g['held_out_median_points']:.2f} with each run left out of its own fit)",
+                   f"the largest {g['max_points']:.1f}",
+                   f"predict within {g['worst_layout_ratio']:.2f}x of the planner's best",
+                   f"(A100 {fitted['a100-80gb']:.2f}, H100 {fitted['h100']:.2f})"):
+        assert stated in text, stated
