@@ -15,6 +15,7 @@ local gloo ranks, or on the processes torchrun already launched. One module per 
     slots.py       per-communicator counts: torch's sequence numbers, so what C++ posts (DDP's reducer) counts
     matching.py    the end-of-call rule: same count per group, the same op where both sides saw it
     stuck.py       the shared board: a post no other rank can still match, found while the call runs
+    notary.py      a thread that writes "blocked" on that board only for a wait that lasts
     routes.py      which collective each torch route posts, by the name a learner knows it by
     children.py    a rank's own child processes: allowed, and ended with the call that started them
     failures.py    a failed call as one RankFailure naming the rank, what happened and where

@@ -32,16 +32,18 @@ marks the rank blocked, so the pool can find a mismatch while the call runs.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from wmdist.runtime.matching import mismatched_sizes, unmatched, unmatched_collectives
+from wmdist.runtime.notary import Notary
 from wmdist.runtime.slots import GroupCounts, sequence_number
 from wmdist.runtime.stuck import ANY, COLLECTIVE, RECEIVE, SEND, PostBoard
 from wmdist.runtime.routes import COLLECTIVES, count_functional, op_code, wait_functional, work_registry_size
@@ -64,6 +66,7 @@ class MessageAudit:
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
+        self.notary = Notary()
         self.begin()
 
     def begin(self, *, ledger: Ledger | None = None, board: PostBoard | None = None) -> None:
@@ -76,11 +79,14 @@ class MessageAudit:
         # Per peer: [bytes, sum of crc32(size)]: an order-free fingerprint of the message sizes (sizes_in: buffers).
         self.sizes_out = [[0, 0] for _ in range(self.world_size)]
         self.sizes_in = [[0, 0] for _ in range(self.world_size)]
-        # (Work, description, (kind, n, who, at) for the board) not yet completed
-        self.pending: list[tuple[Any, str, tuple[int, int, int, int]]] = []
+        # id(work) -> (Work, description, (kind, n, who, at) for the board), for works not yet completed: a wait
+        # finds its own in one lookup (the entry keeps the Work alive, so its id is not reused meanwhile)
+        self.pending: dict[int, tuple[Any, str, tuple[int, int, int, int]]] = {}
         self.groups = GroupCounts()
         self.functional: list[tuple[Any, str]] = []          # (result, description) of each functional collective
         self.ledger, self.board = ledger, board
+        if board is not None:
+            self.notary.call_begins()
 
     def _group_ranks(self, group: Any) -> tuple[int, ...] | None:
         count = self.groups.of(group)
@@ -90,6 +96,19 @@ class MessageAudit:
         if self.board is not None:
             self.board.blocked(*post, self.groups.table(), self.sent, self.received, self.any_source,
                                queues=len(self.queues))
+
+    @contextlib.contextmanager
+    def _waiting(self, post: tuple[int, int, int, int]) -> Iterator[None]:
+        """Around a wait that may block: the board says so once it has lasted (notary.py)."""
+        board = self.board
+        if board is None:
+            yield
+            return
+        self.notary.waiting(lambda: self._blocked(post), board.unblocked)
+        try:
+            yield
+        finally:
+            self.notary.done()
 
     def collective(self, name: str, wire: str, group: Any, call: Callable[[], Any], code: int) -> Any:
         """Post one collective on `group` (`call()` posts it), named `name`, of wire class `wire` and op code
@@ -105,17 +124,13 @@ class MessageAudit:
         blocking = on_board and wire in BLOCKING
         if on_board:
             self.board.post(*post)
-        if blocking:
-            self._blocked(post)
         try:
-            work = self._raw(f"dist.{text}", call)
+            with self._waiting(post) if blocking else contextlib.nullcontext():
+                work = self._raw(f"dist.{text}", call)
         except BaseException:
             if on_board:
                 self.board.undo()               # refused by torch: never posted
             raise
-        finally:
-            if blocking:
-                self.board.unblocked()
         count.seen(before, sequence_number(group), collective=True)
         count.record(slot, name, wire, code)
         self._keep(work, f"its {text}", post)
@@ -139,8 +154,8 @@ class MessageAudit:
     def _keep(self, work: Any, what: str, post: tuple[int, int, int, int]) -> None:
         if isinstance(work, dist.Work) and not work.is_completed():
             if len(self.pending) >= 64:
-                self.pending = [p for p in self.pending if not p[0].is_completed()]
-            self.pending.append((work, what, post))
+                self.pending = {k: p for k, p in self.pending.items() if not p[0].is_completed()}
+            self.pending[id(work)] = (work, what, post)
 
     def _raw(self, text: str, call: Callable[[], Any]) -> Any:
         """Run a dist op, noted as the rank's last op unless a counted op already is (so a hang names it)."""
@@ -212,15 +227,17 @@ class MessageAudit:
         wait = dist.Work.wait
 
         def noted_wait(work: Any, *args: Any, **kwargs: Any) -> Any:     # dist.barrier() etc. wait inside torch
-            mine = next((p for p in audit.pending if p[0] is work), None)
+            mine = audit.pending.get(id(work))
             what = mine[1][4:] if mine else "a torch.distributed op"
             if mine is not None and audit.board is not None and not work.is_completed():
-                audit._blocked(mine[2])
-                try:
-                    return audit._raw(f"wait for {what}", lambda: wait(work, *args, **kwargs))
-                finally:
-                    audit.board.unblocked()
-            return audit._raw(f"wait for {what}", lambda: wait(work, *args, **kwargs))
+                with audit._waiting(mine[2]):
+                    done = audit._raw(f"wait for {what}", lambda: wait(work, *args, **kwargs))
+            else:
+                done = audit._raw(f"wait for {what}", lambda: wait(work, *args, **kwargs))
+            # Waited for: no longer pending. Kept, the Work would keep its tensor alive (a ring's whole
+            # buffer, through a view) until 64 had piled up, and then free them all inside some later op.
+            audit.pending.pop(id(work), None)
+            return done
 
         dist.Work.wait = noted_wait
         for method in COLLECTIVES:
@@ -242,7 +259,7 @@ class MessageAudit:
     def counts(self) -> tuple[list[int], list[int], int, int, dict, tuple[list[list[int]], list[list[int]]]]:
         """(sends posted to each rank, receives posted from each rank, receives from any rank, ops never waited
         for, collectives posted on each group (matching.Posted), (sizes sent to, buffers posted from each rank))."""
-        unwaited = sum(1 for p in self.pending if not p[0].is_completed())
+        unwaited = sum(1 for p in self.pending.values() if not p[0].is_completed())
         unwaited += work_registry_size() if self.functional else 0
         return self.sent, self.received, self.any_source, unwaited, self.groups.posted(), (self.sizes_out,
                                                                                             self.sizes_in)
@@ -251,8 +268,9 @@ class MessageAudit:
         """Wait up to `within` seconds for the ops the call never waited for (all matched); describe one that
         does not finish, or None."""
         self.ledger, self.board = None, None    # the call is over: its ledger no longer names what this rank does
+        self.notary.call_ends()
         deadline = time.monotonic() + within
-        for work, what, _ in self.pending:
+        for work, what, _ in self.pending.values():
             if work.is_completed():      # waited for by the call (a gloo work must be waited for only once)
                 continue
             try:
@@ -260,6 +278,6 @@ class MessageAudit:
             except Exception as err:     # gloo raises on timeout
                 return (f"left {what} unfinished {within:.1f} s after the call ended (do the tags of "
                         f"the send and the receive agree?): {str(err).splitlines()[0]}")
-        self.pending = []
+        self.pending = {}
         kept, self.functional = self.functional, []
         return wait_functional(kept, within=max(deadline - time.monotonic(), 0.001)) if kept else None

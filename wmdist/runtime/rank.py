@@ -175,6 +175,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
             _end_lines(streams)
             end_children()
             reply = cloudpickle.dumps(("error", traceback.format_exc(), ledger.last_status()))
+        audit.notary.call_ends()         # its thread sleeps until the next call
         conn.send_bytes(reply)           # after an error the parent tears the pool down
 
 

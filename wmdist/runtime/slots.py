@@ -77,6 +77,7 @@ class GroupCounts:
         self._start = {name: sequence_number(group) for group, name in self._registered()}
         self._by_name: dict[str, GroupCount | None] = {}
         self._by_id: dict[int, GroupCount | None] = {}
+        self._seen = -2                          # torch's group count at the last full look (-2: never looked)
 
     @staticmethod
     def _registered() -> list[tuple[Any, str]]:
@@ -105,9 +106,19 @@ class GroupCounts:
 
     def every(self) -> list[GroupCount]:
         """Every group of this process (those only torch's C++ posted on included)."""
-        for group, _ in self._registered():
-            self.of(group)
+        size = self._registry_size()
+        if size != self._seen:                   # a group was made (or destroyed) since the last look
+            for group, _ in self._registered():
+                self.of(group)
+            self._seen = size
         return [count for count in self._by_name.values() if count is not None]
+
+    @staticmethod
+    def _registry_size() -> int:
+        try:
+            return len(c10d._world.pg_map)
+        except Exception:     # another torch's internals: look every time
+            return -1
 
     def table(self) -> dict[int, tuple[int, int]] | None:
         """{gid: (mask, slots)} of every group, for a board (None: a group past the board's ranks)."""

@@ -81,10 +81,6 @@ def group_id(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
-def _signed(word: int) -> int:
-    return word - (1 << 64) if word >= 1 << 63 else word
-
-
 class Snapshot(NamedTuple):
     """One whole read of a board. post/wait: packed words (0: none); *_at: (gid << 32 | op code) of a
     collective; groups: {gid: (mask, slots)} (None: more groups than the board holds); sent/received: per
@@ -109,6 +105,9 @@ class PostBoard:
 
     def __init__(self, array: Any):
         self.array = array                                   # multiprocessing RawArray(c_int64, WORDS)
+        # The same words read as unsigned: a packed word is written as it is, with no sign fix-up per word
+        # (that Python loop over the board cost more than the send it described).
+        self._unsigned = (ctypes.c_uint64 * len(array)).from_buffer(array)
         self._lock = threading.Lock()
         self._previous = [0, 0]
 
@@ -120,7 +119,7 @@ class PostBoard:
         with self._lock:
             version = self.array[VERSION]
             self.array[VERSION] = version + 1                # odd: being written
-            self.array[at:at + len(words)] = [_signed(w) for w in words]
+            self._unsigned[at:at + len(words)] = words       # ctypes wraps a negative count (-1) to its word
             self.array[VERSION] = version + 2
 
     def begin(self, call: int) -> None:
