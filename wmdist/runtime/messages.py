@@ -270,7 +270,7 @@ class MessageAudit:
         self.ledger, self.board = None, None    # the call is over: its ledger no longer names what this rank does
         self.notary.call_ends()
         deadline = time.monotonic() + within
-        for work, what, _ in self.pending.values():
+        for work, what, _ in list(self.pending.values()):   # (a wait takes its work out of pending)
             if work.is_completed():      # waited for by the call (a gloo work must be waited for only once)
                 continue
             try:
