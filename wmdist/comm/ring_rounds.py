@@ -11,6 +11,13 @@ medians of 41 pairs, seven runs each) two rounds ahead gave 0.92-1.00x (median 0
 posting every all-gather receive at once gave 0.87-0.97x (median 0.90x); the earlier choice of all
 at once had been measured at load 15-23, where it came out ahead.
 
+What separates this ring from gloo's own all_reduce on such a machine is not its rounds but what each
+message costs in Python: with the pool's message audit (runtime/messages.py: every send, receive and
+wait counted and put on the board, so that a mismatch fails at once) it reached 0.90-0.95x gloo, and
+the same rounds with the audit switched off 0.98-1.00x, as did a bare isend/irecv ring (16 MiB, 4
+ranks sharing 2 cores, each variant as often first as last; about 25 us of CPU per message, paid by
+four ranks on two cores).
+
 With `chunk_elems` a segment is also cut into C pieces (`costs.ring_pieces`, torch.tensor_split's
 layout, the same on the sender and the receiver): piece c is added while piece c+1 is still
 arriving, and sent on to the right (the next round's piece c) before piece c+1 is added. Each
