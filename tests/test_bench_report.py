@@ -153,3 +153,12 @@ def test_bench_help_names_every_benchmark_of_the_registry_without_torch():
     real = subprocess.run([sys.executable, "-m", "wmdist", "bench", "--help"], capture_output=True, text=True,
                           timeout=120)
     assert real.returncode == 0 and all(b.name in real.stdout for b in BENCHMARKS), real.stderr
+
+
+def test_ring_vs_gloo_prints_the_median_of_each_order():
+    """Pairs alternate which runs first (pair 1: the ring); each order's median pair ratio is printed apart."""
+    from wmdist.bench.suite import ring_vs_gloo_result
+    ring = [0.10] * 6
+    gloo = [0.10, 0.05, 0.10, 0.05, 0.10, 0.05]      # ring-first pairs 1.0, gloo-first pairs 0.5
+    text = str(ring_vs_gloo_result(ring, gloo, per_rank_bytes=[0, 0], mib=1, world_size=2, loads=[]))
+    assert "median pair ratio 1.000x with the ring first and 0.500x with gloo first" in text
