@@ -15,7 +15,7 @@ from wmdist import runtime
 from wmdist.comm import all_reduce
 from wmdist.runtime import RankFailure, run
 from wmdist.runtime.matching import GroupPosts
-from wmdist.runtime.messages import unmatched_collectives
+from wmdist.runtime.messages import MessageAudit, unmatched_collectives
 from wmdist.runtime.routes import op_code
 
 TRIALS = 20 if os.environ.get("WMDIST_STRESS") == "1" else 2     # the issue's 20 in a row: WMDIST_STRESS=1
@@ -140,6 +140,39 @@ def test_a_collective_only_one_rank_posts_fails_when_the_other_has_finished_not_
     assert err.last_comm.startswith(("dist.barrier on group [0, 1] (a raw torch.distributed call",
                                      "wait for barrier on group [0, 1] (a raw torch.distributed call")), err.last_comm
     assert run(lambda ctx: ctx.rank, 2) == [0, 1]
+
+
+def status_at_each_post(ctx):
+    """What the parent would read as this rank's last op at the instant each raw op's post reaches the board."""
+    audit = next(cell.cell_contents for cell in dist.ProcessGroup.send.__closure__
+                 if isinstance(cell.cell_contents, MessageAudit))
+    board, seen = audit.board, []
+    post = board.post
+
+    def spy(*words):
+        seen.append(ctx.ledger.last_status())
+        post(*words)
+
+    board.post = spy
+    try:
+        dist.barrier()
+        if ctx.rank == 0:
+            dist.send(torch.ones(2), 1)
+        else:
+            dist.recv(torch.zeros(2), 0)
+    finally:
+        del board.post
+    return seen
+
+
+def test_a_raw_op_is_the_ranks_last_op_before_its_post_can_be_read():
+    """The parent may judge a post the moment it is on the board (the unmatched barrier above), so the rank's
+    last op must name the op by then. In the CI run of stop 39 it was written just after the post, and a
+    rank preempted between the two was reported as having "not entered any communication"."""
+    raw = "(a raw torch.distributed call, not counted)"
+    assert run(status_at_each_post, 2) == [
+        [f"dist.barrier on group [0, 1] {raw}", f"dist.send to group rank 1 (tag 0) {raw}"],
+        [f"dist.barrier on group [0, 1] {raw}", f"dist.recv from group rank 0 (tag 0) {raw}"]]
 
 
 # --- the end-of-call rule on counts written here (runtime/matching.py) ---------------------------------------

@@ -122,15 +122,16 @@ class MessageAudit:
         post = (COLLECTIVE, slot, count.mask, count.gid << 32 | code)
         on_board = self.board is not None and count.mask is not None
         blocking = on_board and wire in BLOCKING
-        if on_board:
-            self.board.post(*post)
-        try:
-            with self._waiting(post) if blocking else contextlib.nullcontext():
-                work = self._raw(f"dist.{text}", call)
-        except BaseException:
+        with self._noted(f"dist.{text}"):
             if on_board:
-                self.board.undo()               # refused by torch: never posted
-            raise
+                self.board.post(*post)
+            try:
+                with self._waiting(post) if blocking else contextlib.nullcontext():
+                    work = call()
+            except BaseException:
+                if on_board:
+                    self.board.undo()           # refused by torch: never posted
+                raise
         count.seen(before, sequence_number(group), collective=True)
         count.record(slot, name, wire, code)
         self._keep(work, f"its {text}", post)
@@ -159,13 +160,21 @@ class MessageAudit:
 
     def _raw(self, text: str, call: Callable[[], Any]) -> Any:
         """Run a dist op, noted as the rank's last op unless a counted op already is (so a hang names it)."""
+        with self._noted(text):
+            return call()
+
+    @contextlib.contextmanager
+    def _noted(self, text: str) -> Iterator[None]:
+        """Note a raw dist op as the rank's last op (unless a counted op already is) for as long as the block runs;
+        one that raises stays noted, so the failure names it. Its post goes on the board inside the block: the
+        parent may judge a post the moment it is written, and then the rank's last op must already name it."""
         ledger = self.ledger
         if ledger is None or ledger.in_progress:
-            return call()
+            yield
+            return
         ledger.enter(f"{text} (a raw torch.distributed call, not counted)")
-        work = call()
+        yield
         ledger.leave()
-        return work
 
     def point_to_point(self, kind: str, group: Any, peer: int | None, tag: int, call: Callable[[], Any], *,
                        size: int = 0) -> Any:
@@ -185,15 +194,16 @@ class MessageAudit:
         count = self.groups.of(group)
         # gloo matches per (group, peer, tag): with more than one queue, n is not a place in one queue
         self.queues.add((count.gid if count is not None else id(group), tag))
-        if self.board is not None:
-            self.board.post(*post)
         before = sequence_number(group) if count is not None else None
-        try:
-            work = self._raw(text, call)
-        except BaseException:
+        with self._noted(text):
             if self.board is not None:
-                self.board.undo()               # refused by torch: never posted
-            raise
+                self.board.post(*post)
+            try:
+                work = call()
+            except BaseException:
+                if self.board is not None:
+                    self.board.undo()           # refused by torch: never posted
+                raise
         if count is not None:
             count.seen(before, sequence_number(group), collective=False)
         if peer is None:
