@@ -23,20 +23,65 @@ OTHER_CHAPTERS = ("allreduce", "compression", "diffusion", "experts", "mesh", "p
                   "ring_attention", "scan", "tensor_parallel")
 
 
-def closure(module: str) -> list[str]:
-    """The wmdist modules loaded by `import module` in a fresh interpreter, sorted."""
-    code = (f"import sys, json, {module}\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m == 'wmdist' or m.startswith('wmdist.'))))")
+# One interpreter that has imported the third-party libraries (torch above all, 1-2 s a time) but nothing of
+# wmdist forks a child per module asked for; the child imports it and reports what of wmdist it loaded. What a
+# wmdist import loads does not depend on torch having been imported earlier or later.
+_FORKING = r"""
+import json, os, sys
+import numpy, torch
+assert not [m for m in sys.modules if m == "wmdist" or m.startswith("wmdist.")]
+for line in sys.stdin:
+    module = line.strip()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            __import__(module)
+            out = {"loaded": sorted(m for m in sys.modules if m == "wmdist" or m.startswith("wmdist."))}
+        except BaseException as err:
+            out = {"error": f"{type(err).__name__}: {err}"}
+        os.write(write, json.dumps(out).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as r:
+        answer = r.read().decode()
+    os.waitpid(pid, 0)
+    print(answer or json.dumps({"error": "the child said nothing"}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def forking():
+    """The forking interpreter (above), ended after this module's tests."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, f"import {module} failed:\n{done.stderr}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen([sys.executable, "-c", _FORKING], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def closure(forking: subprocess.Popen, module: str) -> list[str]:
+    """The wmdist modules loaded by `import module` in a fresh interpreter (a fork of `forking`), sorted."""
+    forking.stdin.write(module + "\n")
+    forking.stdin.flush()
+    line = forking.stdout.readline()
+    assert line, f"the forking interpreter ended (exit {forking.poll()}) before answering for {module}"
+    answer = json.loads(line)
+    assert "error" not in answer, f"import {module} failed: {answer.get('error')}"
+    return answer["loaded"]
 
 
 @pytest.mark.parametrize("module", ["wmdist.memory.zero", "wmdist.memory.zero_demos", "wmdist.memory.chapter"])
-def test_zero_loads_no_other_chapters_formulas(module):
-    loaded = closure(module)
+def test_zero_loads_no_other_chapters_formulas(forking, module):
+    loaded = closure(forking, module)
     assert "wmdist.costs.zero" in loaded                   # the closure is measured at all: ZeRO's own formulas
     foreign = [m for m in loaded if m.removeprefix("wmdist.costs.") in OTHER_CHAPTERS]
     assert foreign == [], f"import {module} loads other chapters' formulas: {foreign}"
@@ -63,15 +108,15 @@ def test_every_chapter_is_placed():
 
 
 @pytest.mark.parametrize("chapter, module", [cm for cm in _algorithm_modules() if cm[0] not in CAPSTONES])
-def test_a_chapters_algorithm_files_reach_only_its_own_and_the_shared_formulas(chapter, module):
+def test_a_chapters_algorithm_files_reach_only_its_own_and_the_shared_formulas(forking, chapter, module):
     """Issue 32 §3: following a chapter's algorithm leads a reader to its own costs topic and the shared ones."""
-    topics = {m.removeprefix("wmdist.costs.") for m in closure(module) if m.startswith("wmdist.costs.")}
+    topics = {m.removeprefix("wmdist.costs.") for m in closure(forking, module) if m.startswith("wmdist.costs.")}
     foreign = topics - SHARED_TOPICS - OWN_TOPICS[chapter]
     assert not foreign, f"import {module} loads other chapters' formulas: {sorted(foreign)}"
 
 
-def test_the_face_alone_loads_no_topic():
-    assert [m for m in closure("wmdist.costs") if m.startswith("wmdist.costs.")] == []
+def test_the_face_alone_loads_no_topic(forking):
+    assert [m for m in closure(forking, "wmdist.costs") if m.startswith("wmdist.costs.")] == []
 
 
 def test_topics_are_the_files():

@@ -15,6 +15,9 @@ import pytest
 from conftest import alive, alive_after, patience
 
 TESTS = Path(__file__).resolve().parent
+# The inner runs' grace for a process that is ending anyway: their leaked sleeper never ends, so the default
+# 15 s (stretched by the load) would only be waited out, once per check (worker and controller).
+INNER_GRACE_S = 1.0
 
 LEAKS = '''
 import os, subprocess, sys
@@ -43,8 +46,8 @@ def _inner_run(tmp_path: Path, selection: str, *workers: str) -> tuple[subproces
     """pytest on LEAKS's tests matching `selection`; its output and the pids its tests left."""
     (tmp_path / "test_leaks.py").write_text(LEAKS)
     pids = tmp_path / "pids"
-    env = {**os.environ, "PIDS": str(pids), "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS),
-                                                                                     os.environ.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PIDS": str(pids), "WMDIST_TEST_END_GRACE_S": str(INNER_GRACE_S), "PYTHONPATH": path}
     env.pop("PYTEST_XDIST_WORKER", None)
     try:
         done = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:randomly", "-p",
