@@ -47,7 +47,10 @@ __all__ = ["DEFAULT_TIMEOUT_S", "MAX_LOCAL_WORLD", "MAX_TIMEOUT_S", "MAX_WARM_RA
            "shutdown", "under_torchrun", "warm_pids"]
 
 MAX_LOCAL_WORLD = 32
-MAX_WARM_RANKS = 16            # warm pools kept, least recently used dropped first
+# Warm ranks kept per process, least recently used pool dropped first: one largest course demo (8 ranks).
+# At 16, chapter 11 kept its all-reduce sweep's 2- and 4-rank pools beside the 8-rank one, and the twelve
+# chapters' kept kernels summed 2,094 MiB of PSS in Binder's 2,048 (tests/test_binder_session.py); at 8, 1,987.
+MAX_WARM_RANKS = 8
 
 _WARM = WarmPools(MAX_WARM_RANKS)
 # Under torchrun this process is the rank: its subgroups and buffers outlive one call, like a pool rank's.
