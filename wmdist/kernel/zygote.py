@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -86,6 +87,8 @@ def _preload() -> int:
     from wmdist.registry import demos
 
     demos.registry()                         # every chapter's modules, as a notebook's imports bring them
+    gc.collect()                             # and out of the collector's reach, as frozen.py did for the rest:
+    gc.freeze()                              # a kernel's collections would copy the pages they walk
     return threads
 
 

@@ -107,6 +107,18 @@ def _die_with(owner: int) -> None:
     threading.Thread(target=watch, name="wmdist-owner-watch", daemon=True).start()
 
 
+def _freed_memory_giver() -> Any:
+    """glibc's malloc_trim(0) as a no-argument call (a no-op elsewhere): a warm rank idles between calls, and a
+    kept pool should hold what its rank keeps, not the heap its last call once used (the twelve chapters' kept
+    kernels and their pools share Binder's 2 GiB; tests/test_binder_session.py)."""
+    import ctypes
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    return lambda: trim(0)
+
+
 def _reply(conn: Any, *message: Any) -> None:
     conn.send_bytes(cloudpickle.dumps(message))
 
@@ -146,6 +158,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
     resources = RankResources(timeout=timedelta(seconds=group_timeout_s))
     route_new_group(resources, world_size, lambda: audit.ledger)
     board, calls = PostBoard(posts), 0          # what this rank last posted, for the parent (stuck.py)
+    give_back = _freed_memory_giver()
     while True:
         try:
             message = conn.recv_bytes()
@@ -177,6 +190,8 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
             reply = cloudpickle.dumps(("error", traceback.format_exc(), ledger.last_status()))
         audit.notary.call_ends()         # its thread sleeps until the next call
         conn.send_bytes(reply)           # after an error the parent tears the pool down
+        message = reply = fn = args = kwargs = result = None     # the call's objects go before the trim
+        give_back()
 
 
 def _only_the_rank(me: int) -> None:
