@@ -63,7 +63,7 @@ MS = WAIT_S * 1000             # the same, for Playwright (which counts in ms)
 RUN_ALL_S = 600                # a whole notebook, on a loaded 2-core machine
 VIEWPORT = {"width": 1366, "height": 768}     # a laptop screen
 MAX_PANEL_PX = 700             # what is left of 768 px under the browser's and JupyterLab's bars
-PRESSES = 5                    # key presses timed per panel
+PRESSES = 3                    # key presses timed per panel (reported; `wmdist bench panels` times many more)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 
