@@ -28,13 +28,10 @@ def look_fresh(*, threads: int) -> None:
 def give_back_freed_memory_after_cells(app: object) -> None:
     """After each cell, return the heap's free pages to the system (glibc's malloc_trim), so a kernel left open
     holds what its notebook keeps, not what a cell once used: measured 230 -> 96 MB USS after chapter 06."""
-    import ctypes
+    from wmdist.runtime.cleanup import heap_trimmer
 
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return                                            # not glibc: nothing to call
-    app.shell.events.register("post_execute", lambda: trim(0))   # type: ignore[attr-defined]
+    trim = heap_trimmer()
+    app.shell.events.register("post_execute", trim)   # type: ignore[attr-defined]
 
 
 def register_widget_targets() -> None:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from wmdist.comm import Context, Ledger
 from wmdist.runtime.children import allow_children, die_with_parent, end_children, main_names
+from wmdist.runtime.cleanup import heap_trimmer
 from wmdist.runtime.failures import AT_END_OF_CALL
 from wmdist.runtime.groups import groups_lost, route_new_group
 from wmdist.runtime.isolation import RankState
@@ -107,18 +108,6 @@ def _die_with(owner: int) -> None:
     threading.Thread(target=watch, name="wmdist-owner-watch", daemon=True).start()
 
 
-def _freed_memory_giver() -> Any:
-    """glibc's malloc_trim(0) as a no-argument call (a no-op elsewhere): a warm rank idles between calls, and a
-    kept pool should hold what its rank keeps, not the heap its last call once used (the twelve chapters' kept
-    kernels and their pools share Binder's 2 GiB; tests/test_binder_session.py)."""
-    import ctypes
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    return lambda: trim(0)
-
-
 def _reply(conn: Any, *message: Any) -> None:
     conn.send_bytes(cloudpickle.dumps(message))
 
@@ -158,7 +147,7 @@ def worker_main(rank: int, world_size: int, store_path: str, conn: Any, status: 
     resources = RankResources(timeout=timedelta(seconds=group_timeout_s))
     route_new_group(resources, world_size, lambda: audit.ledger)
     board, calls = PostBoard(posts), 0          # what this rank last posted, for the parent (stuck.py)
-    give_back = _freed_memory_giver()
+    give_back = heap_trimmer()      # after each call: a kept pool holds what its ranks keep (Binder's 2 GiB)
     while True:
         try:
             message = conn.recv_bytes()
